@@ -1,0 +1,120 @@
+"""Pieces every strategy shares: allowed SP sizes, feasibility, rank layout, plan assembly."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dcp.costmodel import CostModel
+from dcp.data.workloads import Sample
+from dcp.planner.bounds import lower_bound
+from dcp.planner.plan import Group, InfeasibleError, MicroBatch, Plan
+
+
+def allowed_sp_sizes(cm: CostModel, requested: Sequence[int] | None = None) -> list[int]:
+    """SP sizes a plan may use: aligned powers of two within the cluster whose size divides the
+    model's heads and KV heads (Ulysses shards heads), intersected with the user's choice."""
+    m = cm.model
+    sizes = [p for p in cm.cluster.sp_sizes() if m.heads % p == 0 and m.kv_heads % p == 0]
+    if requested is not None:
+        bad = [p for p in requested if p not in sizes]
+        if bad:
+            raise InfeasibleError(
+                f"SP size {bad[0]} is not allowed: sizes must be powers of two dividing {cm.cluster.num_gpus} "
+                f"GPUs, {m.heads} heads and {m.kv_heads} KV heads ({sizes})"
+            )
+        sizes = sorted(set(requested))
+    if not sizes:
+        raise InfeasibleError("no SP size is allowed")
+    return sizes
+
+
+@dataclass(frozen=True)
+class SoloCost:
+    """A sample run alone: its fastest SP size, with the fewest checkpointed layers that fit."""
+
+    sp: int
+    ckpt_layers: int
+    time_s: float
+
+
+def solo_options(sample: Sample, cm: CostModel, sizes: Sequence[int]) -> dict[int, SoloCost]:
+    """Every SP size at which the sample fits alone, with its time there."""
+    out = {}
+    for p in sizes:
+        r = cm.min_ckpt_layers(sample.tokens, p)
+        if r is not None:
+            out[p] = SoloCost(p, r, cm.time_s(sample.tokens, sample.attn_pairs, p, r))
+    return out
+
+
+def check_feasible(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int]) -> None:
+    """Raise InfeasibleError naming the first sample that fits nowhere (largest SP, all layers
+    checkpointed) and how much memory it needed."""
+    p, k = max(sizes), cm.model.num_layers
+    room = cm.cluster.memory_bytes
+    if cm.static_bytes >= room:
+        raise InfeasibleError(
+            f"model states of {cm.model.name} need {cm.static_bytes / 1e9:.1f} GB per GPU, more than the "
+            f"{room / 1e9:.1f} GB usable; shard more (zero stage 3) or use more GPUs"
+        )
+    for s in batch:
+        if cm.min_ckpt_layers(s.tokens, p) is None:
+            need = cm.memory_bytes(s.tokens, p, k)
+            raise InfeasibleError(
+                f"sample {s.id} ({s.tokens} tokens) fits nowhere: at SP size {p} with all {k} layers "
+                f"checkpointed it needs {need / 1e9:.1f} GB per GPU, more than the {room / 1e9:.1f} GB usable"
+            )
+
+
+def aligned_layout(groups_per_size: dict[int, int], num_gpus: int, gpus_per_node: int) -> list[tuple[int, int]]:
+    """(first rank, SP size) for each group, largest sizes first so every block stays aligned
+    (sizes are powers of two) and blocks up to a node never cross one."""
+    starts, rank = [], 0
+    for p in sorted(groups_per_size, reverse=True):
+        for _ in range(groups_per_size[p]):
+            starts.append((rank, p))
+            rank += p
+    if rank > num_gpus:
+        raise ValueError(f"layout needs {rank} GPUs, only {num_gpus} exist")
+    return starts
+
+
+def assemble(strategy: str, batch: Sequence[Sample], cm: CostModel,
+             layout: Sequence[tuple[int, int, Sequence[Sequence[int]]]],
+             ckpt: Sequence[Sequence[int]] | None = None, *, started: float | None = None,
+             solver_status: str = "heuristic", gap: float | None = None,
+             lower_bound_s: float | None = None, notes: Sequence[str] = ()) -> Plan:
+    """Build and validate a Plan from (first rank, SP size, micro-batches as sample-id lists).
+
+    Each micro-batch gets the fewest checkpointed layers that fit, unless `ckpt` gives them
+    (one list per group). Times and memory come from the cost model."""
+    by_id = {s.id: s for s in batch}
+    groups = []
+    for gi, (start, p, mbs) in enumerate(layout):
+        g = Group(list(range(start, start + p)), p)
+        for mi, ids in enumerate(mbs):
+            if not ids:
+                continue
+            tokens = sum(by_id[i].tokens for i in ids)
+            pairs = sum(by_id[i].attn_pairs for i in ids)
+            r = ckpt[gi][mi] if ckpt is not None else cm.min_ckpt_layers(tokens, p)
+            if r is None:
+                raise InfeasibleError(f"{strategy}: micro-batch of samples {list(ids)[:8]} ({tokens} tokens) "
+                                      f"does not fit at SP size {p}")
+            g.microbatches.append(MicroBatch(list(ids), int(r), cm.time_s(tokens, pairs, p, r),
+                                             cm.memory_bytes(tokens, p, r)))
+        groups.append(g)
+    sync = cm.grad_sync_s()
+    busy = max((g.busy_s for g in groups), default=0.0)
+    lb = lower_bound(batch, cm) if lower_bound_s is None else lower_bound_s
+    step = busy + sync
+    plan = Plan(
+        strategy=strategy, num_gpus=cm.cluster.num_gpus, gpus_per_node=cm.cluster.gpus_per_node,
+        memory_limit_bytes=cm.cluster.memory_bytes, num_layers=cm.model.num_layers, samples=list(batch),
+        groups=groups, step_time_s=step, lower_bound_s=lb, grad_sync_s=sync,
+        solve_time_s=(time.perf_counter() - started) if started is not None else 0.0,
+        solver_status=solver_status, gap=gap, notes=list(notes),
+    )
+    return plan.validate()

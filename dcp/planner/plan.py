@@ -1,0 +1,196 @@
+"""The plan for one global batch: which ranks form which SP groups, running which micro-batches.
+
+A `Plan` is self-contained: it carries the batch's samples (id, tokens, attn_pairs, frames) and
+the cluster it was made for, so any rank can validate it and any tool can re-simulate it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from dcp.data.workloads import Sample
+
+PLAN_SCHEMA_VERSION = 1
+# Predicted times are sums of floats computed in different orders by planner and validator.
+_TIME_RTOL = 1e-6
+
+
+class PlanError(ValueError):
+    """A plan breaks an invariant (DESIGN.md, "The planner")."""
+
+
+class InfeasibleError(ValueError):
+    """A sample cannot run anywhere on the cluster."""
+
+
+@dataclass
+class MicroBatch:
+    """Samples one SP group runs together (packed, varlen) with `ckpt_layers` checkpointed."""
+
+    samples: list[int]
+    ckpt_layers: int
+    time_s: float
+    memory_bytes: float
+
+
+@dataclass
+class Group:
+    """An aligned block of ranks running its micro-batches one after another."""
+
+    ranks: list[int]
+    sp: int
+    microbatches: list[MicroBatch] = field(default_factory=list)
+
+    @property
+    def busy_s(self) -> float:
+        return sum(mb.time_s for mb in self.microbatches)
+
+
+@dataclass
+class Plan:
+    """One global batch's runtime, as every rank executes it."""
+
+    strategy: str
+    num_gpus: int
+    gpus_per_node: int
+    memory_limit_bytes: float
+    num_layers: int
+    samples: list[Sample]
+    groups: list[Group]
+    step_time_s: float
+    lower_bound_s: float
+    grad_sync_s: float = 0.0
+    solve_time_s: float = 0.0
+    solver_status: str = "heuristic"
+    gap: float | None = None
+    """(step_time - best proven bound) / step_time from the solver; None for heuristics."""
+    notes: list[str] = field(default_factory=list)
+
+    # -- derived ---------------------------------------------------------------------------
+    def busy_s(self) -> float:
+        return max((g.busy_s for g in self.groups), default=0.0)
+
+    def group_of_rank(self, rank: int) -> Group | None:
+        for g in self.groups:
+            if rank in g.ranks:
+                return g
+        return None
+
+    def sample_map(self) -> dict[int, Sample]:
+        return {s.id: s for s in self.samples}
+
+    # -- invariants ------------------------------------------------------------------------
+    def validate(self) -> Plan:
+        """Check every invariant of DESIGN.md; raise PlanError naming the first broken one."""
+        if self.num_gpus <= 0 or self.gpus_per_node <= 0:
+            raise PlanError(f"plan cluster is invalid: {self.num_gpus} GPUs, {self.gpus_per_node} per node")
+        ids = Counter(s.id for s in self.samples)
+        dup = [i for i, n in ids.items() if n > 1]
+        if dup:
+            raise PlanError(f"batch lists sample {dup[0]} more than once")
+        seen: Counter[int] = Counter()
+        used: set[int] = set()
+        for gi, g in enumerate(self.groups):
+            p = g.sp
+            if p < 1 or p & (p - 1):
+                raise PlanError(f"group {gi}: SP size {p} is not a power of two")
+            if len(g.ranks) != p or g.ranks != list(range(g.ranks[0], g.ranks[0] + p)):
+                raise PlanError(f"group {gi}: ranks {g.ranks} are not {p} consecutive ranks")
+            start = g.ranks[0]
+            if start % p:
+                raise PlanError(f"group {gi}: ranks {g.ranks} do not start at a multiple of {p}")
+            if start < 0 or start + p > self.num_gpus:
+                raise PlanError(f"group {gi}: ranks {g.ranks} outside the {self.num_gpus} GPUs")
+            if p <= self.gpus_per_node and start // self.gpus_per_node != (start + p - 1) // self.gpus_per_node:
+                raise PlanError(f"group {gi}: ranks {g.ranks} cross a node boundary")
+            overlap = used.intersection(g.ranks)
+            if overlap:
+                raise PlanError(f"group {gi}: rank {min(overlap)} is in two groups")
+            used.update(g.ranks)
+            for mi, mb in enumerate(g.microbatches):
+                if not mb.samples:
+                    raise PlanError(f"group {gi} micro-batch {mi} is empty")
+                if not 0 <= mb.ckpt_layers <= self.num_layers:
+                    raise PlanError(f"group {gi} micro-batch {mi}: {mb.ckpt_layers} checkpointed layers "
+                                    f"outside 0..{self.num_layers}")
+                if mb.memory_bytes > self.memory_limit_bytes * (1 + 1e-9):
+                    raise PlanError(f"group {gi} micro-batch {mi} needs {mb.memory_bytes / 1e9:.2f} GB, "
+                                    f"more than the {self.memory_limit_bytes / 1e9:.2f} GB per GPU")
+                seen.update(mb.samples)
+        missing = set(ids) - set(seen)
+        if missing:
+            raise PlanError(f"sample {min(missing)} is in no micro-batch")
+        extra = set(seen) - set(ids)
+        if extra:
+            raise PlanError(f"micro-batch runs sample {min(extra)}, which is not in the batch")
+        twice = [i for i, n in seen.items() if n > 1]
+        if twice:
+            raise PlanError(f"sample {twice[0]} runs {seen[twice[0]]} times")
+        expected = self.busy_s() + self.grad_sync_s
+        if abs(self.step_time_s - expected) > _TIME_RTOL * max(1.0, expected):
+            raise PlanError(f"step_time_s {self.step_time_s} != slowest group {self.busy_s()} + grad sync "
+                            f"{self.grad_sync_s}")
+        if self.step_time_s < self.lower_bound_s * (1 - _TIME_RTOL):
+            raise PlanError(f"step_time_s {self.step_time_s} is below the lower bound {self.lower_bound_s}")
+        if self.gap is not None and not 0 <= self.gap <= 1 + 1e-9:
+            raise PlanError(f"gap {self.gap} is not a fraction")
+        return self
+
+    # -- serialization ---------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["samples"] = [[s.id, s.tokens, s.attn_pairs, s.frames] for s in self.samples]
+        return {"schema_version": PLAN_SCHEMA_VERSION, **d}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Plan:
+        if not isinstance(d, dict):
+            raise PlanError(f"plan must be a JSON object, got {type(d).__name__}")
+        if d.get("schema_version") != PLAN_SCHEMA_VERSION:
+            raise PlanError(f"plan schema_version {d.get('schema_version')!r} is not {PLAN_SCHEMA_VERSION}")
+        try:
+            d = dict(d)
+            d.pop("schema_version")
+            d["samples"] = [Sample(int(i), int(t), int(a), int(f)) for i, t, a, f in d["samples"]]
+            d["groups"] = [
+                Group(list(g["ranks"]), int(g["sp"]), [MicroBatch(**mb) for mb in g["microbatches"]])
+                for g in d["groups"]
+            ]
+            return cls(**d)
+        except (KeyError, TypeError, ValueError) as e:
+            raise PlanError(f"malformed plan: {e}") from e
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        try:
+            return cls.from_dict(json.loads(text))
+        except json.JSONDecodeError as e:
+            raise PlanError(f"plan is not valid JSON ({e.msg} at line {e.lineno})") from e
+
+    def digest(self) -> str:
+        """Hash of what ranks must agree on (assignment and checkpointing, not timings)."""
+        key = [(g.ranks, g.sp, [(mb.samples, mb.ckpt_layers) for mb in g.microbatches]) for g in self.groups]
+        key_json = json.dumps([self.num_gpus, [[s.id, s.tokens] for s in self.samples], key])
+        return hashlib.sha256(key_json.encode()).hexdigest()
+
+    def to_frame(self) -> Any:
+        """One row per micro-batch (pandas DataFrame)."""
+        import pandas as pd
+
+        tokens = {s.id: s.tokens for s in self.samples}
+        rows = []
+        for gi, g in enumerate(self.groups):
+            for mi, mb in enumerate(g.microbatches):
+                rows.append({
+                    "group": gi, "first_rank": g.ranks[0], "sp": g.sp, "microbatch": mi,
+                    "samples": len(mb.samples), "tokens": sum(tokens[i] for i in mb.samples),
+                    "ckpt_layers": mb.ckpt_layers, "time_s": mb.time_s, "memory_gb": mb.memory_bytes / 1e9,
+                })
+        return pd.DataFrame(rows)

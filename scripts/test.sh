@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Set up .venv with the test extra (if needed) and run the whole test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup_env.sh test
+exec .venv/bin/python -m pytest "$@"
