@@ -1,0 +1,176 @@
+"""Local varlen attention over a packed sequence: a fast path and a plain reference beside it.
+
+Every attention function has the `AttentionFn` signature: q [N, H, D], k and v [N, Hkv, D]
+(GQA: H a multiple of Hkv) over the whole packed sequence described by `seqs`, and returns
+[N, H, D]. Samples never attend to each other (block-diagonal). Kinds:
+
+- causal: each token sees itself and the earlier tokens of its sample;
+- full: each token sees its whole sample;
+- spatial: each token sees the tokens of its own frame (video, frame-major layout);
+- temporal: each token sees the tokens at its position in every frame of its sample.
+
+Layers call their attention through an attribute (`attn_fn`), so the executor can swap in
+Ulysses attention, which all-to-alls q, k, v to head shards and then calls one of these.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from dcp.models.packing import PackedSeqs
+
+KINDS = ("causal", "full", "spatial", "temporal")
+
+try:  # flash-attn is optional (GPU only); SDPA covers CPU and GPUs without it
+    from flash_attn import flash_attn_varlen_func
+except ImportError:  # pragma: no cover - depends on the machine
+    flash_attn_varlen_func = None
+
+
+class AttentionFn(Protocol):
+    """Attention over the packed sequence `seqs` (q [N, H, D], k/v [N, Hkv, D]) -> [N, H, D]."""
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: PackedSeqs,
+                 kind: str) -> torch.Tensor: ...
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, seqs: PackedSeqs, kind: str) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"unknown attention kind {kind!r}; expected one of {KINDS}")
+    if q.shape[0] != seqs.total or seqs.local != seqs.total:
+        raise ValueError(
+            f"local attention needs the whole packed sequence ({seqs.total} tokens) but got "
+            f"{q.shape[0]} tokens of shard [{seqs.start}, {seqs.end}); under sequence parallelism "
+            "the executor must install Ulysses attention (dcp.executor.Executor does)")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"{q.shape[1]} query heads are not a multiple of {k.shape[1]} KV heads")
+
+
+def _blocks(x: torch.Tensor, frames: int, kind: str) -> torch.Tensor:
+    """One segment [n, h, d] -> independent attention blocks [B, h, L, d] for SDPA."""
+    n = x.shape[0]
+    if kind == "spatial":  # B = frames, L = tokens per frame
+        x = x.view(frames, n // frames, *x.shape[1:])
+    elif kind == "temporal":  # B = positions, L = frames
+        x = x.view(frames, n // frames, *x.shape[1:]).transpose(0, 1)
+    else:
+        x = x.unsqueeze(0)
+    return x.transpose(1, 2)
+
+
+def _unblocks(o: torch.Tensor, frames: int, kind: str) -> torch.Tensor:
+    """Inverse of `_blocks`: [B, h, L, d] -> [n, h, d]."""
+    o = o.transpose(1, 2)
+    if kind == "temporal":
+        o = o.transpose(0, 1)
+    return o.reshape(-1, *o.shape[2:])
+
+
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: PackedSeqs,
+                   kind: str) -> torch.Tensor:
+    """One `scaled_dot_product_attention` call per sample; frames batch as independent blocks."""
+    _check(q, k, seqs, kind)
+    rep = q.shape[1] // k.shape[1]
+    if rep > 1:  # GQA: each KV head serves `rep` consecutive query heads
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    out = []
+    offsets = seqs.offsets()
+    for i, frames in enumerate(seqs.frames):
+        a, b = offsets[i], offsets[i + 1]
+        o = F.scaled_dot_product_attention(
+            _blocks(q[a:b], frames, kind), _blocks(k[a:b], frames, kind), _blocks(v[a:b], frames, kind),
+            is_causal=kind == "causal")
+        out.append(_unblocks(o, frames, kind))
+    return torch.cat(out)
+
+
+def _flash_layout(seqs: PackedSeqs, kind: str, device: torch.device) -> tuple[torch.Tensor | None, list[int]]:
+    """Token permutation and sub-sequence lengths that turn spatial/temporal attention into plain
+    varlen attention: frames (spatial) or positions across frames (temporal) become the segments."""
+    perm, lengths, offsets = [], [], seqs.offsets()
+    for i, (n, f) in enumerate(zip(seqs.lengths, seqs.frames, strict=True)):
+        s = n // f
+        if kind == "temporal":
+            idx = offsets[i] + (torch.arange(f) * s).unsqueeze(0) + torch.arange(s).unsqueeze(1)
+            perm.append(idx.reshape(-1))
+            lengths += [f] * s
+        else:
+            perm.append(torch.arange(offsets[i], offsets[i + 1]))
+            lengths += [s] * f if kind == "spatial" else [n]
+    return (torch.cat(perm).to(device) if kind == "temporal" else None), lengths
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: PackedSeqs,
+                    kind: str) -> torch.Tensor:
+    """flash-attn's varlen kernel (CUDA, fp16/bf16); GQA handled by the kernel."""
+    _check(q, k, seqs, kind)
+    perm, lengths = _flash_layout(seqs, kind, q.device)
+    if perm is not None:
+        q, k, v = q[perm], k[perm], v[perm]
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32, device=q.device)
+    cu[1:] = torch.tensor(lengths, device=q.device).cumsum(0)
+    longest = max(lengths)
+    o = flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=kind == "causal")
+    if perm is not None:
+        o = torch.empty_like(o).index_copy_(0, perm, o)
+    return o
+
+
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: PackedSeqs,
+                     kind: str) -> torch.Tensor:
+    """The fast path: flash-attn varlen when importable and applicable, else SDPA."""
+    if flash_attn_varlen_func is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+        return flash_attention(q, k, v, seqs, kind)
+    return sdpa_attention(q, k, v, seqs, kind)
+
+
+def attention_mask(seqs: PackedSeqs, kind: str) -> torch.Tensor:
+    """[N, N] bool, True where query i may attend to key j (the definition the fast paths follow)."""
+    seg = seqs.segment_ids_full()
+    starts = torch.tensor(seqs.offsets()[:-1], device=seg.device)[seg]
+    pos = torch.arange(seqs.total, device=seg.device) - starts
+    per_frame = (torch.tensor(seqs.lengths) // torch.tensor(seqs.frames)).to(seg.device)[seg]
+    allow = seg.unsqueeze(1) == seg.unsqueeze(0)
+    if kind == "causal":
+        allow &= pos.unsqueeze(1) >= pos.unsqueeze(0)
+    elif kind == "spatial":
+        frame = pos // per_frame
+        allow &= frame.unsqueeze(1) == frame.unsqueeze(0)
+    elif kind == "temporal":
+        where = pos % per_frame
+        allow &= where.unsqueeze(1) == where.unsqueeze(0)
+    return allow
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: PackedSeqs,
+                        kind: str) -> torch.Tensor:
+    """Plain softmax(q k^T / sqrt(d) + mask) v over the whole sequence: slow, obviously right."""
+    _check(q, k, seqs, kind)
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    scores = torch.einsum("nhd,mhd->hnm", q, k) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(~attention_mask(seqs, kind), float("-inf"))
+    return torch.einsum("hnm,mhd->nhd", scores.softmax(dim=-1), v)
+
+
+def cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: PackedSeqs) -> torch.Tensor:
+    """Each local token [N_local, H, D] attends to its own sample's conditioning tokens
+    (k, v [C, H, D], samples' conditions concatenated). Pads get zeros. Needs no communication:
+    the conditioning is short and every rank of a group holds all of it."""
+    if seqs.cond_lengths is None:
+        raise ValueError("cross-attention needs conditioning lengths in PackedSeqs (cond_lengths)")
+    out = torch.zeros_like(q)
+    offsets, c0 = seqs.offsets(), 0
+    for i in range(seqs.num_real):
+        c1 = c0 + seqs.cond_lengths[i]
+        a, b = max(offsets[i], seqs.start), min(offsets[i + 1], seqs.end)
+        if a < b and c1 > c0:
+            o = F.scaled_dot_product_attention(q[a - seqs.start:b - seqs.start].transpose(0, 1),
+                                               k[c0:c1].transpose(0, 1), v[c0:c1].transpose(0, 1))
+            out[a - seqs.start:b - seqs.start] = o.transpose(0, 1)
+        c0 = c1
+    return out
