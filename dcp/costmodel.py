@@ -434,8 +434,11 @@ class CostModel:
         return self._cache[(p, 0)]
 
     def _param_gather_s(self) -> float:
+        return self.param_gather_s()
+
+    def param_gather_s(self) -> float:
         """ZeRO-3: all-gather of every layer's parameters once per pass (forward, backward, and the
-        recompute of checkpointed layers), (N-1)/N of the parameter bytes each."""
+        recompute of checkpointed layers), (N-1)/N of the parameter bytes each; 0 below stage 3."""
         n = self.cluster.num_gpus
         if self.training.zero_stage < 3 or n == 1:
             return 0.0

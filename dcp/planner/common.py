@@ -15,8 +15,12 @@ from dcp.planner.plan import Group, InfeasibleError, MicroBatch, Plan
 def allowed_sp_sizes(cm: CostModel, requested: Sequence[int] | None = None) -> list[int]:
     """SP sizes a plan may use: aligned powers of two within the cluster whose size divides the
     model's heads and KV heads (Ulysses shards heads), intersected with the user's choice."""
-    m = cm.model
-    sizes = [p for p in cm.cluster.sp_sizes() if m.heads % p == 0 and m.kv_heads % p == 0]
+    m, g = cm.model, cm.cluster.gpus_per_node
+    # A block up to a node must tile the node (p divides G) and a larger one must be whole nodes
+    # (G divides p); otherwise an aligned block can straddle a node boundary when G is not a
+    # power of two (e.g. 6 GPUs per node and p = 4).
+    sizes = [p for p in cm.cluster.sp_sizes()
+             if m.heads % p == 0 and m.kv_heads % p == 0 and (g % p == 0 if p <= g else p % g == 0)]
     if requested is not None:
         bad = [p for p in requested if p not in sizes]
         if bad:
