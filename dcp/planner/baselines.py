@@ -1,0 +1,162 @@
+"""The static baselines DCP is measured against: bucket parallel and token-budget packing.
+
+Both fix one SP size for the whole step (the smallest that fits the batch's longest sample with
+every layer checkpointed) and split the cluster into N/p identical groups; they differ in how
+samples become micro-batches and how micro-batches reach groups.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Sequence
+
+from dcp.costmodel import CostModel
+from dcp.data.workloads import Sample
+from dcp.planner.common import aligned_layout, allowed_sp_sizes, assemble, check_feasible
+from dcp.planner.options import BucketOptions, PackedOptions
+from dcp.planner.plan import InfeasibleError, Plan
+
+
+def length_bucket(tokens: int) -> int:
+    """The power of two at or above `tokens`: the length buckets of bucket parallel and DCP."""
+    return 1 << max(0, tokens - 1).bit_length()
+
+
+def by_bucket(batch: Sequence[Sample]) -> dict[int, list[Sample]]:
+    """Samples grouped by length bucket, buckets ascending, samples in batch order."""
+    out: dict[int, list[Sample]] = {}
+    for s in batch:
+        out.setdefault(length_bucket(s.tokens), []).append(s)
+    return dict(sorted(out.items()))
+
+
+def fit_range_tokens(cm: CostModel, sp_size: int) -> int | None:
+    """Most tokens a micro-batch may hold at SP size p before a fitted profile refuses to price it
+    (CostModel._check); None when the profile has no range (datasheet presets)."""
+    cap = cm.fit.max_fitted_tokens
+    return int(cap * cm.hardware.extrapolation_factor * sp_size) if cap else None
+
+
+def micro_batch_token_limit(cm: CostModel, sp_size: int, ckpt_layers: int) -> int:
+    """Tokens a micro-batch may hold at (p, r): memory, and the profile's fitted range."""
+    limit = cm.max_tokens(sp_size, ckpt_layers)
+    fitted = fit_range_tokens(cm, sp_size)
+    return limit if fitted is None else min(limit, fitted)
+
+
+def group_share(count: int, sp_size: int, num_gpus: int) -> int:
+    """A bucket's (or batch's) per-group share of `count`: ceil(count * p / N).
+
+    The paper's runtimes give every data-parallel rank one micro-batch per iteration, so the
+    global batch grows with the cluster. Here the global batch is fixed; capping a micro-batch
+    at its group's share keeps the work spread over every group instead of leaving groups idle
+    behind a few memory-filling micro-batches."""
+    return max(1, -(-count * sp_size // num_gpus))
+
+
+def static_sp_size(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int]) -> int:
+    """The smallest allowed SP size at which the batch's longest sample fits fully checkpointed."""
+    longest = max(s.tokens for s in batch)
+    for p in sorted(sizes):
+        if cm.min_ckpt_layers(longest, p) is not None:
+            return p
+    # check_feasible has already proven the largest size fits; reaching here is a caller bug.
+    raise InfeasibleError(f"no allowed SP size {list(sizes)} fits a sample of {longest} tokens")
+
+
+def solve_bucket(batch: Sequence[Sample], cm: CostModel, options: BucketOptions | None = None) -> Plan:
+    """Bucket parallel: static SP size, per-bucket batch size, full checkpointing, round-robin.
+
+    Each power-of-two length bucket runs micro-batches of as many samples of the bucket's
+    longest length as fit at p with all K layers checkpointed (capped at the bucket's per-group
+    share, see `group_share`). Micro-batches go to the N/p groups round-robin in bucket order,
+    with no balancing of their times."""
+    started = time.perf_counter()
+    options = options or BucketOptions()
+    sizes = allowed_sp_sizes(cm, options.sp_sizes)
+    check_feasible(batch, cm, sizes)
+    p, k = static_sp_size(batch, cm, sizes), cm.model.num_layers
+    n_groups = cm.cluster.num_gpus // p
+    mbs_per_group: list[list[list[int]]] = [[] for _ in range(n_groups)]
+    turn = 0
+    for bucket_samples in by_bucket(batch).values():
+        longest = max(s.tokens for s in bucket_samples)
+        size = max(1, micro_batch_token_limit(cm, p, k) // longest)
+        size = min(size, group_share(len(bucket_samples), p, cm.cluster.num_gpus))
+        for i in range(0, len(bucket_samples), size):
+            mbs_per_group[turn % n_groups].append([s.id for s in bucket_samples[i:i + size]])
+            turn += 1
+    layout = aligned_layout({p: n_groups}, cm.cluster.num_gpus, cm.cluster.gpus_per_node)
+    groups = [(start, sp, mbs_per_group[gi]) for gi, (start, sp) in enumerate(layout)]
+    return assemble(
+        "bucket", batch, cm, groups,
+        ckpt=[[k] * len(mbs) for mbs in mbs_per_group], started=started,
+        notes=[f"static SP size {p}, {n_groups} groups, all {k} layers checkpointed"],
+    )
+
+
+def first_fit_decreasing(batch: Sequence[Sample], budget_tokens: int) -> list[list[Sample]]:
+    """Pack samples, longest first (ties by id), into the first micro-batch with room for them.
+
+    A sample longer than the budget gets a micro-batch of its own that nothing else joins."""
+    bins: list[list[Sample]] = []
+    room: list[int] = []
+    for s in sorted(batch, key=lambda s: (-s.tokens, s.id)):
+        for b, free in enumerate(room):
+            if s.tokens <= free:
+                bins[b].append(s)
+                room[b] -= s.tokens
+                break
+        else:
+            bins.append([s])
+            room.append(max(0, budget_tokens - s.tokens))
+    return bins
+
+
+def lpt_assign(times: Sequence[float], n_groups: int) -> list[list[int]]:
+    """Longest processing time first: each job (longest first, ties by index) goes to the least
+    loaded group (ties by group index). Returns the job indices of each group, in run order."""
+    heap = [(0.0, g) for g in range(n_groups)]
+    out: list[list[int]] = [[] for _ in range(n_groups)]
+    for j in sorted(range(len(times)), key=lambda j: (-times[j], j)):
+        load, g = heapq.heappop(heap)
+        out[g].append(j)
+        heapq.heappush(heap, (load + times[j], g))
+    return out
+
+
+def solve_packed(batch: Sequence[Sample], cm: CostModel, options: PackedOptions | None = None) -> Plan:
+    """Packing: static SP size, first-fit-decreasing into a token budget, LPT over groups.
+
+    The budget defaults to the most tokens that fit at p fully checkpointed, capped at the
+    batch's per-group share of tokens (`group_share`). Each micro-batch
+    then checkpoints only the layers it must (the fewest that fit): a packed micro-batch is
+    usually well under the budget after the last sample, and recomputing layers that memory does
+    not require would penalize packing for a choice that is not part of it."""
+    started = time.perf_counter()
+    options = options or PackedOptions()
+    sizes = allowed_sp_sizes(cm, options.sp_sizes)
+    check_feasible(batch, cm, sizes)
+    p, k = static_sp_size(batch, cm, sizes), cm.model.num_layers
+    budget = options.token_budget or min(
+        micro_batch_token_limit(cm, p, k),
+        group_share(sum(s.tokens for s in batch), p, cm.cluster.num_gpus),
+    )
+    if budget <= 0:
+        raise InfeasibleError(f"packed: token budget {budget} must be positive")
+    bins = first_fit_decreasing(batch, budget)
+    times = []
+    for b in bins:
+        tokens = sum(s.tokens for s in b)
+        r = cm.min_ckpt_layers(tokens, p)
+        if r is None:
+            raise InfeasibleError(f"packed: token budget {budget} is more than fits at SP size {p}: a "
+                                  f"micro-batch of {tokens} tokens needs more than all {k} layers checkpointed")
+        times.append(cm.time_s(tokens, sum(s.attn_pairs for s in b), p, r))
+    n_groups = cm.cluster.num_gpus // p
+    jobs = lpt_assign(times, n_groups)
+    layout = aligned_layout({p: n_groups}, cm.cluster.num_gpus, cm.cluster.gpus_per_node)
+    groups = [(start, sp, [[s.id for s in bins[j]] for j in jobs[gi]]) for gi, (start, sp) in enumerate(layout)]
+    return assemble("packed", batch, cm, groups, started=started,
+                    notes=[f"static SP size {p}, {n_groups} groups, {budget} tokens per micro-batch"])

@@ -1,0 +1,182 @@
+"""Replay a plan on the cost model: a per-rank timeline, idle and communication shares, a Gantt chart.
+
+Each group runs its micro-batches back to back. A micro-batch is split the way the executor runs
+it: K forward layers (compute, then the layer's all-to-alls), the head and per-micro-batch fixed
+cost, then K backward layers, the r checkpointed ones preceded by their forward recompute (its
+all-to-alls included, DeepSpeed-Ulysses re-runs them). The step ends with one gradient
+all-reduce that starts when the slowest group finishes; every other rank waits idle until then.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from dcp.costmodel import CostModel
+from dcp.planner.plan import Group, MicroBatch, Plan, PlanError
+
+EventKind = Literal["forward", "backward", "recompute", "all_to_all", "idle", "allreduce"]
+EVENT_KINDS: tuple[str, ...] = ("forward", "backward", "recompute", "all_to_all", "idle", "allreduce")
+COMM_KINDS = ("all_to_all", "allreduce")
+# Plan times and re-priced phase sums are the same floats added in different orders.
+_RTOL = 1e-6
+
+
+@dataclass(frozen=True)
+class Event:
+    """One stretch of a rank's step."""
+
+    start_s: float
+    end_s: float
+    kind: EventKind
+    microbatch: int | None = None
+    """Index of the micro-batch in its group's list; None for idle and the all-reduce."""
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+@dataclass
+class Timeline:
+    """A simulated step: every rank's events, and the shares that matter."""
+
+    events: list[list[Event]]
+    """events[rank]: that rank's events in time order, covering [0, step_time_s]."""
+    step_time_s: float
+    idle_fraction: float
+    """Idle rank-seconds / (N * step time)."""
+    comm_fraction: float
+    """All-to-all and all-reduce rank-seconds / (N * step time)."""
+    busy_s: list[float] = field(default_factory=list)
+    """Per rank: seconds running micro-batches (compute and all-to-alls)."""
+
+    def seconds_by_kind(self) -> dict[str, float]:
+        """Rank-seconds spent in each kind of event, summed over ranks."""
+        out = dict.fromkeys(EVENT_KINDS, 0.0)
+        for rank_events in self.events:
+            for e in rank_events:
+                out[e.kind] += e.duration_s
+        return out
+
+    def stats(self) -> dict[str, float]:
+        return {"step_time_s": self.step_time_s, "idle_fraction": self.idle_fraction,
+                "comm_fraction": self.comm_fraction}
+
+    def to_frame(self) -> Any:
+        """One row per event (pandas DataFrame): rank, start_s, end_s, duration_s, kind, microbatch."""
+        import pandas as pd
+
+        rows = [{"rank": rank, "start_s": e.start_s, "end_s": e.end_s, "duration_s": e.duration_s,
+                 "kind": e.kind, "microbatch": e.microbatch}
+                for rank, rank_events in enumerate(self.events) for e in rank_events]
+        return pd.DataFrame(rows, columns=["rank", "start_s", "end_s", "duration_s", "kind", "microbatch"])
+
+
+def microbatch_phases(cm: CostModel, tokens: int, pairs: int, sp_size: int,
+                      ckpt_layers: int) -> list[tuple[EventKind, float]]:
+    """(kind, seconds) of one micro-batch in run order, lumped per phase; sums to cm.time_s.
+
+    From CostModel.layer_times: per layer a forward and a backward compute time and one
+    direction's all-to-alls. Head and loss (per token), the per-micro-batch fixed cost and
+    ZeRO-3 parameter gathers have no per-layer split and are lumped as forward compute."""
+    k, r, p, f = cm.model.num_layers, ckpt_layers, sp_size, cm.fit
+    lt = cm.layer_times(tokens, pairs, p)
+    head = f.head_per_token_s * tokens / p + f.microbatch_fixed_s + (2 + r / k) * cm.param_gather_s()
+    phases: list[tuple[EventKind, float]] = [
+        ("forward", k * lt.fwd_compute_s + head), ("all_to_all", k * lt.comm_s),
+        ("recompute", r * lt.fwd_compute_s), ("all_to_all", r * lt.comm_s),
+        ("backward", k * lt.bwd_compute_s), ("all_to_all", k * lt.comm_s),
+    ]
+    # The split is derived independently of linear_time; they must agree.
+    total, expected = sum(s for _, s in phases), cm.time_s(tokens, pairs, p, r)
+    if abs(total - expected) > _RTOL * max(total, expected, 1e-12):
+        raise PlanError(f"cost model's phase split {total:.6g} s differs from its micro-batch time {expected:.6g} s")
+    return [(kind, s) for kind, s in phases if s > 0]
+
+
+def _group_events(plan: Plan, g: Group, cm: CostModel) -> list[Event]:
+    tokens = {s.id: s.tokens for s in plan.samples}
+    pairs = {s.id: s.attn_pairs for s in plan.samples}
+    t, out = 0.0, []
+    for mi, mb in enumerate(g.microbatches):
+        phases = microbatch_phases(cm, sum(tokens[i] for i in mb.samples),
+                                   sum(pairs[i] for i in mb.samples), g.sp, mb.ckpt_layers)
+        _check_time(mb, sum(s for _, s in phases), g, mi)
+        for kind, seconds in phases:
+            out.append(Event(t, t + seconds, kind, mi))
+            t += seconds
+    return out
+
+
+def _check_time(mb: MicroBatch, priced_s: float, g: Group, mi: int) -> None:
+    if abs(priced_s - mb.time_s) > _RTOL * max(priced_s, mb.time_s, 1e-12):
+        raise PlanError(f"group at rank {g.ranks[0]} micro-batch {mi}: plan says {mb.time_s:.6g} s, the "
+                        f"cost model prices it at {priced_s:.6g} s (plan made with another cost model?)")
+
+
+def simulate(plan: Plan, cm: CostModel) -> Timeline:
+    """Replay `plan` on `cm`; the step time equals plan.step_time_s (checked)."""
+    if plan.num_gpus != cm.cluster.num_gpus:
+        raise PlanError(f"plan is for {plan.num_gpus} GPUs, the cost model for {cm.cluster.num_gpus}")
+    per_rank: list[list[Event]] = [[] for _ in range(plan.num_gpus)]
+    for g in plan.groups:
+        events = _group_events(plan, g, cm)
+        for rank in g.ranks:
+            per_rank[rank] = list(events)  # a group's ranks run in lockstep
+    busy = [rank_events[-1].end_s if rank_events else 0.0 for rank_events in per_rank]
+    compute_end = max(busy, default=0.0)
+    sync = cm.grad_sync_s()
+    step = compute_end + sync
+    for rank, rank_events in enumerate(per_rank):
+        if busy[rank] < compute_end:
+            rank_events.append(Event(busy[rank], compute_end, "idle"))
+        if sync > 0:
+            rank_events.append(Event(compute_end, step, "allreduce"))
+    if abs(step - plan.step_time_s) > _RTOL * max(step, 1.0):
+        raise PlanError(f"simulated step {step:.6g} s differs from the plan's {plan.step_time_s:.6g} s")
+    timeline = Timeline(per_rank, step, 0.0, 0.0, busy)
+    by_kind = timeline.seconds_by_kind()
+    total = plan.num_gpus * step
+    if total > 0:
+        timeline.idle_fraction = by_kind["idle"] / total
+        timeline.comm_fraction = sum(by_kind[k] for k in COMM_KINDS) / total
+    return timeline
+
+
+KIND_COLORS = {"forward": "#4c72b0", "backward": "#55a868", "recompute": "#dd8452",
+               "all_to_all": "#c44e52", "idle": "#dddddd", "allreduce": "#8172b3"}
+
+
+def gantt(timeline: Timeline, path: str | Path | None = None, title: str = "") -> Any:
+    """A Gantt chart, one row per rank, colored by event kind; saved to `path` if given.
+
+    Returns the matplotlib Figure. It is built without pyplot (Agg canvas, no global backend
+    switch), so it works headless and does not disturb a notebook's backend; matplotlib is
+    imported here so importing dcp.planner stays light."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    n = len(timeline.events)
+    fig = Figure(figsize=(10, max(2.0, 0.25 * n + 1.5)))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for rank, rank_events in enumerate(timeline.events):
+        for kind in EVENT_KINDS:
+            spans = [(e.start_s, e.duration_s) for e in rank_events if e.kind == kind]
+            if spans:
+                ax.broken_barh(spans, (rank - 0.4, 0.8), facecolors=KIND_COLORS[kind])
+    ax.set_xlim(0, timeline.step_time_s or 1.0)
+    ax.set_ylim(n - 0.5, -0.5)
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("rank")
+    ax.set_title(title or f"step {timeline.step_time_s:.3f} s, idle {100 * timeline.idle_fraction:.1f}%, "
+                          f"comm {100 * timeline.comm_fraction:.1f}%")
+    ax.legend(handles=[Patch(color=KIND_COLORS[k], label=k) for k in EVENT_KINDS],
+              loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=len(EVENT_KINDS), fontsize="small")
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=120)
+    return fig
