@@ -1,0 +1,164 @@
+"""Orchestration shared by the CLI, notebooks and benchmarks: workload -> batches -> plans -> numbers.
+
+    cm = build_cost_model("llama-7b", "h200-sxm", gpus=32)
+    batches = make_batches("wikipedia", cm, global_batch=512, steps=10)
+    plans = plan_steps(batches, cm, "dcp-greedy")
+    compare(batches, cm, ["bucket", "dcp-greedy"])
+
+Never imports torch or click.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Sequence
+from typing import Any
+
+from dcp.costmodel import Cluster, CostModel, TrainingSetup, load_hardware, load_model
+from dcp.data.workloads import Sample, global_batches, load_workload
+from dcp.planner import STRATEGIES, solve, strategy_options
+from dcp.planner.options import IlpOptions, StrategyOptions
+from dcp.planner.plan import Plan
+from dcp.planner.simulate import Timeline, simulate
+
+DEFAULT_GLOBAL_BATCH = 512
+REFERENCE_STRATEGY = "bucket"
+# Which module each strategy's options dispatch to in dcp.planner.solve.
+_STRATEGY_MODULES = {"IlpOptions": "dcp.planner.ilp", "GreedyOptions": "dcp.planner.greedy",
+                     "BucketOptions": "dcp.planner.baselines", "PackedOptions": "dcp.planner.baselines"}
+
+
+def default_model(workload: str) -> str:
+    """The model a workload is usually trained with: the Open-Sora STDiT for the video workload
+    (the DCP paper's 2D setting), a Llama 7B otherwise."""
+    return "opensora-stdit-1.1b" if workload.startswith("opensora") else "llama-7b"
+
+
+def build_cost_model(model: str, hardware: str, gpus: int, gpus_per_node: int | None = None,
+                     memory_gb: float | None = None, zero_stage: int = 1) -> CostModel:
+    """A cost model from preset names (or JSON paths) and the cluster's shape.
+
+    gpus_per_node and memory_gb default to the hardware profile's; memory_gb is usable GB (1e9)."""
+    spec, hw = load_model(model), load_hardware(hardware)
+    cluster = Cluster(num_gpus=gpus, gpus_per_node=gpus_per_node or hw.gpus_per_node,
+                      memory_bytes=hw.memory_bytes if memory_gb is None else memory_gb * 1e9)
+    return CostModel(spec, hw, cluster, TrainingSetup(zero_stage=zero_stage))
+
+
+def make_batches(workload: str, cm: CostModel, *, global_batch: int | None = None,
+                 global_tokens: int | None = None, steps: int | None = 10, seed: int = 0) -> list[list[Sample]]:
+    """Global batches of a workload spec, `global_batch` samples (default 512) or at most
+    `global_tokens` tokens each, with attention pairs for the cost model's model."""
+    if global_batch is None and global_tokens is None:
+        global_batch = DEFAULT_GLOBAL_BATCH
+    return global_batches(load_workload(workload, seed=seed), cm.model.attention, batch_size=global_batch,
+                          token_budget=global_tokens, steps=steps, seed=seed)
+
+
+def unavailable_reason(name: str) -> str | None:
+    """Why a strategy cannot run here (its module or a dependency fails to import), else None."""
+    module = _STRATEGY_MODULES[type(strategy_options(name)).__name__]
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        return f"strategy {name!r} is not available: {e}"
+    return None
+
+
+def available_strategies() -> list[str]:
+    """Names in dcp.planner.STRATEGIES whose implementation imports."""
+    return [name for name in STRATEGIES if unavailable_reason(name) is None]
+
+
+def resolve_options(name: str, time_limit_s: float | None = None) -> StrategyOptions:
+    """Options for a strategy name; `time_limit_s` applies to the ILP only."""
+    reason = unavailable_reason(name)  # raises ValueError naming an unknown strategy
+    if reason:
+        raise ValueError(reason)
+    options = strategy_options(name)
+    if time_limit_s is not None and isinstance(options, IlpOptions):
+        options = dataclasses.replace(options, time_limit_s=time_limit_s)
+    return options
+
+
+def plan_steps(batches: Sequence[Sequence[Sample]], cm: CostModel, strategy: str = "ilp",
+               time_limit_s: float | None = None) -> list[Plan]:
+    """One plan per global batch, each validated."""
+    options = resolve_options(strategy, time_limit_s)
+    return [solve(batch, cm.cluster, cm, options).validate() for batch in batches]
+
+
+def gap(plan: Plan) -> float:
+    """Fraction of the step the plan could still lose against its lower bound."""
+    return (plan.step_time_s - plan.lower_bound_s) / plan.step_time_s if plan.step_time_s > 0 else 0.0
+
+
+def groups_label(plan: Plan) -> str:
+    """Groups by SP size, largest first: "1x8 4x2" is one group of 8 GPUs and four of 2."""
+    counts: dict[int, int] = {}
+    for g in plan.groups:
+        counts[g.sp] = counts.get(g.sp, 0) + 1
+    return " ".join(f"{n}x{p}" for p, n in sorted(counts.items(), reverse=True))
+
+
+def step_rows(plans: Sequence[Plan], timelines: Sequence[Timeline]) -> Any:
+    """Per step (pandas DataFrame): what the plan is, how long it takes, how far from the bound."""
+    import pandas as pd
+
+    rows = []
+    for i, (plan, tl) in enumerate(zip(plans, timelines, strict=True)):
+        rows.append({
+            "step": i, "samples": len(plan.samples), "tokens": sum(s.tokens for s in plan.samples),
+            "groups": groups_label(plan), "microbatches": sum(len(g.microbatches) for g in plan.groups),
+            "step_time_s": plan.step_time_s, "lower_bound_s": plan.lower_bound_s, "gap": gap(plan),
+            "solve_time_s": plan.solve_time_s, "idle_fraction": tl.idle_fraction,
+            "comm_fraction": tl.comm_fraction,
+        })
+    return pd.DataFrame(rows)
+
+
+def summarize(plans: Sequence[Plan], timelines: Sequence[Timeline]) -> dict[str, float]:
+    """Means over steps; idle and comm shares weighted by step time (shares of all rank-seconds)."""
+    total_s = sum(p.step_time_s for p in plans)
+    tokens = sum(s.tokens for p in plans for s in p.samples)
+
+    def weighted(attr: str) -> float:
+        return sum(getattr(t, attr) * t.step_time_s for t in timelines) / total_s if total_s else 0.0
+
+    n = len(plans)
+    return {
+        "steps": n, "mean_step_time_s": total_s / n,
+        "throughput_tokens_per_s": tokens / total_s if total_s else 0.0,
+        "idle_fraction": weighted("idle_fraction"), "comm_fraction": weighted("comm_fraction"),
+        "mean_gap": sum(gap(p) for p in plans) / n,
+        "mean_solve_time_s": sum(p.solve_time_s for p in plans) / n,
+    }
+
+
+def simulate_all(plans: Sequence[Plan], cm: CostModel) -> list[Timeline]:
+    return [simulate(p, cm) for p in plans]
+
+
+def compare(batches: Sequence[Sequence[Sample]], cm: CostModel, strategies: Sequence[str] | None = None,
+            time_limit_s: float | None = None) -> Any:
+    """The same batches through every strategy: one row per strategy (pandas DataFrame).
+
+    speedup_vs_bucket is bucket's mean step time over the strategy's (NaN without bucket)."""
+    import pandas as pd
+
+    names = list(strategies) if strategies is not None else available_strategies()
+    for name in names:
+        resolve_options(name, time_limit_s)  # fail on a bad name before any solving
+    rows = []
+    for name in names:
+        plans = plan_steps(batches, cm, name, time_limit_s)
+        s = summarize(plans, simulate_all(plans, cm))
+        rows.append({"strategy": name, "mean_step_time_s": s["mean_step_time_s"],
+                     "idle_fraction": s["idle_fraction"], "comm_fraction": s["comm_fraction"],
+                     "gap_to_lower_bound": s["mean_gap"], "mean_solve_time_s": s["mean_solve_time_s"],
+                     "throughput_tokens_per_s": s["throughput_tokens_per_s"]})
+    frame = pd.DataFrame(rows)
+    ref = frame.loc[frame["strategy"] == REFERENCE_STRATEGY, "mean_step_time_s"]
+    frame.insert(2, "speedup_vs_bucket", ref.iloc[0] / frame["mean_step_time_s"] if len(ref) else float("nan"))
+    return frame
