@@ -1,0 +1,200 @@
+"""The step runner: carry out this rank's part of a plan and join the step's gradient all-reduce.
+
+    executor = Executor(model, ParallelState.create())
+    stats = executor.step(plan, samples, loss_fn)   # gradients are in .grad, reduced and normalized
+    optimizer.step(); optimizer.zero_grad()
+
+Every rank runs its group's micro-batches one after another: forward and backward with Ulysses
+attention in the group and the first `ckpt_layers` layers checkpointed, the loss a plain sum
+over its shard's loss tokens. Then one SUM all-reduce over the world carries the gradients and
+the loss-token count; gradients are divided by the global count. Whatever the plan, the result
+equals single-process training on the same global batch with a per-token mean loss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from dcp.executor.batch import PackedBatch, SampleTensors, check_sample_tensors, pack_microbatch
+from dcp.executor.checkpoint import CheckpointSwitches
+from dcp.executor.comm import broadcast_params, reduce_gradients
+from dcp.executor.parallel_state import ParallelState
+from dcp.executor.plan_check import agree_on_plan, check_plan
+from dcp.executor.ulysses import SPContext, install_ulysses
+from dcp.planner.plan import Plan
+
+LossFn = Callable[[torch.Tensor, PackedBatch], tuple[torch.Tensor, torch.Tensor]]
+"""(model output, packed batch) -> (loss summed over the shard's loss tokens, their count)."""
+ForwardFn = Callable[[nn.Module, PackedBatch], torch.Tensor]
+
+
+def default_forward(model: nn.Module, batch: PackedBatch) -> torch.Tensor:
+    """model(inputs, seqs[, cond]): the reference models' signature."""
+    if "cond" in batch:
+        return model(batch["inputs"], batch.seqs, batch["cond"])
+    return model(batch["inputs"], batch.seqs)
+
+
+@dataclass(frozen=True)
+class MicroBatchStats:
+    """One micro-batch as planned and as measured on this rank."""
+
+    group: int
+    index: int
+    sp: int
+    samples: int
+    tokens: int
+    ckpt_layers: int
+    predicted_s: float
+    measured_s: float
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What a step did: the global mean loss and planned versus measured times."""
+
+    loss: float
+    """Global batch loss per loss token (identical on every rank)."""
+    loss_tokens: int
+    predicted_step_s: float
+    measured_step_s: float
+    """This rank's wall time from the start of step() to reduced gradients."""
+    grad_sync_s: float
+    """This rank's wait in the all-reduce (includes waiting for slower groups)."""
+    microbatches: list[MicroBatchStats] = field(default_factory=list)
+    """This rank's group's micro-batches (every group's with gather_stats=True)."""
+
+
+class Executor:
+    """Runs plans on one model replica per rank. Build once; call step() every training step."""
+
+    def __init__(self, model: nn.Module, state: ParallelState, *, layers: Sequence[nn.Module] | None = None,
+                 heads: tuple[int, int] | None = None, forward_fn: ForwardFn = default_forward,
+                 per_sample_keys: Sequence[str] = ("cond",), pad_values: Mapping[str, float] | None = None,
+                 autocast_dtype: torch.dtype | None | str = "auto", sync_params: bool = True,
+                 check_agreement: bool = True, gather_stats: bool = False) -> None:
+        """`layers`: the transformer layers (default `model.layers`), whose first r are checkpointed;
+        `heads`: (heads, kv_heads), read from the attention modules when None; `pad_values`: fill
+        of pad tokens per tensor name (labels are padded with -100 so pads carry no loss);
+        `autocast_dtype`: "auto" is bf16 on CUDA and none on CPU."""
+        self.model, self.state = model, state
+        self.forward_fn, self.per_sample_keys = forward_fn, tuple(per_sample_keys)
+        self.pad_values = {"labels": -100, **(pad_values or {})}
+        if autocast_dtype == "auto":
+            autocast_dtype = torch.bfloat16 if state.device.type == "cuda" else None
+        self.autocast_dtype = autocast_dtype
+        self.check_agreement, self.gather_stats = check_agreement, gather_stats
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        layers = list(layers if layers is not None else getattr(model, "layers", []))
+        if not layers:
+            raise ValueError("the model has no `layers`; pass the transformer layers to checkpoint")
+        self.switches = CheckpointSwitches(layers)
+        self.ctx = SPContext()
+        attn_modules = install_ulysses(model, self.ctx)
+        if heads is None and attn_modules and all(hasattr(m, "heads") for m in attn_modules):
+            heads = (min(m.heads for m in attn_modules), min(m.kv_heads for m in attn_modules))
+        self.heads = heads
+        if sync_params:  # same start on every rank, whatever each rank's seed
+            broadcast_params(list(model.parameters()))
+
+    # -- one step ------------------------------------------------------------------------------
+    def step(self, plan: Plan, samples: Mapping[int, SampleTensors], loss_fn: LossFn) -> StepStats:
+        """Run this rank's part of `plan` on `samples` (sample id -> tensors; at least those of this
+        rank's group) and leave the reduced, normalized gradients in `.grad` (overwritten)."""
+        start = time.perf_counter()
+        state = self.state
+        check_plan(plan, state, len(self.switches.layers), self.heads)
+        gi, group = next(((i, g) for i, g in enumerate(plan.groups) if state.rank in g.ranks), (-1, None))
+        specs = plan.sample_map()
+        mine = [i for mb in group.microbatches for i in mb.samples] if group else []
+        error = check_sample_tensors(mine, specs, samples, self.per_sample_keys)
+        if self.check_agreement:
+            agree_on_plan(plan, state, error)
+        elif error:
+            raise ValueError(error)
+        for p in self.params:
+            p.grad = None
+        loss_sum = torch.zeros((), dtype=torch.float64, device=state.device)
+        loss_tokens = torch.zeros((), dtype=torch.float64, device=state.device)
+        stats: list[MicroBatchStats] = []
+        if group is not None:
+            self.ctx.group, self.ctx.size = state.group(group.ranks[0], group.sp), group.sp
+            timers = []
+            for mb in group.microbatches:
+                timer = _Timer(state.device)
+                with timer:
+                    batch = pack_microbatch(mb.samples, specs, samples, sp_size=group.sp,
+                                            sp_rank=state.rank - group.ranks[0], device=state.device,
+                                            per_sample_keys=self.per_sample_keys, pad_values=self.pad_values)
+                    self.switches.set(mb.ckpt_layers)
+                    with self._autocast():
+                        out = self.forward_fn(self.model, batch)
+                        mb_loss, mb_tokens = loss_fn(out, batch)
+                    mb_loss.backward()
+                loss_sum += mb_loss.detach().double()
+                loss_tokens += mb_tokens.detach().double() if torch.is_tensor(mb_tokens) else float(mb_tokens)
+                timers.append(timer)
+            for mi, (mb, timer) in enumerate(zip(group.microbatches, timers, strict=True)):
+                stats.append(MicroBatchStats(gi, mi, group.sp, len(mb.samples),
+                                             sum(specs[i].tokens for i in mb.samples), mb.ckpt_layers,
+                                             mb.time_s, timer.elapsed_s()))
+            self.ctx.group, self.ctx.size = None, 1
+        sync_start = time.perf_counter()
+        total_loss, total_tokens = reduce_gradients(self.params, loss_sum, loss_tokens)
+        now = time.perf_counter()
+        if self.gather_stats and state.world_size > 1:
+            stats = self._gather(stats)
+        return StepStats(total_loss / total_tokens, round(total_tokens), plan.step_time_s, now - start,
+                         now - sync_start, stats)
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.state.device.type, dtype=self.autocast_dtype)
+
+    def _gather(self, stats: list[MicroBatchStats]) -> list[MicroBatchStats]:
+        """Every group's micro-batch stats, from the first rank of each group."""
+        everyone: list[list[MicroBatchStats] | None] = [None] * self.state.world_size
+        dist.all_gather_object(everyone, stats)
+        seen, out = set(), []
+        for rank_stats in everyone:
+            for s in rank_stats or []:
+                if (s.group, s.index) not in seen:
+                    seen.add((s.group, s.index))
+                    out.append(s)
+        return out
+
+
+class _Timer:
+    """Wall time of a block: CUDA events on GPU (read after the step's final sync), else perf_counter."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.begin, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def __enter__(self) -> _Timer:
+        if self.cuda:
+            self.begin.record()
+        else:
+            self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.cuda:
+            self.end.record()
+        else:
+            self.t1 = time.perf_counter()
+
+    def elapsed_s(self) -> float:
+        if self.cuda:
+            self.end.synchronize()
+            return self.begin.elapsed_time(self.end) / 1e3
+        return self.t1 - self.t0

@@ -1,0 +1,62 @@
+"""Checks that keep ranks from hanging: bad plans fail before any collective, and ranks agree on
+one plan (hash compared across ranks) before the first all-to-all."""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from dcp.executor.parallel_state import ParallelState
+from dcp.planner.plan import Plan, PlanError
+
+
+class ExecutorError(RuntimeError):
+    """The executor cannot run a step: bad plan, missing data, or ranks that disagree."""
+
+
+def check_plan(plan: Plan, state: ParallelState, num_layers: int, heads: tuple[int, int] | None) -> None:
+    """Raise ExecutorError if the plan cannot run here. Looks only at the plan and the model, so
+    every rank holding the same plan raises the same error, before issuing any collective."""
+    if plan.num_gpus != state.world_size:
+        raise ExecutorError(f"plan is for {plan.num_gpus} GPUs but this job has {state.world_size} ranks")
+    try:
+        plan.validate()
+    except PlanError as e:
+        raise ExecutorError(f"plan does not validate: {e}") from e
+    if plan.num_layers != num_layers:
+        raise ExecutorError(f"plan is for a model of {plan.num_layers} layers, this model has {num_layers}")
+    if heads is not None:
+        h, kv = heads
+        for gi, g in enumerate(plan.groups):
+            if h % g.sp or kv % g.sp:
+                raise ExecutorError(f"group {gi} (ranks {g.ranks}) has SP size {g.sp}, which does not divide "
+                                    f"the model's {h} heads and {kv} KV heads (Ulysses shards heads)")
+
+
+def agree_on_plan(plan: Plan, state: ParallelState, local_error: str | None = None) -> None:
+    """One small all-gather of (plan digest, this rank's error or None). Every rank then raises
+    the same ExecutorError if any rank had an error or any plan differs from rank 0's, so a
+    problem seen by one rank stops all of them instead of leaving the others in a collective."""
+    mine = (plan.digest(), local_error)
+    if state.world_size == 1:
+        everyone = [mine]
+    else:
+        everyone = [None] * state.world_size
+        dist.all_gather_object(everyone, mine)
+    errors = [f"rank {r}: {err}" for r, (_, err) in enumerate(everyone) if err]
+    if errors:
+        raise ExecutorError("cannot run the step; " + "; ".join(errors))
+    differ = [r for r, (digest, _) in enumerate(everyone) if digest != everyone[0][0]]
+    if differ:
+        raise ExecutorError(f"ranks disagree on the plan: rank(s) {differ} hold a plan whose digest differs "
+                            f"from rank 0's ({everyone[0][0][:12]}); plan on rank 0 and broadcast it "
+                            "(broadcast_plan) or plan deterministically")
+
+
+def broadcast_plan(plan: Plan | None, state: ParallelState, src: int = 0) -> Plan:
+    """Rank `src` sends its plan (as JSON) to every rank; the others pass None."""
+    box = [plan.to_json() if state.rank == src and plan is not None else None]
+    if state.world_size > 1:
+        dist.broadcast_object_list(box, src=src)
+    if box[0] is None:
+        raise ExecutorError(f"rank {src} had no plan to broadcast")
+    return Plan.from_json(box[0])

@@ -1,0 +1,90 @@
+"""A small spawn helper for multi-process gloo tests (our own, not torch's private test bases).
+
+`run_ranks(fn, world_size, *args)` starts one process per rank, initializes gloo through a
+file store, calls `fn(rank, world_size, *args)` and returns what each rank returned, or
+raises if a rank failed, died, or did not finish before the deadline (the processes are then
+terminated, by their own ids, so a hang fails the test instead of the suite)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+
+@dataclass
+class RankResult:
+    rank: int
+    ok: bool
+    value: Any = None
+    error: str = ""
+    """Traceback text when the rank raised; 'died (exit code N)' when it exited without a result."""
+
+
+def _entry(fn: Callable[..., Any], rank: int, world: int, store: str, out: Any, timeout_s: float,
+           args: tuple[Any, ...]) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)  # tests share two cores among all ranks
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=timeout_s))
+        value = fn(rank, world, *args)
+        out.put(RankResult(rank, True, value))
+    except BaseException as e:  # report everything, including assertion errors, to the parent
+        out.put(RankResult(rank, False, error=f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_ranks_raw(fn: Callable[..., Any], world_size: int, *args: Any, deadline_s: float = 120.0,
+                  pg_timeout_s: float = 30.0) -> list[RankResult]:
+    """Every rank's result (including failures and deaths), in rank order."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = os.path.join(tmp, "store")
+        procs = [ctx.Process(target=_entry, args=(fn, r, world_size, store, out, pg_timeout_s, args))
+                 for r in range(world_size)]
+        for p in procs:
+            p.start()
+        results: dict[int, RankResult] = {}
+        end = time.monotonic() + deadline_s
+        try:
+            while len(results) < world_size and time.monotonic() < end:
+                try:
+                    res = out.get(timeout=0.2)
+                    results[res.rank] = res
+                except queue.Empty:
+                    for r, p in enumerate(procs):
+                        if r not in results and p.exitcode is not None and p.exitcode != 0:
+                            results[r] = RankResult(r, False, error=f"died (exit code {p.exitcode})")
+        finally:
+            for p in procs:
+                p.join(timeout=5)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+        missing = sorted(set(range(world_size)) - set(results))
+        if missing:
+            raise TimeoutError(f"ranks {missing} did not finish within {deadline_s} s (hang?)")
+    return [results[r] for r in range(world_size)]
+
+
+def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, deadline_s: float = 120.0,
+              pg_timeout_s: float = 30.0) -> list[Any]:
+    """Every rank's return value; raises AssertionError with the tracebacks if any rank failed."""
+    results = run_ranks_raw(fn, world_size, *args, deadline_s=deadline_s, pg_timeout_s=pg_timeout_s)
+    failed = [r for r in results if not r.ok]
+    if failed:
+        raise AssertionError("\n".join(f"rank {r.rank} failed: {r.error}" for r in failed))
+    return [r.value for r in results]
