@@ -1,0 +1,130 @@
+"""Reference models, one process: attention paths agree, packing changes nothing, shapes and sizes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from dcp.costmodel import ModelSpec, attention_pairs, load_model
+from dcp.data import Sample
+from dcp.models import (
+    IGNORE_INDEX,
+    PackedSeqs,
+    attention_mask,
+    build_layer,
+    build_model,
+    cross_attention,
+    layer_class,
+    lm_loss,
+    mse_loss,
+    reference_attention,
+    sample_tensors,
+    sdpa_attention,
+)
+
+LLAMA = load_model("tiny-llama")
+STDIT = load_model("tiny-stdit")
+
+
+@pytest.mark.parametrize("kind", ["causal", "full", "spatial", "temporal"])
+def test_sdpa_matches_reference_attention(kind: str) -> None:
+    torch.manual_seed(0)
+    seqs = PackedSeqs.pack([12, 6, 5, 1], frames=[3, 2, 1, 1], sp_size=4).full()  # 24 tokens + 0 pads
+    seqs_pad = PackedSeqs.pack([12, 7], frames=[4, 1], sp_size=4).full()  # 19 tokens + 1 pad
+    for s in (seqs, seqs_pad):
+        q = torch.randn(s.total, 4, 8, dtype=torch.float64)
+        k, v = torch.randn(2, s.total, 2, 8, dtype=torch.float64)  # GQA: 2 KV heads for 4 query heads
+        torch.testing.assert_close(sdpa_attention(q, k, v, s, kind), reference_attention(q, k, v, s, kind))
+
+
+def test_attention_masks_follow_the_definitions() -> None:
+    seqs = PackedSeqs.pack([6, 2], frames=[2, 1])  # sample 0: 2 frames x 3 tokens, frame-major
+    spatial, temporal = attention_mask(seqs, "spatial"), attention_mask(seqs, "temporal")
+    causal = attention_mask(seqs, "causal")
+    assert spatial[1].tolist() == [True, True, True, False, False, False, False, False]
+    assert temporal[1].tolist() == [False, True, False, False, True, False, False, False]
+    assert causal[7].tolist() == [False] * 6 + [True, True]  # never across samples
+
+
+def test_local_attention_refuses_a_shard() -> None:
+    seqs = PackedSeqs.pack([8], sp_size=2, sp_rank=1)
+    q = torch.randn(seqs.local, 4, 8)
+    with pytest.raises(ValueError, match="Ulysses"):
+        sdpa_attention(q, q, q, seqs, "causal")
+
+
+def test_packed_seqs_shards_cover_the_sequence() -> None:
+    full = PackedSeqs.pack([5, 3, 6], sp_size=4)
+    assert full.num_pad == 2 and full.total == 16 and full.num_real == 3
+    shards = [PackedSeqs.pack([5, 3, 6], sp_size=4, sp_rank=r) for r in range(4)]
+    assert torch.equal(torch.cat([s.positions() for s in shards]), full.full().positions())
+    assert torch.cat([s.valid() for s in shards]).tolist() == [True] * 14 + [False] * 2
+    assert full.full().positions()[:9].tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 0]
+    with pytest.raises(ValueError, match="frames"):
+        PackedSeqs.pack([5], frames=[2])
+
+
+def _inputs(spec: ModelSpec, batch: list[Sample]) -> tuple[torch.Tensor, torch.Tensor | None, list]:
+    """Packed inputs, packed conditioning (or None) and each sample's conditioning."""
+    tensors = [sample_tensors(spec, s, dtype=torch.float64) for s in batch]
+    x = torch.cat([t["inputs"] for t in tensors])
+    cond = torch.cat([t["cond"] for t in tensors]) if "cond" in tensors[0] else None
+    return x, cond, [t.get("cond") for t in tensors]
+
+
+@pytest.mark.parametrize("spec", [LLAMA, STDIT, dataclasses.replace(STDIT, cross_attention=True)],
+                         ids=["llama", "stdit", "stdit-cross"])
+def test_packing_equals_running_samples_alone(spec: ModelSpec) -> None:
+    model = build_model(spec, dtype=torch.float64, seed=0)
+    frames = [1, 1] if spec.attention != "spatial_temporal" else [2, 3]
+    batch = [Sample(i, n, attention_pairs(spec.attention, n, f), f) for i, (n, f) in enumerate(zip([6, 9], frames, strict=True))]
+    x, cond, conds = _inputs(spec, batch)
+    cond_lengths = None if cond is None else [c.shape[0] for c in conds]
+    packed = model(x, PackedSeqs.pack([6, 9], frames, cond_lengths=cond_lengths), *([cond] if cond is not None else []))
+    alone = []
+    for s, c in zip(batch, conds, strict=True):
+        xi = sample_tensors(spec, s, dtype=torch.float64)["inputs"]
+        seqs = PackedSeqs.pack([s.tokens], [s.frames], cond_lengths=None if c is None else [c.shape[0]])
+        alone.append(model(xi, seqs, *([c] if c is not None else [])))
+    torch.testing.assert_close(packed, torch.cat(alone))
+
+
+def test_model_shapes_and_sizes() -> None:
+    llama = build_model(LLAMA, seed=0)
+    assert sum(p.numel() for p in llama.parameters()) == LLAMA.param_count()
+    seqs = PackedSeqs.pack([7, 4])
+    assert llama(torch.randint(0, LLAMA.vocab, (11,)), seqs).shape == (11, LLAMA.vocab)
+    stdit = build_model(STDIT, in_channels=5, seed=0)
+    assert stdit(torch.randn(11, 5), seqs).shape == (11, 5)
+    for spec in (LLAMA, STDIT):
+        layer = build_layer(spec)
+        assert isinstance(layer, layer_class(spec))
+        assert layer(torch.randn(11, spec.hidden), seqs).shape == (11, spec.hidden)
+    same_seed = build_model(LLAMA, seed=0)
+    assert all(torch.equal(a, b) for a, b in zip(llama.parameters(), same_seed.parameters(), strict=True))
+
+
+def test_cross_attention_needs_cond_and_skips_pads() -> None:
+    spec = dataclasses.replace(STDIT, cross_attention=True)
+    model = build_model(spec, seed=0)
+    with pytest.raises(ValueError, match="cond"):
+        model(torch.randn(4, 8), PackedSeqs.pack([4]))
+    seqs = PackedSeqs.pack([3], sp_size=4, cond_lengths=[2]).full()  # one pad token
+    q, kv = torch.randn(4, 2, 8), torch.randn(2, 2, 8)
+    out = cross_attention(q, kv, kv, seqs)
+    assert out[3].abs().sum() == 0 and out[:3].abs().sum() > 0
+
+
+def test_losses_sum_over_loss_tokens() -> None:
+    logits = torch.randn(4, 10)
+    labels = torch.tensor([1, 2, IGNORE_INDEX, 3])
+    loss, count = lm_loss(logits, labels)
+    assert count == 3
+    torch.testing.assert_close(loss, torch.nn.functional.cross_entropy(logits[[0, 1, 3]], labels[[0, 1, 3]],
+                                                                       reduction="sum"))
+    pred, target = torch.randn(3, 2), torch.randn(3, 2)
+    loss, count = mse_loss(pred, target, torch.tensor([True, False, True]))
+    assert count == 2
+    torch.testing.assert_close(loss, ((pred - target) ** 2).mean(-1)[[0, 2]].sum())
