@@ -1,0 +1,47 @@
+"""Shared fixtures: cost models for the paper's setting and small clusters, seeded hypothesis."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from dcp.costmodel import Cluster, CostModel, TrainingSetup, load_hardware, load_model
+from dcp.data.workloads import Sample
+
+# Seeded and without deadlines: CI machines (2 cores) vary in speed, results must not.
+settings.register_profile("dcp", derandomize=True, deadline=None, max_examples=40,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("dcp")
+
+
+@functools.cache
+def cost_model(model: str = "llama-7b", gpus: int = 32, gpus_per_node: int = 8,
+               memory_gb: float | None = None, zero_stage: int = 1, hardware: str = "h200-sxm") -> CostModel:
+    """A cached cost model (hypothesis tests cannot take function-scoped fixtures)."""
+    hw = load_hardware(hardware)
+    cluster = Cluster(num_gpus=gpus, gpus_per_node=gpus_per_node,
+                      memory_bytes=hw.memory_bytes if memory_gb is None else memory_gb * 1e9)
+    return CostModel(load_model(model), hw, cluster, TrainingSetup(zero_stage=zero_stage))
+
+
+def make_batch(lengths: list[int], attention: str = "causal") -> list[Sample]:
+    """Samples with ids 0..n-1 (text: one frame each)."""
+    from dcp.costmodel import attention_pairs
+
+    return [Sample(i, t, attention_pairs(attention, t)) for i, t in enumerate(lengths)]
+
+
+@pytest.fixture(scope="session")
+def llama_cm() -> CostModel:
+    """Llama 7B on 32 H200 in nodes of 8: the DCP paper's 1D setting."""
+    return cost_model()
+
+
+@pytest.fixture(scope="session")
+def wiki_batches(llama_cm: CostModel) -> list[list[Sample]]:
+    """Three 512-sample global batches of the built-in Wikipedia lengths."""
+    from dcp.planner.run import make_batches
+
+    return make_batches("wikipedia", llama_cm, global_batch=512, steps=3)
