@@ -13,8 +13,8 @@ from typing import Any
 
 import click
 
-from dcp.costmodel import CostModelError, load_hardware, load_model, preset_names
-from dcp.data.workloads import WorkloadError
+from dcp.costmodel import CostModel, CostModelError, load_hardware, load_model, preset_names
+from dcp.data.workloads import Sample, WorkloadError
 from dcp.planner.plan import InfeasibleError, PlanError
 from dcp.planner.run import (
     available_strategies,
@@ -83,7 +83,7 @@ def planning_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return functools.reduce(lambda g, opt: opt(g), reversed(options), f)
 
 
-def _setup(o: dict[str, Any]) -> tuple[Any, list[Any], dict[str, Any]]:
+def _setup(o: dict[str, Any]) -> tuple[CostModel, list[list[Sample]], dict[str, Any]]:
     """Cost model, batches and the resolved configuration from the shared options."""
     config = dict(o, model=o["model"] or default_model(o["workload"]), zero_stage=int(o["zero_stage"]))
     config.pop("fmt")
