@@ -6,12 +6,14 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 
 def sharded_optimizer(params: Iterable[torch.nn.Parameter], optimizer_class: type[torch.optim.Optimizer]
-                      = torch.optim.AdamW, **kwargs: Any) -> ZeroRedundancyOptimizer:
+                      = torch.optim.AdamW, **kwargs: Any) -> torch.optim.Optimizer:
     """torch's ZeroRedundancyOptimizer: each rank keeps the state of 1/N of the parameters, steps
     them, and broadcasts the updated values. Needs identical gradients on every rank, which the
     executor's all-reduce provides."""
+    # Imported here: torch.distributed.optim pulls in FSDP and costs every rank ~1 s at startup.
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
     return ZeroRedundancyOptimizer(list(params), optimizer_class=optimizer_class, **kwargs)

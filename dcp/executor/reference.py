@@ -40,14 +40,20 @@ def reference_step(model: nn.Module, batch: Sequence[Sample], samples: Mapping[i
     return total_loss / total_tokens
 
 
-def relative_grad_diff(params: Sequence[nn.Parameter], reference: Sequence[nn.Parameter]) -> float:
-    """Largest, over parameters, of max|g - g_ref| / max|g_ref| (a parameter without a gradient
-    counts as zeros). Per-tensor scale, so tiny entries do not blow the ratio up."""
+def relative_grad_diff(params: Sequence[nn.Parameter], reference: Sequence[nn.Parameter],
+                       floor: float = 1e-2) -> float:
+    """Largest, over parameters, of max|g - g_ref| / max(max|g_ref|, floor * largest |g_ref| of the
+    model); a parameter without a gradient counts as zeros.
+
+    Per-tensor scale, so small parameters are judged at their own size; the floor keeps gradients
+    that are zero in exact arithmetic (a key bias: softmax ignores a shift shared by all scores)
+    from turning round-off on both sides into a huge ratio."""
+    grads = [(p.grad if p.grad is not None else torch.zeros_like(p),
+              r.grad if r.grad is not None else torch.zeros_like(r)) for p, r in zip(params, reference, strict=True)]
+    overall = max((gr.abs().max().item() for _, gr in grads), default=0.0)
     worst = 0.0
-    for p, r in zip(params, reference, strict=True):
-        g = p.grad if p.grad is not None else torch.zeros_like(p)
-        gr = r.grad if r.grad is not None else torch.zeros_like(r)
-        scale = gr.abs().max().item()
+    for g, gr in grads:
+        scale = max(gr.abs().max().item(), floor * overall)
         diff = (g.double() - gr.double()).abs().max().item()
         worst = max(worst, diff / scale if scale > 0 else diff)
     return worst

@@ -1,0 +1,184 @@
+"""Multi-process gloo tests on CPU (4 ranks): any plan gives single-process gradients; bad inputs
+and dead ranks end in clear errors, never hangs."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import random
+
+import torch
+from dist_helpers import run_ranks, run_ranks_raw
+
+from dcp.costmodel import ModelSpec, attention_pairs, load_model
+from dcp.data import Sample
+from dcp.planner.plan import Plan
+
+# (first rank, SP size) per group; every step of a test draws a different one. Together they
+# mix SP sizes 1, 2 and 4 (4 uses all four ranks) and leave a rank idle in one.
+LAYOUTS = [
+    [(0, 2), (2, 1), (3, 1)],
+    [(0, 4)],
+    [(0, 1), (1, 1), (2, 2)],
+    [(0, 2), (2, 1)],
+    [(0, 2), (2, 2)],
+]
+TOLERANCE = 1e-5
+
+
+def llama_spec() -> ModelSpec:
+    # 8 heads over 4 KV heads: GQA that SP 4 can shard (1 KV head, 2 query heads per rank).
+    return dataclasses.replace(load_model("tiny-llama"), heads=8, kv_heads=4)
+
+
+def random_case(spec: ModelSpec, step: int) -> tuple[Plan, list[Sample]]:
+    """A random plan over the step's layout: odd lengths (padding), several samples packed per
+    micro-batch, 1-3 micro-batches per group, random checkpointed layers. Same on every rank."""
+    from dcp.executor.reference import manual_plan
+
+    rng = random.Random(step)
+    layout = LAYOUTS[step % len(LAYOUTS)]
+    batch = []
+    for i in range(rng.randint(2 * len(layout), 10)):
+        if spec.attention == "spatial_temporal":
+            frames = rng.randint(1, 3)
+            tokens = frames * rng.randint(1, 5)
+        else:
+            frames, tokens = 1, rng.randint(1, 23)
+        batch.append(Sample(100 * step + i, tokens, attention_pairs(spec.attention, tokens, frames), frames))
+    ids = [s.id for s in batch]
+    rng.shuffle(ids)
+    per_group = [[ids[g]] for g in range(len(layout))]  # no group without work
+    for i in ids[len(layout):]:
+        per_group[rng.randrange(len(layout))].append(i)
+    groups = []
+    for (start, sp), members in zip(layout, per_group, strict=True):
+        cuts = sorted(rng.sample(range(1, len(members)), min(rng.randint(0, 2), len(members) - 1)))
+        chunks = [members[a:b] for a, b in zip([0, *cuts], [*cuts, len(members)], strict=True)]
+        groups.append((start, sp, [(c, rng.randint(0, spec.num_layers)) for c in chunks]))
+    return manual_plan(batch, 4, spec.num_layers, groups), batch
+
+
+def grads_worker(rank: int, world: int, specs: list[ModelSpec], steps: int) -> list[tuple[str, int, float, float]]:
+    """Run `steps` random plans per spec; rank 0 compares every step with single-process training."""
+    from dcp.executor import Executor, ParallelState, default_forward
+    from dcp.executor.reference import reference_step, relative_grad_diff
+    from dcp.models import build_model, lm_loss, mse_loss, reference_attention, sample_tensors
+
+    state = ParallelState.create(timeout_s=30)
+    out = []
+    for spec in specs:
+        model = build_model(spec, dtype=torch.float64, seed=0)
+        ref = copy.deepcopy(model)  # the plain attention path, one sample at a time, one process
+        for m in ref.modules():
+            if hasattr(m, "attn_fn"):
+                m.attn_fn = reference_attention
+        executor = Executor(model, state, gather_stats=True)
+        if spec.attention == "spatial_temporal":
+            def loss_fn(o, b):  # noqa: ANN001, ANN202
+                return mse_loss(o, b["target"], b.valid)
+        else:
+            def loss_fn(o, b):  # noqa: ANN001, ANN202
+                return lm_loss(o, b["labels"])
+        for step in range(steps):
+            plan, batch = random_case(spec, step)
+            tensors = {s.id: sample_tensors(spec, s, seed=step, dtype=torch.float64) for s in batch}
+            stats = executor.step(plan, tensors, loss_fn)
+            assert len(stats.microbatches) == sum(len(g.microbatches) for g in plan.groups)
+            diff = 0.0
+            if rank == 0:
+                ref_loss = reference_step(ref, batch, tensors, loss_fn, default_forward)
+                diff = relative_grad_diff(list(model.parameters()), list(ref.parameters()))
+                assert abs(stats.loss - ref_loss) <= TOLERANCE * abs(ref_loss), (stats.loss, ref_loss)
+            out.append((spec.name + ("+cross" if spec.cross_attention else ""), step, diff, stats.loss))
+    return out
+
+
+def _check_grads(results: list[list[tuple[str, int, float, float]]]) -> None:
+    worst = max(diff for _, _, diff, _ in results[0])
+    print(f"max relative grad diff {worst:.2e} over {len(results[0])} steps")
+    assert worst <= TOLERANCE, results[0]
+    for rank_results in results[1:]:  # every rank reports the same global loss
+        assert [r[3] for r in rank_results] == [r[3] for r in results[0]]
+
+
+def test_llama_gradients_equal_single_process_for_random_plans() -> None:
+    _check_grads(run_ranks(grads_worker, 4, [llama_spec()], 5, deadline_s=150))
+
+
+def test_stdit_gradients_equal_single_process_for_random_plans() -> None:
+    stdit = load_model("tiny-stdit")
+    _check_grads(run_ranks(grads_worker, 4, [stdit, dataclasses.replace(stdit, cross_attention=True)], 5,
+                           deadline_s=150))
+
+
+def bad_inputs_worker(rank: int, world: int) -> list[str]:
+    """Each bad step must raise the same clear error on every rank; the last, good step must run."""
+    from dcp.executor import Executor, ExecutorError, ParallelState
+    from dcp.executor.reference import manual_plan
+    from dcp.models import build_model, lm_loss, sample_tensors
+
+    state = ParallelState.create(timeout_s=10)
+    spec = load_model("tiny-llama")  # 2 KV heads: SP 4 is impossible
+    executor = Executor(build_model(spec, seed=0), state)
+    batch = [Sample(i, n, attention_pairs("causal", n)) for i, n in enumerate([5, 8, 3, 6])]
+    tensors = {s.id: sample_tensors(spec, s) for s in batch}
+
+    def loss_fn(o, b):  # noqa: ANN001, ANN202
+        return lm_loss(o, b["labels"])
+
+    good = manual_plan(batch, 4, 2, [(0, 2, [([0, 1], 1)]), (2, 1, [([2], 0)]), (3, 1, [([3], 2)])])
+    sp4 = manual_plan(batch, 4, 2, [(0, 4, [([0, 1, 2, 3], 0)])])
+    two_gpus = manual_plan(batch, 2, 2, [(0, 2, [([0, 1, 2, 3], 0)])])
+    invalid = copy.deepcopy(good)
+    invalid.groups[1].microbatches[0].samples = [2, 3]
+    other = copy.deepcopy(good)
+    other.groups[0].microbatches[0].ckpt_layers = 0
+    mine = {s: t for s, t in tensors.items() if not (rank == 2 and s == 2)}
+    cases = [(sp4, tensors), (two_gpus, tensors), (invalid, tensors), (good, mine),
+             (other if rank == 1 else good, tensors)]
+    errors = []
+    for plan, data in cases:
+        try:
+            executor.step(plan, data, loss_fn)
+            errors.append("no error")
+        except ExecutorError as e:
+            errors.append(str(e))
+    executor.step(good, tensors, loss_fn)
+    return errors
+
+
+def test_bad_inputs_give_clear_errors_on_every_rank() -> None:
+    results = run_ranks(bad_inputs_worker, 4, deadline_s=90, pg_timeout_s=10)
+    expected = ["SP size 4, which does not divide the model's 4 heads and 2 KV heads",
+                "plan is for 2 GPUs but this job has 4 ranks",
+                "plan does not validate: sample 3 runs 2 times",
+                "rank 2: sample 2 is in the plan but missing from `samples`",
+                "ranks disagree on the plan: rank(s) [1]"]
+    for rank, errors in enumerate(results):
+        for want, got in zip(expected, errors, strict=True):
+            assert want in got, (rank, want, got)
+
+
+def dying_worker(rank: int, world: int) -> None:
+    """Rank 1 dies inside an SP micro-batch; rank 0 must fail rather than wait forever."""
+    from dcp.executor import Executor, ParallelState
+    from dcp.executor.reference import manual_plan
+    from dcp.models import build_model, lm_loss, sample_tensors
+
+    state = ParallelState.create(timeout_s=10)
+    spec = load_model("tiny-llama")
+    model = build_model(spec, seed=0)
+    executor = Executor(model, state)
+    if rank == 1:
+        model.layers[1].register_forward_pre_hook(lambda *_: os._exit(7))
+    batch = [Sample(0, 9, attention_pairs("causal", 9))]
+    plan = manual_plan(batch, 2, 2, [(0, 2, [([0], 0)])])
+    executor.step(plan, {0: sample_tensors(spec, batch[0])}, lambda o, b: lm_loss(o, b["labels"]))
+
+
+def test_a_dead_rank_ends_the_job_instead_of_hanging() -> None:
+    results = run_ranks_raw(dying_worker, 2, deadline_s=60, pg_timeout_s=10)
+    assert results[1].error == "died (exit code 7)"
+    assert not results[0].ok  # an error from the collective (peer gone or timed out), not a hang
