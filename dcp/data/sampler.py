@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from dcp.costmodel import CostModel, CostModelError, attention_pairs
-from dcp.data.local import local_samples
+from dcp.data.local import LocalBatch, local_samples
 from dcp.data.prefetch import PlanAhead, Planner, SolvePlanner
 from dcp.data.workloads import Sample, Workload
 from dcp.planner.common import allowed_sp_sizes, check_feasible
@@ -143,7 +143,7 @@ class GlobalBatchSampler:
         strategy: planner strategy name or options; planner: any picklable batch -> Plan callable
         instead (strategy then only sets the SP sizes the feasibility check allows).
         dcp-greedy is the default because every rank plans for itself and a time-limited ILP may
-        return different incumbents on different ranks; with ilp, use dcp.data.loader.agree_on_plan.
+        return different incumbents on different ranks (with ilp, share rank 0's: dcp.executor.broadcast_plan).
         plan_ahead: steps planned beyond the one training; workers: planner processes (0: plan
         inline when a step needs its plan). skip_unfittable: drop (and log) samples that fit
         nowhere instead of refusing to start."""
@@ -257,7 +257,7 @@ class GlobalBatchSampler:
         """Where training stands: every batch handed out so far counts as trained."""
         return self._state(self.epoch, self.step)
 
-    def state_dict_after(self, batch: PlannedBatch) -> dict[str, Any]:
+    def state_dict_after(self, batch: PlannedBatch | LocalBatch) -> dict[str, Any]:
         """The state to resume from once `batch` has trained (use this when a DataLoader draws
         batches ahead of training, so the sampler's own position is ahead of the model's)."""
         return self._state(batch.epoch, batch.step + 1)
