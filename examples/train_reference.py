@@ -97,7 +97,8 @@ def main() -> None:
             print(f"step {step:3d} loss {stats.loss:.4f} tokens {stats.loss_tokens:5d} groups [{groups}] "
                   f"predicted {stats.predicted_step_s * 1e3:8.2f} ms measured {stats.measured_step_s * 1e3:8.2f} ms "
                   f"(rank 0: {len(mine)} mb, predicted {sum(m.predicted_s for m in mine) * 1e3:.2f} ms, "
-                  f"measured {sum(m.measured_s for m in mine) * 1e3:.2f} ms)", flush=True)
+                  f"measured {sum(m.measured_s for m in mine) * 1e3:.2f} ms) "
+                  f"plan wait {planned.plan_wait_s * 1e3:.1f} ms", flush=True)
     sampler.close()
     if args.check_grads and rank == 0:
         print(f"max_grad_diff={worst:.3e}", flush=True)
