@@ -225,6 +225,9 @@ def presets() -> None:
 
 
 # Further commands (e.g. `dcp profile`) register here: main.add_command(...)
+from dcp.profiler.command import profile  # noqa: E402
+
+main.add_command(profile)
 
 
 if __name__ == "__main__":

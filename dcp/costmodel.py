@@ -6,7 +6,7 @@ A micro-batch is a set of samples run together (packed, varlen) by one sequence-
 
     compute(T, A, p) = c0 + c_tok * T/p + c_attn * A/p       T = sum tokens, A = sum attn_pairs
     comm(T, p)       = 0 if p == 1 else n_a2a * lat(p) + bytes_per_token * T/p * (p-1)/p / bw(p)
-    time             = K * (fwd + bwd) + r * fwd (recompute, its all-to-alls included) + head + fixed
+    time             = K * (fwd + bwd) + r * rec (recompute ~ fwd, its all-to-alls included) + head + fixed
     memory           = static + (K - r) * act_full * T/p + r * act_ckpt * T/p + working set of one layer
 
 Everything is linear in T and A for a fixed (p, r), which the ILP planner relies on:
@@ -187,6 +187,20 @@ class LayerFit:
     max_fitted_tokens: int = 0
     """Largest micro-batch (tokens per GPU) in the fit; 0 means unbounded."""
     heldout_mape: float | None = None
+    rec_fixed_s: float | None = None
+    """Recompute of a checkpointed layer (the extra time checkpointing costs it), fixed part;
+    None: the same as the forward. Measured, it differs: the checkpoint's own bookkeeping adds
+    a fixed cost that matters for small layers (tiny-llama on one CPU thread: 1.5 ms vs 0.5 ms)."""
+    rec_per_token_s: float | None = None
+    """Recompute per token; None: fwd_per_token_s."""
+    rec_per_pair_s: float | None = None
+    """Recompute per attention pair; None: fwd_per_pair_s."""
+
+    def recompute_coefficients(self) -> tuple[float, float, float]:
+        """(fixed, per_token, per_pair) of one layer's recompute, the forward's where unmeasured."""
+        return (self.fwd_fixed_s if self.rec_fixed_s is None else self.rec_fixed_s,
+                self.fwd_per_token_s if self.rec_per_token_s is None else self.rec_per_token_s,
+                self.fwd_per_pair_s if self.rec_per_pair_s is None else self.rec_per_pair_s)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LayerFit:
@@ -227,6 +241,8 @@ class HardwareProfile:
     """A fitted model refuses micro-batches above this multiple of its largest fitted point."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Provenance: date, device name, software versions, raw points, fit quality."""
+    heldout_mape: float | None = None
+    """Worst held-out MAPE (a fraction) of the fits `dcp profile` measured; None for a preset."""
 
     def __post_init__(self) -> None:
         for f in ("gpus_per_node", "memory_bytes", "matmul_flops", "attention_flops", "memory_bw_bytes_per_s"):
@@ -352,6 +368,8 @@ class LayerTimes:
     bwd_compute_s: float
     comm_s: float
     """All-to-alls of one direction (forward or backward; they move the same bytes)."""
+    rec_compute_s: float | None = None
+    """Recompute when the layer is checkpointed (its all-to-alls are another comm_s); None: fwd_compute_s."""
 
 
 class CostModel:
@@ -401,7 +419,9 @@ class CostModel:
         f, p = self.fit, sp_size
         fwd = f.fwd_fixed_s + f.fwd_per_token_s * tokens / p + f.fwd_per_pair_s * pairs / p
         bwd = f.bwd_fixed_s + f.bwd_per_token_s * tokens / p + f.bwd_per_pair_s * pairs / p
-        return LayerTimes(fwd, bwd, self._comm_linear(sp_size)(tokens, 0.0))
+        rc = f.recompute_coefficients()
+        rec = rc[0] + rc[1] * tokens / p + rc[2] * pairs / p
+        return LayerTimes(fwd, bwd, self._comm_linear(sp_size)(tokens, 0.0), rec)
 
     def _comm_linear(self, p: int) -> LinearCost:
         """One direction's all-to-alls of one layer: each moves (p-1)/p of the rank's T/p tokens."""
@@ -415,14 +435,22 @@ class CostModel:
     def linear_time(self, sp_size: int, ckpt_layers: int) -> LinearCost:
         """Micro-batch time as a linear function of (T, A) at SP size p with r checkpointed layers."""
         fwd, bwd = self._fwd_bwd(sp_size)
+        rec = self._recompute(sp_size)
         k, r = self.model.num_layers, ckpt_layers
         head = self.fit.head_per_token_s / sp_size
         return LinearCost(
-            k * (fwd.fixed + bwd.fixed) + r * fwd.fixed + self.fit.microbatch_fixed_s
+            k * (fwd.fixed + bwd.fixed) + r * rec.fixed + self.fit.microbatch_fixed_s
             + (2 + r / k) * self._param_gather_s(),
-            k * (fwd.per_token + bwd.per_token) + r * fwd.per_token + head,
-            k * (fwd.per_pair + bwd.per_pair) + r * fwd.per_pair,
+            k * (fwd.per_token + bwd.per_token) + r * rec.per_token + head,
+            k * (fwd.per_pair + bwd.per_pair) + r * rec.per_pair,
         )
+
+    def _recompute(self, p: int) -> LinearCost:
+        """Recompute of one checkpointed layer: its measured compute (the forward's when not
+        measured) plus the forward's all-to-alls, which it re-runs (REFERENCES.md, Ulysses)."""
+        fixed, per_tok, per_pair = self.fit.recompute_coefficients()
+        comm = self._comm_linear(p)
+        return LinearCost(fixed + comm.fixed, per_tok / p + comm.per_token, per_pair / p)
 
     def _fwd_bwd(self, p: int) -> tuple[LinearCost, LinearCost]:
         """Forward and backward of one layer (compute + all-to-alls) as linear costs."""

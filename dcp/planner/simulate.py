@@ -86,7 +86,7 @@ def microbatch_phases(cm: CostModel, tokens: int, pairs: int, sp_size: int,
     head = f.head_per_token_s * tokens / p + f.microbatch_fixed_s + (2 + r / k) * cm.param_gather_s()
     phases: list[tuple[EventKind, float]] = [
         ("forward", k * lt.fwd_compute_s + head), ("all_to_all", k * lt.comm_s),
-        ("recompute", r * lt.fwd_compute_s), ("all_to_all", r * lt.comm_s),
+        ("recompute", r * (lt.fwd_compute_s if lt.rec_compute_s is None else lt.rec_compute_s)), ("all_to_all", r * lt.comm_s),
         ("backward", k * lt.bwd_compute_s), ("all_to_all", k * lt.comm_s),
     ]
     # The split is derived independently of linear_time; they must agree.

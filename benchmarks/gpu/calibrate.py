@@ -1,0 +1,168 @@
+"""GPU calibration in one call: profile a Llama-7B layer, validate it, and measure what planned
+checkpointing buys over full checkpointing. Results are JSON files under --out.
+
+1. `dcp profile` of one llama-7b layer in bf16 over 1K..128K tokens (fit + held-out MAPE).
+2. `dcp profile --validate`: whole 4-layer micro-batches, r = 0, 2, 4, predicted vs measured.
+3. Checkpointing: a few-layer llama-7b-width model on micro-batches of Wikipedia lengths (short
+   samples dominate: median 347 tokens, REFERENCES.md), each run with the fewest checkpointed
+   layers that fit memory by the profile's own memory model (DCP's per-micro-batch choice) and
+   with every layer checkpointed (the bucket baseline's static choice). Reports the measured
+   speedup, the cost model's predicted one, and each run's measured peak memory.
+
+Imports only dcp's torch side and numpy/scipy/rich (no planner ILP: no pulp/highspy needed).
+`--device cpu --tiny` runs the same code on tiny sizes so that CI knows it works.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from rich.console import Console  # noqa: E402
+
+from dcp.costmodel import (  # noqa: E402
+    Cluster,
+    CostModel,
+    HardwareProfile,
+    TrainingSetup,
+    load_hardware,
+    load_model,
+    save_hardware,
+)
+from dcp.data.workloads import wikipedia  # noqa: E402
+from dcp.profiler.compute import Repeats, measure_model  # noqa: E402
+from dcp.profiler.profile import ProfileOptions, profile_model, torch_device  # noqa: E402
+from dcp.profiler.reference import reference_bench  # noqa: E402
+from dcp.profiler.report import fit_table, mape_panel, validation_table  # noqa: E402
+from dcp.profiler.validate import validate_profile  # noqa: E402
+
+console = Console()
+
+
+def microbatches(cap_tokens: int, count: int, seed: int) -> list[list[int]]:
+    """Consecutive Wikipedia samples packed into micro-batches of at most `cap_tokens` (longer
+    samples are cut to the cap: this check is about checkpointing, not SP)."""
+    lengths = np.random.default_rng(seed).permutation(wikipedia().tokens)
+    out, cur = [], []
+    for n in lengths:
+        n = int(min(n, cap_tokens))
+        if sum(cur) + n > cap_tokens:
+            out.append(cur)
+            cur = []
+            if len(out) == count:
+                break
+        cur.append(n)
+    return out
+
+
+def checkpoint_speedup(profile: HardwareProfile, model_name: str, *, device: str, layers: int,
+                       cap_tokens: int, count: int, reps: Repeats) -> dict:
+    """Measured time of each micro-batch at r = fewest layers that fit and at r = K."""
+    spec = replace(load_model(model_name), num_layers=layers)
+    dtype = "fp32" if device == "cpu" else "bf16"
+    # Single-GPU training of this K-layer model: bf16 weights, fp32 grads and Adam (18 B/param).
+    training = TrainingSetup(precision="fp32" if dtype == "fp32" else "bf16", zero_stage=0)
+    cm = CostModel(spec, profile, Cluster(num_gpus=1, gpus_per_node=1, memory_bytes=profile.memory_bytes), training)
+    bench = reference_bench(spec, torch_device(device), dtype)
+    model = bench.build_model(layers)  # type: ignore[misc]
+    rows = []
+    for mb in microbatches(cap_tokens, count, seed=0):
+        tokens = sum(mb)
+        r_min = cm.min_ckpt_layers(tokens, 1)
+        if r_min is None:
+            continue
+        row = {"tokens": tokens, "samples": len(mb), "r_planned": r_min, "r_full": layers}
+        for key, r in (("planned", r_min), ("full", layers)):
+            model.set_ckpt_layers(r)
+            samples = [bench.shape(n) for n in mb]
+            try:
+                point = measure_model(model, bench, samples, layers, reps, ckpt_layers=r)
+            except torch.cuda.OutOfMemoryError:
+                # The profile's memory model was too optimistic for this r: that is a result too.
+                row[f"{key}_oom"] = True
+                torch.cuda.empty_cache()
+                break
+            row[f"{key}_s"] = point.seconds
+            row[f"{key}_predicted_s"] = cm.time_s(tokens, point.attn_pairs, 1, r)
+            row[f"{key}_act_bytes"] = point.act_bytes
+            row[f"{key}_predicted_act_bytes"] = cm.memory_bytes(tokens, 1, r) - cm.static_bytes
+        if "planned_oom" in row or "full_oom" in row:
+            console.print(f"  [red]{tokens:,} tokens: out of memory at r={row['r_planned']}[/red]")
+            rows.append(row)
+            continue
+        rows.append(row)
+        console.print(f"  {tokens:>7,} tokens {len(mb):>4} samples  r={r_min}: {row['planned_s']:.3f} s   "
+                      f"r={layers}: {row['full_s']:.3f} s")
+    done = [r for r in rows if "full_s" in r]
+    planned = sum(r["planned_s"] for r in done)
+    full = sum(r["full_s"] for r in done)
+    predicted = sum(r["full_predicted_s"] for r in done) / max(1e-12, sum(r["planned_predicted_s"] for r in done))
+    return {"model": model_name, "layers": layers, "cap_tokens": cap_tokens, "memory_bytes": profile.memory_bytes,
+            "static_bytes": cm.static_bytes, "rows": rows, "measured_speedup": full / planned if planned else None,
+            "predicted_speedup": predicted, "out_of_memory": len(rows) - len(done)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="tiny sizes (CPU check of this script)")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    if args.tiny:
+        model, base = "tiny-llama", "cpu"
+        opts = ProfileOptions(device=args.device, quick=True, min_tokens=64, max_tokens=512, heldout=3)
+        val = dict(layers=2, count=1, max_tokens=512)
+        ck = dict(layers=2, cap_tokens=512, count=2, reps=Repeats(warmup=1, repeats=1))
+    else:
+        model, base = "llama-7b", "h200-sxm"
+        opts = ProfileOptions(device=args.device, min_tokens=1024, max_tokens=131072, heldout=8)
+        val = dict(layers=4, count=3, max_tokens=65536)
+        ck = dict(layers=8, cap_tokens=65536, count=6, reps=Repeats(warmup=1, repeats=2))
+    spec = load_model(model)
+    suffix = "tiny" if args.tiny else "h200"
+    results: dict = {"device": args.device, "torch": torch.__version__, "model": model}
+    path = args.out / f"gpu-calibration-{suffix}.json"
+
+    def save() -> None:
+        """After every phase: a run cut short by its time limit still leaves what it measured."""
+        path.write_text(json.dumps(results, indent=1) + "\n")
+
+    console.rule(f"1. profile {model} ({opts.device})")
+    prof = profile_model(spec, load_hardware(base), opts)
+    save_hardware(prof, args.out / f"profile-{suffix}.json")
+    console.print(fit_table(prof, spec.name), mape_panel(spec.name, prof.heldout_mape))
+    results["profile"] = {"heldout_mape": prof.heldout_mape, "fit": asdict(prof.fits[spec.name]),
+                          "elapsed_s": time.monotonic() - t0}
+    save()
+
+    console.rule("2. validate whole micro-batches")
+    report = validate_profile(prof, spec, device=args.device, quick=True, **val)
+    console.print(validation_table(report), mape_panel("validation", report.mape))
+    results["validation"] = {"mape": report.mape, "rows": [asdict(r) for r in report.rows],
+                             "elapsed_s": time.monotonic() - t0}
+    save()
+
+    console.rule("3. planned vs full checkpointing on Wikipedia lengths")
+    speed = checkpoint_speedup(prof, model, device=args.device, **ck)
+    console.print(f"measured speedup {speed['measured_speedup'] or 0:.3f}x (cost model predicted "
+                  f"{speed['predicted_speedup']:.3f}x)")
+    results["checkpointing"] = {**speed, "elapsed_s": time.monotonic() - t0}
+    save()
+    console.print(f"wrote {path} and {args.out / f'profile-{suffix}.json'} in {time.monotonic() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

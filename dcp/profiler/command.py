@@ -1,0 +1,103 @@
+"""`dcp profile`: the click command (thin: parse, call dcp.profiler, print).
+
+Registered in dcp/cli.py with `main.add_command(profile)`; dcp.profiler itself never imports click.
+Importing this module must not import torch (`dcp plan` runs on machines without it), so the
+profiler is imported inside the command.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from dcp.costmodel import load_hardware, load_model, save_hardware
+
+DEFAULT_MODEL = {"cpu": "tiny-llama", "cuda": "llama-7b"}
+DEFAULT_BASE = {"cpu": "cpu", "cuda": "h200-sxm"}
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(TextColumn("{task.description:32s}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console, transient=False)
+
+
+@click.command("profile")
+@click.option("--model", default=None, help="Model preset or JSON (default: tiny-llama on cpu, llama-7b on cuda).")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default=None,
+              help="Default: bf16 on cuda, fp32 on cpu.")
+@click.option("--quick", is_flag=True, help="Smaller grid, fewer repeats.")
+@click.option("--base", default=None, help="Preset or profile JSON for the numbers not measured "
+              "(default: cpu / h200-sxm). A previous profile keeps its other models' fits.")
+@click.option("--min-tokens", type=click.IntRange(min=16), default=None)
+@click.option("--max-tokens", type=click.IntRange(min=16), default=None)
+@click.option("--heldout", type=click.IntRange(min=0), default=None, help="Held-out micro-batches.")
+@click.option("--threads", type=click.IntRange(min=0), default=None, help="CPU: torch threads (default 1; 0: torch's).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--name", default=None, help="Profile name (default: <base>-profiled).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Where to write the profile JSON.")
+@click.option("--validate", "validate_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              default=None, help="Re-measure held-out micro-batches against this profile instead.")
+@click.option("--layers", type=click.IntRange(min=1), default=None, help="--validate: model depth (default min(K, 4)).")
+def profile(model: str | None, device: str, dtype: str | None, quick: bool, base: str | None,
+            min_tokens: int | None, max_tokens: int | None, heldout: int | None, threads: int | None, seed: int,
+            name: str | None, output: Path | None, validate_path: Path | None, layers: int | None) -> None:
+    """Measure this machine and fit the cost model; write a hardware profile.
+
+    Times one layer of the model's reference implementation over a geometric grid of
+    micro-batch sizes and packings (forward, backward, recompute, activation memory), the
+    embedding/head from 1- and 2-layer runs, and, under torchrun, all-to-all per group size.
+    Fits by non-negative least squares and reports the held-out error.
+
+    On CPU the default model is tiny-llama (a 64-wide layer whose attention already dominates
+    at 4K tokens) timed on one thread; on CUDA, llama-7b.
+
+    \b
+    Example:
+      dcp profile --device cpu --quick -o p.json
+      dcp profile --validate p.json --device cpu
+      dcp plan --hardware p.json --model tiny-llama --gpus 8
+      torchrun --nproc-per-node 8 -m dcp.cli profile --device cuda -o h200.json
+    """
+    from dcp.profiler import comm
+    from dcp.profiler.profile import ProfileOptions, profile_model
+    from dcp.profiler.report import fit_table, mape_panel, validation_table
+    from dcp.profiler.validate import validate_profile
+
+    console = Console(stderr=True)
+    if validate_path is not None:
+        prof = load_hardware(str(validate_path))
+        spec = load_model(model or _only_model(prof.fits))
+        with _progress(console) as progress:
+            report = validate_profile(prof, spec, device=device, dtype=dtype, layers=layers, seed=seed + 7,
+                                      quick=quick, progress=progress)
+        console.print(validation_table(report))
+        console.print(mape_panel(f"validation of {validate_path}", report.mape))
+        return
+    if output is None:
+        raise click.UsageError("give -o/--output for the profile (or --validate PROFILE)")
+    spec = load_model(model or DEFAULT_MODEL[device])
+    base_profile = load_hardware(base or DEFAULT_BASE[device])
+    opts = ProfileOptions(device=device, dtype=dtype, quick=quick, min_tokens=min_tokens, max_tokens=max_tokens,
+                          heldout=heldout, threads=threads, seed=seed, name=name)
+    distributed = comm.init_from_torchrun(device)
+    with _progress(console) as progress:
+        prof = profile_model(spec, base_profile, opts, progress=progress)
+    if distributed and comm.dist.get_rank() != 0:
+        return
+    save_hardware(prof, output)
+    console.print(fit_table(prof, spec.name))
+    if not prof.meta.get("comm", {}).get("measured"):
+        console.print(f"[yellow]{prof.meta['comm']['why']}[/yellow]")
+    console.print(mape_panel(spec.name, prof.fits[spec.name].heldout_mape))
+    click.echo(f"wrote {output}")
+
+
+def _only_model(fits: dict[str, object]) -> str:
+    if len(fits) != 1:
+        raise click.UsageError(f"the profile has fits for {sorted(fits) or 'no model'}: pick one with --model")
+    return next(iter(fits))

@@ -1,0 +1,149 @@
+"""From measured points to a `LayerFit`: the cost model's per-layer and per-micro-batch terms.
+
+Per layer at SP size 1 (DESIGN.md, "The cost model"), each of forward, backward and recompute:
+
+    t(T, A) = fixed + per_token * T + per_pair * A         T tokens, A attention pairs
+
+fitted by non-negative least squares on the grid points. Recompute is the extra time a
+checkpointed layer costs over a plain one: ckpt_s - (fwd_s + bwd_s) (its forward runs without
+saving; its backward re-runs the forward first). Outside the layers, the dual-layer difference
+M = 2 t(1 layer) - t(2 layers) gives the embedding/head/loss cost: M = fixed + per_token * T.
+
+The fit is judged on held-out micro-batches (random mixed packings never fitted on), both
+plain and checkpointed: `heldout_mape` is the mean relative error of the predicted layer
+time (fwd + bwd, + recompute when checkpointed) against the measured one.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from dcp.costmodel import LayerFit
+from dcp.profiler.compute import LayerPoint, ModelPoint
+from dcp.profiler.fitting import FitError, LinearFit, fit_nnls, mape
+
+TERMS = ("fixed", "per_token", "per_pair")
+
+
+def _features(points: Sequence[LayerPoint]) -> np.ndarray:
+    return np.array([[1.0, p.tokens, p.attn_pairs] for p in points])
+
+
+@dataclass(frozen=True)
+class LayerFitReport:
+    """A fitted `LayerFit` and the evidence for it (stored in the profile's meta)."""
+
+    fit: LayerFit
+    fwd: LinearFit
+    bwd: LinearFit
+    rec: LinearFit
+    head: LinearFit | None
+    heldout: list[dict[str, float]]
+    """Held-out micro-batches: tokens, pairs, ckpt (0/1), predicted_s, measured_s."""
+    heldout_mape: float
+
+    def to_meta(self, points: Sequence[LayerPoint], model_points: Sequence[ModelPoint]) -> dict[str, Any]:
+        """Raw points, coefficients, R^2 and errors, JSON-ready."""
+        def lin(f: LinearFit | None) -> dict[str, Any] | None:
+            return None if f is None else {"coef": f.as_dict(), "r2": f.r2, "fit_mape": f.mape, "points": f.n_points}
+
+        return {
+            "fwd": lin(self.fwd), "bwd": lin(self.bwd), "recompute": lin(self.rec), "head": lin(self.head),
+            "heldout_mape": self.heldout_mape, "heldout": self.heldout,
+            "points": [asdict(p) for p in points], "model_points": [asdict(p) for p in model_points],
+        }
+
+
+def fit_compute(points: Sequence[LayerPoint]) -> tuple[LinearFit, LinearFit, LinearFit]:
+    """Forward, backward and recompute coefficients [fixed, per_token, per_pair]."""
+    x = _features(points)
+    fwd = fit_nnls(x, [p.fwd_s for p in points], TERMS)
+    bwd = fit_nnls(x, [p.bwd_s for p in points], TERMS)
+    # The recompute target is a difference of measurements and may dip below zero on a noisy
+    # point; weight by the checkpointed time itself, so the error is still relative.
+    ckpt = np.array([p.ckpt_s for p in points])
+    rec = fit_nnls(x, ckpt - fwd.predict(x) - bwd.predict(x), TERMS, weights=1.0 / ckpt)
+    return fwd, bwd, rec
+
+
+def fit_head(model_points: Sequence[ModelPoint]) -> LinearFit | None:
+    """Embedding/head/loss time M(T) = fixed + per_token * T from 1- and 2-layer runs."""
+    by_batch: dict[tuple[int, int], dict[int, float]] = defaultdict(dict)
+    for p in model_points:
+        by_batch[(p.tokens, p.attn_pairs)][p.layers] = p.seconds
+    rows = [(t, v[1], 2 * v[1] - v[2]) for (t, _), v in sorted(by_batch.items()) if {1, 2} <= v.keys()]
+    if len(rows) < 2:
+        return None
+    t1 = np.array([r[1] for r in rows])
+    return fit_nnls([[1.0, r[0]] for r in rows], [r[2] for r in rows], ("fixed", "per_token"),
+                    weights=1.0 / t1)
+
+
+def activation_bytes(points: Sequence[LayerPoint]) -> tuple[float, float]:
+    """(act_full, act_ckpt) bytes per token: the largest per-token value over the upper half of
+    the token grid. Memory is a hard limit (an underestimate means out-of-memory), so we take the
+    maximum rather than a fit; the small points are left out because fixed buffers (RoPE tables,
+    segment ids) inflate their per-token figure."""
+    median = float(np.median([p.tokens for p in points]))
+    upper = [p for p in points if p.tokens >= median]
+    return (max(p.act_bytes / p.tokens for p in upper), max(p.ckpt_act_bytes / p.tokens for p in upper))
+
+
+def head_bytes(model_points: Sequence[ModelPoint], act_full: float) -> float:
+    """Bytes per token of the 1-layer model beyond its one layer's activations (logits, loss)."""
+    ones = [p for p in model_points if p.layers == 1]
+    if not ones:
+        return 0.0
+    median = float(np.median([p.tokens for p in ones]))
+    return max(0.0, max(p.act_bytes / p.tokens - act_full for p in ones if p.tokens >= median))
+
+
+def predict_layer(fit: LayerFit, tokens: float, pairs: float, ckpt: bool) -> float:
+    """One layer's time at SP 1: fwd + bwd, plus the recompute when checkpointed."""
+    fwd = fit.fwd_fixed_s + fit.fwd_per_token_s * tokens + fit.fwd_per_pair_s * pairs
+    bwd = fit.bwd_fixed_s + fit.bwd_per_token_s * tokens + fit.bwd_per_pair_s * pairs
+    if not ckpt:
+        return fwd + bwd
+    rec_fixed, rec_tok, rec_pair = fit.recompute_coefficients()
+    return fwd + bwd + rec_fixed + rec_tok * tokens + rec_pair * pairs
+
+
+def heldout_rows(fit: LayerFit, heldout: Sequence[LayerPoint]) -> list[dict[str, float]]:
+    """Predicted vs measured layer time of every held-out point, plain and checkpointed."""
+    rows = []
+    for p in heldout:
+        for ckpt, measured in ((0, p.train_s), (1, p.ckpt_s)):
+            rows.append({"tokens": p.tokens, "attn_pairs": p.attn_pairs, "samples": p.num_samples,
+                         "ckpt": ckpt, "predicted_s": predict_layer(fit, p.tokens, p.attn_pairs, bool(ckpt)),
+                         "measured_s": measured})
+    return rows
+
+
+def fit_layer(points: Sequence[LayerPoint], model_points: Sequence[ModelPoint],
+              heldout: Sequence[LayerPoint]) -> LayerFitReport:
+    """Fit every coefficient of a `LayerFit` and score it on the held-out points."""
+    if len(points) < 4:
+        raise FitError(f"{len(points)} layer points are too few to fit 3 coefficients and judge them")
+    fwd, bwd, rec = fit_compute(points)
+    head = fit_head(model_points)
+    act_full, act_ckpt = activation_bytes(points)
+    f, b, r = fwd.coef, bwd.coef, rec.coef
+    fit = LayerFit(
+        fwd_fixed_s=f[0], fwd_per_token_s=f[1], fwd_per_pair_s=f[2],
+        bwd_fixed_s=b[0], bwd_per_token_s=b[1], bwd_per_pair_s=b[2],
+        rec_fixed_s=r[0], rec_per_token_s=r[1], rec_per_pair_s=r[2],
+        act_full_bytes_per_token=act_full, act_ckpt_bytes_per_token=act_ckpt,
+        head_per_token_s=head.coef[1] if head else 0.0,
+        microbatch_fixed_s=head.coef[0] if head else 0.0,
+        head_bytes_per_token=head_bytes(model_points, act_full),
+        max_fitted_tokens=max(p.tokens for p in points),
+    )
+    rows = heldout_rows(fit, heldout)
+    err = mape([r["measured_s"] for r in rows], [r["predicted_s"] for r in rows]) if rows else float("nan")
+    fit = LayerFit(**{**asdict(fit), "heldout_mape": err})
+    return LayerFitReport(fit, fwd, bwd, rec, head, rows, err)

@@ -1,0 +1,261 @@
+"""Calibrate a machine: measure a model's layer (and the device, and the network when launched
+distributed), fit the cost model, and produce a `HardwareProfile` that records what it measured.
+
+No number the planner relies on is a guess: each profile field is either measured here (its
+`sources` entry says when, on what and how) or kept from the base preset (whose `sources` entry
+names its own origin); `meta["measured"]` and `meta["from_preset"]` list which is which.
+"""
+
+from __future__ import annotations
+
+import datetime
+import platform
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dcp.costmodel import HardwareProfile, LayerFit, ModelSpec
+from dcp.profiler import comm
+from dcp.profiler.bench import LayerBench, heldout_batches, packing_grid, split_tokens
+from dcp.profiler.compute import LayerPoint, ModelPoint, Repeats, measure_layer, measure_model
+from dcp.profiler.device_bench import measure_device
+from dcp.profiler.fitting import MAPE_THRESHOLD, geometric_grid
+from dcp.profiler.layer_fit import LayerFitReport, fit_layer
+from dcp.profiler.reference import DTYPES
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfileOptions:
+    """How much to measure. Token ranges default by device (see `resolved`)."""
+
+    device: str = "cpu"
+    dtype: str | None = None
+    """bf16, fp16 or fp32; default bf16 on CUDA, fp32 on CPU."""
+    quick: bool = False
+    """A smaller grid and fewer repeats (CPU development, smoke tests)."""
+    min_tokens: int | None = None
+    max_tokens: int | None = None
+    heldout: int | None = None
+    """Held-out micro-batches for the MAPE."""
+    head_max_tokens: int | None = None
+    """Largest micro-batch of the dual-layer (head) runs; default min(max_tokens, 32K): the head
+    is linear in tokens, and a 128K-token batch's fp32 logits of a 32K vocabulary alone take 16 GB."""
+    seed: int = 0
+    device_bench: bool = True
+    """Also measure matmul/attention FLOP/s and memory bandwidth (priced models without a fit)."""
+    name: str | None = None
+    """Profile name; default '<base>-profiled'."""
+    threads: int | None = None
+    """CPU only: torch threads while measuring; default 1. One thread gives timings that repeat
+    to a few percent on a shared machine (two threads stall whenever either is descheduled),
+    and CPU ranks of a gloo job share the cores anyway. 0 keeps torch's default."""
+
+    def __post_init__(self) -> None:
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+
+    def resolved(self) -> ProfileOptions:
+        """Defaults filled in. CPU: 256..4096 tokens (attention already dominates a 4K sample of
+        a 64-wide layer, and a point takes milliseconds); CUDA: 1K..128K (the DCP paper's range
+        for Llama 7B on H200; quick stops at 32K)."""
+        cuda = self.device == "cuda"
+        hi = self.max_tokens or ((32768 if self.quick else 131072) if cuda else (4096 if self.quick else 8192))
+        return replace(self, dtype=self.dtype or ("bf16" if cuda else "fp32"),
+                       min_tokens=self.min_tokens or (1024 if cuda else 256), max_tokens=hi,
+                       heldout=self.heldout if self.heldout is not None else (6 if self.quick else 10),
+                       head_max_tokens=self.head_max_tokens or min(hi, 32768))
+
+    @property
+    def repeats(self) -> Repeats:
+        """GPU kernels repeat to a fraction of a percent, so 3 repeats do there; CPUs need more."""
+        if self.quick or self.device == "cuda":
+            return Repeats(warmup=1, repeats=3)
+        return Repeats(warmup=2, repeats=5)
+
+
+def track(progress: Any, items: Sequence[Any], what: str) -> Iterable[Any]:
+    """Iterate with a rich progress bar when one is given (the library never prints itself)."""
+    if progress is None:
+        yield from items
+        return
+    task = progress.add_task(what, total=len(items))
+    for item in items:
+        yield item
+        progress.advance(task)
+
+
+def measure_bench(bench: LayerBench, opts: ProfileOptions, progress: Any = None
+                  ) -> tuple[list[LayerPoint], list[ModelPoint], list[LayerPoint]]:
+    """Grid points, dual-layer model points and held-out points of one bench."""
+    o, reps = opts.resolved(), opts.repeats
+    assert o.min_tokens and o.max_tokens and o.heldout is not None
+    layer = bench.build_layer()
+    grid = packing_grid(bench, o.min_tokens, o.max_tokens, quick=o.quick)
+    # One untimed pass over the largest point first: thread pools, allocator growth and kernel
+    # selection happen once per process and would otherwise inflate the first points.
+    measure_layer(layer, bench, grid[-1], Repeats(warmup=1, repeats=1))
+    points = [measure_layer(layer, bench, s, reps) for s in track(progress, grid, "layer grid")]
+    heldout = heldout_batches(bench, o.min_tokens, o.max_tokens, o.heldout, seed=o.seed + 1)
+    held = [measure_layer(layer, bench, s, reps) for s in track(progress, heldout, "held-out")]
+    model_points: list[ModelPoint] = []
+    if bench.build_model is not None:
+        # The head's cost is per token; short samples keep attention (already fitted) small.
+        assert o.head_max_tokens is not None
+        totals = geometric_grid(o.min_tokens, max(o.min_tokens, o.head_max_tokens), 4.0 if o.quick else 2.0)
+        models = {n: bench.build_model(n) for n in (1, 2)}
+        for total in track(progress, totals, "dual-layer (1 and 2 layers)"):
+            samples = [bench.shape(n) for n in split_tokens(total, min(total, 512))]
+            model_points += [measure_model(models[n], bench, samples, n, reps) for n in (1, 2)]
+        del models
+    return points, model_points, held
+
+
+def device_description(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} torch thread(s)"
+
+
+def build_profile(base: HardwareProfile, bench: LayerBench, report: LayerFitReport,
+                  points: Sequence[LayerPoint], model_points: Sequence[ModelPoint], opts: ProfileOptions,
+                  *, spec: ModelSpec | None = None, device_bench: Any = None, comm_result: Any = None
+                  ) -> HardwareProfile:
+    """The base profile with this measurement's fit, device numbers and network numbers."""
+    o = opts.resolved()
+    today = datetime.date.today().isoformat()
+    where = device_description(bench.device)
+    stamp = f"measured {today} by dcp profile on {where}"
+    fields: dict[str, Any] = {}
+    sources = dict(base.sources)
+    measured = [f"fits.{bench.name}"]
+    if device_bench is not None:
+        for f, note in device_bench.notes.items():
+            fields[f] = getattr(device_bench, f)
+            sources[f] = f"{stamp}: {note}"
+            measured.append(f)
+    fit = report.fit
+    # c0 of the FLOP-derived fits of other models: this layer's measured forward fixed cost.
+    fields["kernel_overhead_s"] = fit.fwd_fixed_s
+    sources["kernel_overhead_s"] = f"{stamp}: fixed forward cost of one {bench.name} layer"
+    measured.append("kernel_overhead_s")
+    comm_meta: dict[str, Any]
+    if comm_result is not None:
+        comm_fields, comm_sources, comm_meta = comm_result
+        fields.update(comm_fields)
+        sources.update({k: f"{stamp}: {v}" for k, v in comm_sources.items()})
+        measured += list(comm_fields)
+    else:
+        comm_meta = {"measured": False, "why": "one device (world size 1): communication numbers kept "
+                     f"from the base preset {base.name!r}; launch `dcp profile` with torchrun to measure them"}
+    fits = {**base.fits, bench.name: fit}
+    prior = base.meta.get("fits", {}) if base.meta.get("kind") == "dcp profile" else {}
+    fit_meta = {**report.to_meta(points, model_points), "tokens_range": [o.min_tokens, o.max_tokens],
+                "dtype": o.dtype, "quick": o.quick, "model": spec.to_dict() if spec else None}
+    all_fields = [f for f in HardwareProfile.__dataclass_fields__ if f not in ("name", "sources", "fits", "meta")]
+    warnings = []
+    if fit.heldout_mape is not None and fit.heldout_mape > MAPE_THRESHOLD:
+        warnings.append(f"{bench.name}: held-out MAPE {fit.heldout_mape:.1%} exceeds {MAPE_THRESHOLD:.0%}")
+    meta = {
+        "kind": "dcp profile", "created": datetime.datetime.now().isoformat(timespec="seconds"),
+        "base": base.name, "device_name": where, "torch": torch.__version__,
+        "threads": torch.get_num_threads() if bench.device.type == "cpu" else None,
+        "measured": measured,
+        "from_preset": [f for f in all_fields if f not in measured and f not in ("device", "heldout_mape")],
+        "mape_threshold": MAPE_THRESHOLD, "warnings": warnings, "comm": comm_meta,
+        "fits": {**prior, bench.name: fit_meta},
+    }
+    mapes = [f.heldout_mape for f in fits.values() if f.heldout_mape is not None]
+    return replace(base, name=o.name or f"{base.name.removesuffix('-profiled')}-profiled", device=where,
+                   sources=sources, fits=fits, meta=meta, heldout_mape=max(mapes) if mapes else None, **fields)
+
+
+def measure_comm(device: torch.device, dtype: torch.dtype, *, quick: bool, progress: Any = None
+                 ) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]] | None:
+    """All-to-all and all-reduce fields when running distributed (world > 1), else None."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return None
+    world = dist.get_world_size()
+    g = comm.gpus_per_node_from_env(device, world)
+    top = 26 if device.type == "cuda" else 20  # 64 MiB on GPUs, 1 MiB over gloo
+    sizes = [1 << i for i in range(top - (6 if quick else 10), top + 1, 2)]
+    points = comm.measure_all_to_all(sizes, device=device, dtype=dtype, repeats=3 if quick else 5,
+                                     progress=progress)
+    fits = comm.fit_all_to_all(points, g)
+    allreduce = comm.measure_allreduce_bw(1 << top, device=device, dtype=dtype)
+    intra = {p: f for p, f in fits.items() if f.intra_node}
+    inter = {p: f for p, f in fits.items() if not f.intra_node}
+    fields: dict[str, Any] = {"allreduce_bw_bytes_per_s": allreduce, "gpus_per_node": g}
+    src = {"allreduce_bw_bytes_per_s": f"all_reduce of {1 << top >> 20} MiB over {world} ranks, 2(N-1)/N bus bytes",
+           "gpus_per_node": "LOCAL_WORLD_SIZE (torchrun) or visible devices"}
+    for kind, group in (("intra", intra), ("inter", inter)):
+        if group:
+            fields[f"a2a_bw_{kind}_bytes_per_s"] = {p: f.bw_bytes_per_s for p, f in group.items()}
+            fields[f"a2a_latency_{kind}_s"] = sorted(f.latency_s for f in group.values())[len(group) // 2]
+            what = f"all_to_all_single NNLS fit, groups of {sorted(group)} ranks, {sizes[0]}..{sizes[-1]} bytes"
+            src[f"a2a_bw_{kind}_bytes_per_s"] = src[f"a2a_latency_{kind}_s"] = what
+    meta = {"measured": True, "world": world, "gpus_per_node": g, "points": [asdict(p) for p in points],
+            "fits": {str(p): asdict(f) for p, f in fits.items()}, "allreduce_bw_bytes_per_s": allreduce}
+    if not inter:
+        meta["inter_node"] = "no group spans nodes here: inter-node numbers kept from the base preset"
+    return fields, src, meta
+
+
+def profile_bench(bench: LayerBench, base: HardwareProfile, opts: ProfileOptions, *,
+                  spec: ModelSpec | None = None, progress: Any = None) -> HardwareProfile:
+    """Profile any model given as a `LayerBench` (the Python API behind `dcp profile`)."""
+    o = opts.resolved()
+    assert o.dtype is not None
+    comm_result = measure_comm(bench.device, DTYPES[o.dtype], quick=o.quick, progress=progress)
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return base  # the network is measured together; compute once, on rank 0
+    with cpu_threads(bench.device, o.threads):
+        points, model_points, held = measure_bench(bench, o, progress)
+        report = fit_layer(points, model_points, held)
+        device_numbers = measure_device(bench.device, DTYPES[o.dtype], quick=o.quick) if o.device_bench else None
+        return build_profile(base, bench, report, points, model_points, o, spec=spec,
+                             device_bench=device_numbers, comm_result=comm_result)
+
+
+@contextmanager
+def cpu_threads(device: torch.device, threads: int | None) -> Iterator[None]:
+    """Run the block with `threads` torch threads on CPU (None: 1, 0: unchanged), then restore."""
+    before = torch.get_num_threads()
+    if device.type == "cpu" and threads != 0:
+        torch.set_num_threads(threads or 1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def fit_of(profile: HardwareProfile, name: str) -> LayerFit:
+    """The measured fit of model `name`, with a clear error when the profile has none."""
+    if name not in profile.fits:
+        raise KeyError(f"profile {profile.name!r} has no fit for model {name!r} (it has: "
+                       f"{', '.join(profile.fits) or 'none'}); run `dcp profile --model {name}`")
+    return profile.fits[name]
+
+
+def profile_model(spec: ModelSpec, base: HardwareProfile, opts: ProfileOptions, *,
+                  progress: Any = None) -> HardwareProfile:
+    """Profile one layer of `spec`'s reference model (dcp.models) on this machine."""
+    from dcp.profiler.reference import reference_bench
+
+    o = opts.resolved()
+    assert o.dtype is not None
+    bench = reference_bench(spec, torch_device(o.device), o.dtype, seed=o.seed)
+    return profile_bench(bench, base, o, spec=spec, progress=progress)
+
+
+def torch_device(name: str) -> torch.device:
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("--device cuda: no CUDA device is visible to torch")
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

@@ -1,0 +1,281 @@
+"""The profiler: fits recover known coefficients, profiles round-trip and fail clearly, the
+all-to-all is measured over gloo, and a real (tiny) profile runs end to end and is used."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from torch import nn
+
+from dcp.costmodel import (
+    Cluster,
+    CostModel,
+    CostModelError,
+    HardwareProfile,
+    LayerFit,
+    load_hardware,
+    load_model,
+    save_hardware,
+)
+from dcp.profiler import Call, LayerBench, MicroBatchMeasurement, ProfileOptions, fit_nnls, profile_bench, refit
+from dcp.profiler.comm import A2APoint, fit_all_to_all
+from dcp.profiler.compute import LayerPoint, ModelPoint
+from dcp.profiler.layer_fit import fit_layer
+from dcp.profiler.timing import count_saved_bytes
+from tests.dist_helpers import run_ranks
+
+RNG = np.random.default_rng(0)
+TRUE = {  # seconds: fixed, per token, per pair (orders of magnitude of a 7B layer on an H200)
+    "fwd": (2e-4, 5e-7, 1.5e-11), "bwd": (3e-4, 1e-6, 4e-11), "rec": (2.5e-4, 5.5e-7, 1.6e-11)}
+
+
+def lin(c: tuple[float, float, float], t: float, a: float) -> float:
+    return c[0] + c[1] * t + c[2] * a
+
+
+def noisy(x: float, rel: float = 0.003) -> float:
+    return float(x * (1 + RNG.normal(0, rel)))
+
+
+def synthetic_points(grid: list[tuple[int, int]]) -> list[LayerPoint]:
+    pts = []
+    for t, a in grid:
+        f, b, r = (lin(TRUE[k], t, a) for k in ("fwd", "bwd", "rec"))
+        pts.append(LayerPoint(t, a, 1, noisy(f), noisy(b), noisy(f + b + r), 40 * t, 2 * t))
+    return pts
+
+
+def grid_points() -> list[tuple[int, int]]:
+    out = []
+    for t in (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072):
+        for length in (t, t // 8, t // 64):
+            out.append((t, (t // length) * length * (length + 1) // 2))
+    return out
+
+
+def test_nnls_recovers_known_coefficients_within_2_percent() -> None:
+    x = np.array([[1.0, t, a] for t, a in grid_points()])
+    y = [noisy(lin(TRUE["fwd"], t, a)) for t, a in grid_points()]
+    fit = fit_nnls(x, y, ("fixed", "per_token", "per_pair"))
+    for got, want in zip(fit.coef, TRUE["fwd"], strict=True):
+        assert got == pytest.approx(want, rel=0.02)
+    assert fit.r2 > 0.999 and fit.mape < 0.01
+
+
+def test_nnls_never_returns_negative_coefficients() -> None:
+    # y falls with x: the least-squares slope would be negative; NNLS clamps it at zero.
+    fit = fit_nnls([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]], [3.0, 2.0, 1.0], ("fixed", "slope"))
+    assert fit.coef[1] == 0.0 and fit.coef[0] > 0
+
+
+def test_fit_layer_recovers_fwd_bwd_recompute_and_head() -> None:
+    points = synthetic_points(grid_points())
+    heldout = synthetic_points([(3000, 1_500_000), (50_000, 300_000_000), (9000, 9_000_000)])
+    head = (1e-3, 2e-7)  # microbatch fixed, per token
+    model_points = []
+    for t in (1024, 4096, 16384):
+        layer = lin(TRUE["fwd"], t, t * 256) + lin(TRUE["bwd"], t, t * 256)
+        for n in (1, 2):
+            model_points.append(ModelPoint(t, t * 256, n, 0, noisy(head[0] + head[1] * t + n * layer, 0.0005),
+                                           (40 * n + 10) * t))
+    report = fit_layer(points, model_points, heldout)
+    f = report.fit
+    for name, key in (("fwd", "fwd"), ("bwd", "bwd"), ("rec", "rec")):
+        got = (getattr(f, f"{name}_fixed_s"), getattr(f, f"{name}_per_token_s"), getattr(f, f"{name}_per_pair_s"))
+        for g, w in zip(got, TRUE[key], strict=True):
+            assert g == pytest.approx(w, rel=0.02), (name, got)
+    assert f.microbatch_fixed_s == pytest.approx(head[0], rel=0.1)
+    assert f.head_per_token_s == pytest.approx(head[1], rel=0.1)
+    assert f.act_full_bytes_per_token == 40 and f.act_ckpt_bytes_per_token == 2
+    assert f.head_bytes_per_token == pytest.approx(10)
+    assert f.max_fitted_tokens == 131072
+    assert report.heldout_mape < 0.02 and f.heldout_mape == report.heldout_mape
+
+
+def test_all_to_all_fit_recovers_latency_and_bandwidth() -> None:
+    pts = []
+    for p, lat, bw in ((2, 20e-6, 120e9), (4, 25e-6, 100e9), (16, 60e-6, 10e9)):
+        for m in (1 << 16, 1 << 20, 1 << 24, 1 << 26):
+            pts.append(A2APoint(p, m, noisy(lat + m * (p - 1) / p / bw)))
+    fits = fit_all_to_all(pts, gpus_per_node=8)
+    assert fits[2].intra_node and fits[4].intra_node and not fits[16].intra_node
+    assert fits[2].bw_bytes_per_s == pytest.approx(120e9, rel=0.02)
+    assert fits[16].bw_bytes_per_s == pytest.approx(10e9, rel=0.02)
+    assert fits[4].latency_s == pytest.approx(25e-6, rel=0.1)
+
+
+def test_saved_bytes_counts_activations_once_and_skips_parameters() -> None:
+    lin1 = nn.Linear(8, 16)
+    x = torch.randn(10, 8, requires_grad=True)
+    with count_saved_bytes(list(lin1.parameters())) as saved:
+        y = torch.relu(lin1(x))
+    # Linear saves its input (10x8) and ReLU its output (10x16), fp32; the weight is not counted.
+    assert saved.total == 4 * (10 * 8 + 10 * 16)
+    y.sum().backward()
+
+
+# -- profile files --------------------------------------------------------------------------------
+
+def measured_profile() -> HardwareProfile:
+    fit = LayerFit(fwd_fixed_s=1e-4, fwd_per_token_s=1e-6, fwd_per_pair_s=1e-11, bwd_fixed_s=2e-4,
+                   bwd_per_token_s=2e-6, bwd_per_pair_s=2e-11, rec_fixed_s=3e-4, rec_per_token_s=1.1e-6,
+                   rec_per_pair_s=1e-11, act_full_bytes_per_token=5000, act_ckpt_bytes_per_token=256,
+                   max_fitted_tokens=4096, heldout_mape=0.05)
+    return replace(load_hardware("cpu"), name="test", fits={"tiny-llama": fit}, heldout_mape=0.05,
+                   meta={"kind": "dcp profile", "measured": ["fits.tiny-llama"]})
+
+
+def test_profile_json_round_trip_with_top_level_heldout_mape(tmp_path: Path) -> None:
+    prof = measured_profile()
+    path = tmp_path / "p.json"
+    save_hardware(prof, path)
+    raw = json.loads(path.read_text())
+    assert raw["kind"] == "dcp-hardware-profile" and raw["heldout_mape"] == 0.05
+    assert load_hardware(str(path)) == prof
+
+
+@pytest.mark.parametrize(("mutate", "message"), [
+    (lambda text: text[: len(text) // 2], "not valid JSON"),
+    (lambda text: text.replace('"schema_version": 1', '"schema_version": 99'), "schema_version 99 is not supported"),
+    (lambda text: text.replace('"dcp-hardware-profile"', '"something-else"'), "not a dcp hardware profile"),
+    (lambda text: text.replace('"fwd_fixed_s"', '"fwd_fixd_s"'), "unknown field(s) ['fwd_fixd_s']"),
+])
+def test_corrupt_or_wrong_version_profile_fails_clearly(tmp_path: Path, mutate, message: str) -> None:  # noqa: ANN001
+    path = tmp_path / "p.json"
+    save_hardware(measured_profile(), path)
+    path.write_text(mutate(path.read_text()))
+    with pytest.raises(CostModelError, match=__import__("re").escape(message)):
+        load_hardware(str(path))
+
+
+def test_cost_model_uses_the_fit_and_its_recompute() -> None:
+    prof = measured_profile()
+    spec = load_model("tiny-llama")
+    cm = CostModel(spec, prof, Cluster(num_gpus=1, gpus_per_node=8, memory_bytes=1e10))
+    assert cm.fit is prof.fits["tiny-llama"]
+    extra = cm.time_s(1000, 0, 1, 1) - cm.time_s(1000, 0, 1, 0)
+    assert extra == pytest.approx(3e-4 + 1.1e-6 * 1000)  # one layer's recompute, not its forward
+
+
+def test_refit_recovers_scale_factors_of_each_term() -> None:
+    prof, spec = measured_profile(), load_model("tiny-llama")
+    truth = replace(prof, fits={"tiny-llama": _scale(prof.fits["tiny-llama"], (1.3, 0.8, 1.5))})
+    cm = CostModel(spec, truth, Cluster(num_gpus=4, gpus_per_node=8, memory_bytes=1e10))
+    stats = [MicroBatchMeasurement(t, t * L // 2, p, r, cm.time_s(t, t * L // 2, p, r))
+             for t, L, p, r in [(512, 512, 1, 0), (4096, 256, 1, 2), (4096, 4096, 2, 1), (2048, 64, 1, 0),
+                                (8192, 8192, 4, 2), (1024, 1024, 2, 0)]]
+    new = refit(prof, stats, spec)
+    got, want = new.fits["tiny-llama"], truth.fits["tiny-llama"]
+    for f in ("fwd_fixed_s", "bwd_per_token_s", "rec_per_pair_s", "rec_fixed_s"):
+        assert getattr(got, f) == pytest.approx(getattr(want, f), rel=0.02), f
+    assert new.meta["refits"][-1]["mape_after"] < 0.01 < new.meta["refits"][-1]["mape_before"]
+
+
+def _scale(fit: LayerFit, s: tuple[float, float, float]) -> LayerFit:
+    from dcp.profiler.refitting import _scaled
+
+    return _scaled(fit, np.array(s))
+
+
+# -- all-to-all over gloo -------------------------------------------------------------------------
+
+def _a2a_rank(rank: int, world: int) -> dict:
+    from dcp.profiler.profile import measure_comm
+
+    fields, sources, meta = measure_comm(torch.device("cpu"), torch.float32, quick=True)
+    return {"fields": fields, "meta": meta}
+
+
+def test_all_to_all_measured_over_two_gloo_ranks() -> None:
+    results = run_ranks(_a2a_rank, 2, deadline_s=90)
+    fields, meta = results[0]["fields"], results[0]["meta"]
+    assert meta["measured"] and meta["world"] == 2
+    assert {p["group_size"] for p in meta["points"]} == {2}
+    assert len(meta["points"]) >= 3
+    assert fields["a2a_bw_intra_bytes_per_s"][2] > 0 and fields["a2a_latency_intra_s"] >= 0
+    assert "a2a_bw_inter_bytes_per_s" not in fields  # no group spans nodes: preset kept
+    assert results[1]["meta"]["points"] == meta["points"]  # every rank agrees (max over ranks)
+
+
+# -- a real profile, tiny ------------------------------------------------------------------------
+
+class TinyLayer(nn.Module):
+    """A user's own layer: forward(x [N, h], lengths) with per-sample causal attention."""
+
+    def __init__(self, h: int = 32) -> None:
+        super().__init__()
+        self.qkv, self.out, self.mlp = nn.Linear(h, 3 * h), nn.Linear(h, h), nn.Linear(h, h)
+
+    def forward(self, x: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, -1)
+        att = [torch.nn.functional.scaled_dot_product_attention(a[None], b[None], c[None], is_causal=True)[0]
+               for a, b, c in zip(q.split(lengths), k.split(lengths), v.split(lengths), strict=True)]
+        x = x + self.out(torch.cat(att))
+        return x + self.mlp(x)
+
+
+def test_profile_of_a_user_layer_through_the_python_api(tmp_path: Path) -> None:
+    def inputs(samples):  # noqa: ANN001, ANN202
+        lengths = [s.tokens for s in samples]
+        return Call(torch.randn(sum(lengths), 32), (lengths,))
+
+    bench = LayerBench(name="my-layer", device=torch.device("cpu"), build_layer=TinyLayer, layer_inputs=inputs)
+    opts = ProfileOptions(quick=True, min_tokens=64, max_tokens=256, heldout=2, device_bench=False)
+    prof = profile_bench(bench, load_hardware("cpu"), opts)
+    fit = prof.fits["my-layer"]
+    assert fit.fwd_per_token_s > 0 and fit.act_full_bytes_per_token > 0 and fit.max_fitted_tokens == 256
+    assert prof.heldout_mape == fit.heldout_mape is not None
+    assert prof.meta["measured"][0] == "fits.my-layer" and "a2a_bw_intra_bytes_per_s" in prof.meta["from_preset"]
+    assert "world size 1" in prof.meta["comm"]["why"]
+    assert len(prof.meta["fits"]["my-layer"]["points"]) >= 4
+    save_hardware(prof, tmp_path / "p.json")
+    assert load_hardware(str(tmp_path / "p.json")) == prof
+
+
+def test_dcp_profile_cli_writes_a_profile_that_plan_and_validate_use(tmp_path: Path) -> None:
+    from dcp.cli import main
+
+    out = tmp_path / "p.json"
+    args = ["profile", "--device", "cpu", "--quick", "--min-tokens", "64", "--max-tokens", "256",
+            "--heldout", "2", "-o", str(out)]
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    raw = json.loads(out.read_text())
+    assert "tiny-llama" in raw["fits"] and isinstance(raw["heldout_mape"], float)
+    assert "kernel_overhead_s" in raw["meta"]["measured"] and "measured" in raw["sources"]["matmul_flops"]
+    plan = CliRunner().invoke(main, ["plan", "--hardware", str(out), "--model", "tiny-llama", "--gpus", "2",
+                                     "--steps", "1", "--strategy", "bucket", "--workload",
+                                     "lognormal:mean=128,min=16,max=512,size=64", "--global-batch", "16"],
+                              catch_exceptions=False)
+    assert plan.exit_code == 0, plan.output
+    val = CliRunner().invoke(main, ["profile", "--validate", str(out), "--layers", "1", "--quick"],
+                             catch_exceptions=False)
+    assert val.exit_code == 0 and "MAPE" in val.output, val.output
+
+
+def test_cli_reports_a_corrupt_profile_in_one_line(tmp_path: Path) -> None:
+    from dcp.cli import main
+
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    result = CliRunner().invoke(main, ["profile", "--validate", str(bad)])
+    assert result.exit_code == 1 and "not valid JSON" in result.output
+
+
+def test_gpu_calibration_script_runs_on_cpu_tiny(tmp_path: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "gpu"))
+    try:
+        import calibrate
+    finally:
+        sys.path.pop(0)
+    assert calibrate.main(["--device", "cpu", "--tiny", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "gpu-calibration-tiny.json").read_text())
+    assert res["profile"]["heldout_mape"] is not None and res["validation"]["rows"]
+    assert res["checkpointing"]["measured_speedup"] > 0
