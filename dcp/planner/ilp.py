@@ -1,0 +1,194 @@
+"""The ILP planner: per global batch, a PuLP mixed-integer program picks the SP group sizes, the
+class of every sample and (through the canonical micro-batching) each micro-batch's checkpointed
+layers, minimizing the step time under the memory limit.
+
+Pipeline, all inside `IlpOptions.time_limit_s`:
+1. warm start: the best of the baseline plans (dcp-greedy, bucket, packed) and of a quick
+   heuristic, each improved by local search (`ilp_pack`);
+2. tiny batches: the exact program over every aligned group, micro-batch and checkpoint level
+   (`ilp_exact`), proven optimal;
+3. otherwise the aggregated program (`ilp_model`), its classes spread over groups by LPT and
+   local search, priced exactly; repeated with the better incumbent while time remains.
+The better of the program's plan and the warm start is returned, with the gap to the best
+proven bound: max(`lower_bound`, the solver's dual bound + gradient sync). On solver failure the
+warm start is returned with a warning. Pure and deterministic when the solver stops on its gap
+(a wall-clock stop can differ between runs).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Sequence
+
+from dcp.costmodel import CostModel
+from dcp.data.workloads import Sample
+from dcp.planner.bounds import lower_bound
+from dcp.planner.common import allowed_sp_sizes, assemble, check_feasible
+from dcp.planner.ilp_costs import CostTable, cost_table
+from dcp.planner.ilp_model import solve_classes
+from dcp.planner.ilp_pack import Groups, groups_of_plan, heuristic, improve, multifit, to_plan
+from dcp.planner.ilp_solvers import SOLVERS
+from dcp.planner.options import BucketOptions, GreedyOptions, IlpOptions, PackedOptions
+from dcp.planner.plan import Plan
+
+EXACT_MAX_SAMPLES = 8
+"""Batches up to this many samples (on up to `EXACT_MAX_GPUS`) get the exact program."""
+EXACT_MAX_GPUS = 8
+_ROUNDS = 3
+
+
+def baseline_plans(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int]) -> list[Plan]:
+    """The baseline strategies' plans for this batch (those that exist and succeed)."""
+    from dcp.planner import solve
+
+    plans = []
+    for opts in (GreedyOptions(sp_sizes=tuple(sizes)), BucketOptions(sp_sizes=tuple(sizes)),
+                 PackedOptions(sp_sizes=tuple(sizes))):
+        try:
+            plans.append(solve(batch, cm.cluster, cm, opts))
+        except ImportError:
+            continue  # that strategy's module is not there
+        except Exception as e:  # a baseline's failure must not stop the ILP planner
+            warnings.warn(f"ilp: baseline {opts.name} failed ({type(e).__name__}: {e}); not used as warm start",
+                          stacklevel=3)
+    return plans
+
+
+def _busy(plan: Plan) -> float:
+    return plan.step_time_s - plan.grad_sync_s
+
+
+class _Best:
+    """The incumbent: best plan so far, as groups of table indices too."""
+
+    def __init__(self) -> None:
+        self.plan: Plan | None = None
+        self.groups: Groups | None = None
+        self.source = ""
+
+    def offer(self, plan: Plan | None, groups: Groups | None, source: str) -> bool:
+        if plan is None or (self.plan is not None and plan.step_time_s >= self.plan.step_time_s * (1 - 1e-12)):
+            return False
+        self.plan, self.groups, self.source = plan, groups, source
+        return True
+
+
+def solve_ilp(batch: Sequence[Sample], cm: CostModel, options: IlpOptions) -> Plan:
+    """Plan one global batch with the ILP planner (see the module docstring)."""
+    started = time.perf_counter()
+    deadline = started + options.time_limit_s
+    if options.solver not in SOLVERS:
+        raise ValueError(f"unknown MILP solver {options.solver!r}; expected one of {SOLVERS}")
+    sizes = allowed_sp_sizes(cm, options.sp_sizes)
+    check_feasible(batch, cm, sizes)
+    batch = list(batch)
+    table = cost_table(batch, cm, sizes)
+    index = {s.id: k for k, s in enumerate(batch)}
+    sync, n_gpus, cap = cm.grad_sync_s(), cm.cluster.num_gpus, options.max_microbatches
+    proven = lower_bound(batch, cm, sizes) - sync  # on busy time
+    best = _Best()
+    notes: list[str] = []
+
+    def price(groups: Groups) -> Plan | None:
+        return to_plan(groups, batch, cm, table, cap, lower_bound_s=proven + sync)
+
+    # 1. warm start: baselines (re-priced with the fewest checkpointed layers), heuristic, local search
+    for plan in baseline_plans(batch, cm, sizes):
+        groups = groups_of_plan(plan, table, index)
+        if groups is None or (cap is not None and any(len(g.microbatches) > cap for g in plan.groups)):
+            continue
+        layout = [(g.ranks[0], g.sp, [mb.samples for mb in g.microbatches]) for g in plan.groups]
+        best.offer(assemble("ilp", batch, cm, layout, lower_bound_s=proven + sync), groups, plan.strategy)
+    budget = max(options.time_limit_s * 0.1, 0.02)
+    for name, groups in [("heuristic", heuristic(table, n_gpus, proven)), ("incumbent", best.groups)]:
+        if groups is not None and time.perf_counter() < deadline:
+            groups = improve(groups, table, min(deadline, time.perf_counter() + budget))
+            best.offer(price(groups), groups, f"{best.source}+search" if name == "incumbent" else name)
+    if best.plan is None:
+        raise RuntimeError("ilp: no warm-start plan could be built")  # heuristic always yields one
+    warm_source = best.source
+
+    # 2./3. the program
+    status, failed = "warm start", None
+    if len(batch) <= EXACT_MAX_SAMPLES and n_gpus <= EXACT_MAX_GPUS:
+        from dcp.planner.ilp_exact import solve_exact
+
+        try:
+            res = solve_exact(batch, cm, table, options, _busy(best.plan), deadline - time.perf_counter())
+        except Exception as e:  # the solver must never take the planner down
+            res, failed = None, f"{type(e).__name__}: {e}"
+        if res is not None:
+            layout, bound, status = res
+            proven = max(proven, bound)
+            if layout is not None:
+                best.offer(assemble("ilp", batch, cm, layout, lower_bound_s=proven + sync), None, "exact program")
+        elif failed is None:
+            failed = "no solution"
+    else:
+        for _ in range(_ROUNDS):
+            left = deadline - time.perf_counter() - _reserve(len(batch))
+            if left < 0.02 or _gap(best.plan, proven + sync) <= options.mip_rel_gap:
+                break
+            try:
+                sol = solve_classes(table, n_gpus, _busy(best.plan), proven, best.groups, options.solver, left,
+                                    options.mip_rel_gap)
+            except Exception as e:  # the solver must never take the planner down
+                sol, failed = None, f"{type(e).__name__}: {e}"
+            if sol is None:
+                failed = failed or "no solution"
+                break
+            status = sol.status
+            proven = max(proven, sol.bound)
+            groups = _spread(sol.counts, sol.classes, table)
+            if groups is None:
+                break
+            groups = improve(groups, table, deadline)
+            if not best.offer(price(groups), groups, "aggregated program"):
+                break
+    if failed is not None:
+        msg = f"ilp: {options.solver} failed ({failed}); returning the warm start ({warm_source})"
+        warnings.warn(msg, stacklevel=2)
+        notes.append(msg)
+    plan = best.plan
+    notes.append(f"best plan from: {best.source}")
+    return _finish(plan, proven + sync, started, f"{options.solver}: {status}", notes)
+
+
+def _reserve(n: int) -> float:
+    """Seconds kept back for spreading, local search and pricing after the solver stops."""
+    return 0.03 + 1e-4 * n
+
+
+def _gap(plan: Plan, bound_s: float) -> float:
+    return max(0.0, (plan.step_time_s - bound_s) / plan.step_time_s) if plan.step_time_s > 0 else 0.0
+
+
+def _spread(counts: dict[int, int], classes: dict[int, list[int]], table: CostTable) -> Groups | None:
+    """Each class's samples over its groups by LPT; samples the rounding left in a class without
+    groups go to the smallest populated size where they fit (None if there is none)."""
+    populated = sorted(j for j, c in counts.items() if c > 0)
+    members = {j: list(classes.get(j, [])) for j in populated}
+    for j, ids in sorted(classes.items()):
+        if j in members:
+            continue
+        for i in ids:
+            k = next((k for k in populated if table.ckpt[i, k] >= 0), None)
+            if k is None:
+                return None
+            members[k].append(i)
+    groups: Groups = []
+    for j in populated:
+        groups += [(j, b) for b in multifit(members[j], counts[j], j, table)]
+    return groups
+
+
+def _finish(plan: Plan, bound_s: float, started: float, status: str, notes: list[str]) -> Plan:
+    """Stamp the final plan with its bound, gap, status and total solve time; re-validate."""
+    plan.lower_bound_s = min(max(plan.lower_bound_s, bound_s), plan.step_time_s)
+    plan.gap = _gap(plan, plan.lower_bound_s)
+    plan.solver_status = status
+    plan.strategy = "ilp"
+    plan.notes = list(notes)
+    plan.solve_time_s = time.perf_counter() - started
+    return plan.validate()

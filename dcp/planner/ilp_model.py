@@ -1,0 +1,255 @@
+"""The aggregated mixed-integer program: how many groups of each SP size, which samples in which
+size class, minimizing the slowest group's busy time B (the step time less the gradient sync).
+
+Symmetric groups are aggregated: a class of n_p identical groups of size p is one capacity
+n_p * B, not n_p slots. Samples are grouped into
+- exact types: identical samples (same tokens and attention pairs) that are large (their best
+  solo time is at least `SMALL` of the incumbent U), with an integer count c[t, p] per class;
+- fluid buckets: small samples with (nearly) proportional costs across sizes, with a fraction
+  y[b, p] of the bucket per class. Coefficients use the smallest ratio in the bucket, so the
+  program stays a relaxation; the bound only loses the ratio spread, at most `RATIO_TOL`.
+
+Every coefficient is a lower bound (`CostTable.load`), every cut holds for any plan with busy
+time at most U, so the solver's dual bound, capped at U, is a proven lower bound on B.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pulp
+
+from dcp.planner.ilp_costs import CostTable
+from dcp.planner.ilp_pack import Groups
+from dcp.planner.ilp_solvers import SolveResult, run_solver
+
+SMALL = 0.03
+"""A sample whose fastest solo time is below this fraction of U is treated as fluid."""
+RATIO_TOL = 0.005
+"""Fluid bucket: each size's load ratio (to the bucket's reference size) varies by at most this."""
+LEVELS = 12
+"""Busy-time levels between the lower bound and the incumbent at which bin-packing cuts apply."""
+
+
+@dataclass
+class _Item:
+    members: list[int]
+    options: list[int]
+    exact: bool
+    coef: dict[int, float]
+    """Load per unit: per sample for exact types, per whole bucket for fluid ones."""
+
+
+@dataclass
+class ClassSolution:
+    """The program's answer: groups per size index and the samples of each class."""
+
+    counts: dict[int, int]
+    classes: dict[int, list[int]]
+    bound: float
+    status: str
+
+
+def _items(table: CostTable, upper: float) -> list[_Item]:
+    n = len(table.tokens)
+    opts = (table.ckpt >= 0) & (table.solo <= upper * (1 + 1e-9))
+    small = table.solo.min(axis=1) < SMALL * upper
+    items: list[_Item] = []
+    exact: dict[tuple[int, float], list[int]] = {}
+    for i in range(n):
+        if not small[i]:
+            exact.setdefault((int(table.tokens[i]), float(table.pairs[i])), []).append(i)
+    for key in sorted(exact):
+        ids = exact[key]
+        o = np.flatnonzero(opts[ids[0]]).tolist()
+        items.append(_Item(ids, o, True, {j: float(table.load[ids[0], j]) for j in o}))
+    order = sorted(np.flatnonzero(small).tolist(), key=lambda i: (table.tokens[i], table.pairs[i], i))
+    bucket: list[int] = []
+    lo = hi = None
+    for i in order + [-1]:
+        if i >= 0:
+            o = np.flatnonzero(opts[i])
+            ratio = table.load[i, o] / table.load[i, o[0]]
+            if bucket and np.array_equal(o, np.flatnonzero(opts[bucket[0]])):
+                nlo, nhi = np.minimum(lo, ratio), np.maximum(hi, ratio)
+                if np.all(nhi <= nlo * (1 + RATIO_TOL)):
+                    bucket.append(i)
+                    lo, hi = nlo, nhi
+                    continue
+        if bucket:
+            o = np.flatnonzero(opts[bucket[0]]).tolist()
+            ref = float(table.load[bucket, o[0]].sum())
+            items.append(_Item(bucket, o, False, {j: ref * float(r) for j, r in zip(o, lo, strict=True)}))
+        if i >= 0:
+            o = np.flatnonzero(opts[i])
+            bucket, lo = [i], table.load[i, o] / table.load[i, o[0]]
+            hi = lo
+    return items
+
+
+def solve_classes(table: CostTable, num_gpus: int, upper: float, lower: float, start: Groups | None,
+                  solver: str, time_limit_s: float, gap: float) -> ClassSolution | None:
+    """Solve the program; None when the solver gives no solution. `upper` (U) is the incumbent's
+    busy time, `lower` a proven bound on B; `start` the incumbent's groups (warm start)."""
+    sizes, m = table.sizes, len(table.sizes)
+    items = _items(table, upper)
+    prob = pulp.LpProblem("dcp_ilp", pulp.LpMinimize)
+    busy = pulp.LpVariable("B", lowBound=lower, upBound=upper)
+    prob += busy
+    x: dict[tuple[int, int], pulp.LpVariable] = {}
+    for t, it in enumerate(items):
+        for j in it.options:
+            if it.exact:
+                x[t, j] = pulp.LpVariable(f"c_{t}_{j}", 0, len(it.members), pulp.LpInteger)
+            else:
+                x[t, j] = pulp.LpVariable(f"y_{t}_{j}", 0, 1)
+        # (E1) every sample in exactly one class: sum_p c[t,p] = |t|; sum_p y[b,p] = 1
+        prob += pulp.lpSum(x[t, j] for j in it.options) == (len(it.members) if it.exact else 1), f"E1_{t}"
+    beta: dict[tuple[int, int], pulp.LpVariable] = {}
+    cap_v: dict[tuple[int, int], pulp.LpVariable] = {}
+    n_groups: dict[int, pulp.LpAffineExpression] = {}
+    load: dict[int, pulp.LpAffineExpression] = {}
+    for j, p in enumerate(sizes):
+        bits = range(int(math.log2(num_gpus // p)) + 1)
+        for k in bits:
+            beta[j, k] = pulp.LpVariable(f"beta_{j}_{k}", cat=pulp.LpBinary)
+            cap_v[j, k] = pulp.LpVariable(f"v_{j}_{k}", 0, upper)
+            # (E3b) v[p,k] = B * beta[p,k], linearized: v <= B and v <= U beta (B <= U)
+            prob += cap_v[j, k] <= busy, f"E3b_{j}_{k}"
+            prob += cap_v[j, k] <= upper * beta[j, k], f"E3c_{j}_{k}"
+        n_groups[j] = pulp.lpSum((1 << k) * beta[j, k] for k in bits)
+        load[j] = pulp.lpSum(it.coef[j] * x[t, j] for t, it in enumerate(items) if j in it.coef)
+        # (E3) class capacity: load_p <= n_p * B = sum_k 2^k v[p,k]  (n_p = sum_k 2^k beta[p,k])
+        prob += load[j] <= pulp.lpSum((1 << k) * cap_v[j, k] for k in bits), f"E3_{j}"
+    # (E2) groups cover at most N GPUs: sum_p p * n_p <= N (aligned_layout places them)
+    prob += pulp.lpSum(p * n_groups[j] for j, p in enumerate(sizes)) <= num_gpus, "E2"
+    # (E4) GPU-seconds: sum_p p * load_p <= N * B (each class's load fits n_p * B)
+    prob += pulp.lpSum(p * load[j] for j, p in enumerate(sizes)) <= num_gpus * busy, "E4"
+    delta: dict[tuple[int, int], pulp.LpVariable] = {}
+    for t, it in enumerate(items):
+        if not it.exact:
+            continue
+        i0 = it.members[0]
+        for j in it.options:
+            solo = float(table.solo[i0, j])
+            if solo <= lower:
+                continue
+            if len(it.members) == 1:
+                # (E5) a sample's solo time bounds the busy time: t_ip c[i,p] <= B
+                prob += solo * x[t, j] <= busy, f"E5_{t}_{j}"
+            else:
+                delta[t, j] = pulp.LpVariable(f"d_{t}_{j}", cat=pulp.LpBinary)
+                # (E5') c[t,p] > 0 only if delta[t,p]; t_tp delta[t,p] <= B
+                prob += x[t, j] <= len(it.members) * delta[t, j], f"E5a_{t}_{j}"
+                prob += solo * delta[t, j] <= busy, f"E5b_{t}_{j}"
+    zeta = _level_cuts(prob, items, x, n_groups, busy, lower, upper, m)
+    init = _warm_start(items, table, start, upper, x, beta, cap_v, delta, busy, zeta) if start else None
+    res: SolveResult = run_solver(prob, solver, time_limit_s, gap, init)
+    if res.values is None:
+        return None
+    return _extract(items, table, res, x, beta, num_gpus, upper)
+
+
+def _level_cuts(prob: pulp.LpProblem, items: list[_Item], x: dict, n_groups: dict, busy: pulp.LpVariable,
+                lower: float, upper: float, m: int) -> dict[int, pulp.LpVariable]:
+    """Bin-packing cuts that hold whenever B < theta, for a geometric grid of levels theta in
+    (L, U]. zeta[l] = 1 (allowed only if B >= theta_l) switches level l's cuts off. For each class
+    p with n_p groups of capacity theta and exact item sizes g (Martello-Toth L2 / Fekete-Schepers
+    dual feasible functions):
+      (Ck) sum (ceil((k+1) g / theta) - 1) <= k n_p, k = 1..4 (k = 1: one item > theta/2 per group)
+      (C5, C6) theta #{g > theta - a} + sum{a <= g <= theta - a} g <= theta n_p, a = theta/3, theta/4
+    """
+    zeta: dict[int, pulp.LpVariable] = {}
+    exact = [t for t, it in enumerate(items) if it.exact]
+    if lower <= 0 or not exact:
+        return zeta
+    g = np.array([[items[t].coef.get(j, 0.0) for j in range(m)] for t in exact])
+    mult = np.array([len(items[t].members) for t in exact], dtype=np.float64)
+    for lv in range(LEVELS):
+        theta = lower * (upper / lower) ** ((lv + 1) / LEVELS)
+        z = None
+        for j in range(m):
+            sized = np.flatnonzero(g[:, j] > theta / 5)
+            if not len(sized):
+                continue
+            if z is None:
+                z = zeta[lv] = pulp.LpVariable(f"zeta_{lv}", cat=pulp.LpBinary)
+                # (C0) level l's cuts may be switched off only if B >= theta_l
+                prob += busy >= theta * z, f"C0_{lv}"
+            gs = g[sized, j]
+            rows = [(f"C{k}", np.ceil((k + 1) * gs / theta - 1e-12) - 1, float(k)) for k in (1, 2, 3, 4)]
+            for name, a in (("C5", theta / 3), ("C6", theta / 4)):
+                rows.append((name, np.where(gs > theta - a, theta, np.where(gs >= a, gs, 0.0)), theta))
+            for name, coef, per_group in rows:
+                on = np.flatnonzero(coef > 0)
+                if not len(on):
+                    continue
+                big_m = float((coef[on] * mult[sized[on]]).sum())
+                lhs = pulp.LpAffineExpression([(x[exact[sized[i]], j], float(coef[i])) for i in on])
+                prob += lhs <= per_group * n_groups[j] + big_m * z, f"{name}_{lv}_{j}"
+        if z is not None and lv - 1 in zeta:
+            prob += zeta[lv - 1] >= z, f"C0m_{lv}"  # monotone: B >= theta_l implies B >= theta_(l-1)
+    return zeta
+
+
+def _warm_start(items: list[_Item], table: CostTable, start: Groups, upper: float,
+                x: dict, beta: dict, cap_v: dict, delta: dict, busy: pulp.LpVariable,
+                zeta: dict) -> dict[pulp.LpVariable, float] | None:
+    """Variable values of the incumbent; None if it does not map onto the program."""
+    cls = np.full(len(table.tokens), -1)
+    counts: dict[int, int] = {}
+    for j, ids in start:
+        if ids:
+            cls[ids] = j
+            counts[j] = counts.get(j, 0) + 1
+    init: dict[pulp.LpVariable, float] = {busy: upper}
+    init.update({z: 1.0 for z in zeta.values()})
+    for t, it in enumerate(items):
+        for j in it.options:
+            inside = [i for i in it.members if cls[i] == j]
+            if it.exact:
+                init[x[t, j]] = float(len(inside))
+            else:
+                ref = table.load[it.members, it.options[0]].sum()
+                init[x[t, j]] = float(table.load[inside, it.options[0]].sum() / ref)
+            if (t, j) in delta:
+                init[delta[t, j]] = float(bool(inside))
+        if any(cls[i] not in it.options for i in it.members):
+            return None
+    for (j, k), var in beta.items():
+        on = (counts.get(j, 0) >> k) & 1
+        init[var] = float(on)
+        init[cap_v[j, k]] = upper * on
+    return init
+
+
+def _extract(items: list[_Item], table: CostTable, res: SolveResult, x: dict, beta: dict,
+             num_gpus: int, upper: float) -> ClassSolution:
+    val = res.values
+    counts = {j: 0 for j in range(len(table.sizes))}
+    for (j, k), var in beta.items():
+        counts[j] += (1 << k) * int(round(val[var]))
+    classes: dict[int, list[int]] = {j: [] for j in counts}
+    for t, it in enumerate(items):
+        if it.exact:
+            members = list(it.members)
+            for j in it.options:
+                c = int(round(val[x[t, j]]))
+                classes[j] += members[:c]
+                members = members[c:]
+            classes[it.options[-1]] += members
+            continue
+        # Fluid: largest samples to the largest sizes, each class up to its share of the load.
+        ref = it.options[0]
+        total = float(table.load[it.members, ref].sum())
+        members = sorted(it.members, key=lambda i: (-table.tokens[i], i))
+        for j in reversed(it.options):
+            target, got = val[x[t, j]] * total, 0.0
+            while members and got + table.load[members[0], ref] / 2 <= target:
+                got += table.load[members[0], ref]
+                classes[j].append(members.pop(0))
+        classes[it.options[0]] += members
+    bound = min(res.bound, upper) if res.bound is not None else 0.0
+    return ClassSolution(counts, classes, bound, res.status)
