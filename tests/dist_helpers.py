@@ -1,4 +1,4 @@
-"""A small spawn helper for multi-process gloo tests (our own, not torch's private test bases).
+"""A small process-launch helper for multi-process gloo tests (our own, not torch's private test bases).
 
 `run_ranks(fn, world_size, *args)` starts one process per rank, initializes gloo through a
 file store, calls `fn(rank, world_size, *args)` and returns what each rank returned, or
@@ -49,7 +49,10 @@ def _entry(fn: Callable[..., Any], rank: int, world: int, store: str, out: Any, 
 def run_ranks_raw(fn: Callable[..., Any], world_size: int, *args: Any, deadline_s: float = 120.0,
                   pg_timeout_s: float = 30.0) -> list[RankResult]:
     """Every rank's result (including failures and deaths), in rank order."""
-    ctx = mp.get_context("spawn")
+    # forkserver: ranks fork from a server that imported torch and dcp once per test session,
+    # instead of each spawned rank importing them again (seconds each on a shared 2-core box).
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "dcp.executor", "dcp.models"])
     out = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         store = os.path.join(tmp, "store")

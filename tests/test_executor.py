@@ -45,10 +45,17 @@ def make_batch(spec, lengths, frames=None):  # noqa: ANN001, ANN201 - test helpe
     return batch, {s.id: sample_tensors(spec, s, dtype=torch.float64) for s in batch}
 
 
-def test_aligned_blocks() -> None:
+def test_aligned_blocks_and_state_validation(state: ParallelState) -> None:
     assert aligned_blocks(1) == []
     assert aligned_blocks(4) == [(0, 2), (2, 2), (0, 4)]
     assert aligned_blocks(6) == [(0, 2), (2, 2), (4, 2), (0, 4)]
+    assert state.group(0, 1) is None
+    with pytest.raises(ValueError, match="missing for blocks"):
+        ParallelState(4, 0, 4, torch.device("cpu"), {})
+    with pytest.raises(ValueError, match="outside a world"):
+        ParallelState(1, 1, 1, torch.device("cpu"), {})
+    with pytest.raises(ValueError, match="aligned powers of two"):
+        state.group(1, 2)
 
 
 @pytest.mark.parametrize("spec", [LLAMA, STDIT], ids=["llama", "stdit"])

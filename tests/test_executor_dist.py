@@ -115,7 +115,7 @@ def test_stdit_gradients_equal_single_process_for_random_plans() -> None:
 
 def bad_inputs_worker(rank: int, world: int) -> list[str]:
     """Each bad step must raise the same clear error on every rank; the last, good step must run."""
-    from dcp.executor import Executor, ExecutorError, ParallelState
+    from dcp.executor import Executor, ExecutorError, ParallelState, broadcast_plan
     from dcp.executor.reference import manual_plan
     from dcp.models import build_model, lm_loss, sample_tensors
 
@@ -146,6 +146,8 @@ def bad_inputs_worker(rank: int, world: int) -> list[str]:
         except ExecutorError as e:
             errors.append(str(e))
     executor.step(good, tensors, loss_fn)
+    shared = broadcast_plan(good if rank == 0 else None, state)  # rank 0 plans, everyone follows
+    assert shared.digest() == good.digest()
     return errors
 
 

@@ -73,37 +73,66 @@ def heads_to_seq(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     return HeadsToSeq.apply(x, group)
 
 
-def reduce_gradients(params: Sequence[torch.nn.Parameter], loss_sum: torch.Tensor,
-                     loss_tokens: torch.Tensor) -> tuple[float, float]:
-    """The step's one SUM all-reduce over the world, through one flat buffer: every parameter's
-    gradient (zeros where a parameter got none on this rank), the loss sum and the loss-token
-    count riding along as two extra entries. Gradients come back divided by the global count.
+class GradBuffer:
+    """One flat buffer for every parameter's gradient plus two scalars (loss sum, loss-token
+    count), reduced by the step's one SUM all-reduce over the world.
 
-    Ranks back-propagated un-normalized loss sums; dividing the reduced sum by the global
-    loss-token count afterwards equals normalizing each rank's loss by it beforehand, without a
-    collective before the first backward."""
-    wide = any(p.dtype == torch.float64 for p in params)
-    dtype = torch.float64 if wide else torch.float32  # fp32 grads under bf16 training (cost model)
-    sizes = [p.numel() for p in params]
-    flat = torch.zeros(sum(sizes) + 2, dtype=dtype, device=loss_sum.device)
-    offset = 0
-    for p, n in zip(params, sizes, strict=True):
-        if p.grad is not None:
-            flat[offset:offset + n].copy_(p.grad.reshape(-1))
-        offset += n
-    flat[offset] = loss_sum
-    flat[offset + 1] = loss_tokens
-    if dist.get_world_size() > 1:
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-    total_loss, total_tokens = flat[offset].item(), flat[offset + 1].item()
-    if total_tokens <= 0:
-        raise ValueError("the global batch has no loss tokens: nothing to normalize the gradient by")
-    grads = flat[:offset].div_(total_tokens)
-    offset = 0
-    for p, n in zip(params, sizes, strict=True):
-        p.grad = grads[offset:offset + n].view_as(p).to(p.dtype)
-        offset += n
-    return total_loss, total_tokens
+    When all parameters share a dtype, `.grad` of each is a view into the buffer before backward
+    (as DDP's gradient_as_bucket_view): autograd accumulates in place, parameters without a
+    gradient stay zero, and nothing is copied. Otherwise gradients are copied in and out (fp32)."""
+
+    def __init__(self, params: Sequence[torch.nn.Parameter], device: torch.device) -> None:
+        self.params = list(params)
+        dtypes = {p.dtype for p in self.params}
+        self.as_views = len(dtypes) == 1
+        # fp32 at least: the cost model keeps fp32 gradients under bf16 training.
+        self.dtype = dtypes.pop() if self.as_views else torch.float32
+        self.sizes = [p.numel() for p in self.params]
+        self.numel = sum(self.sizes)
+        self.device = device
+        self.flat: torch.Tensor | None = None
+        self.views: list[torch.Tensor] = []
+
+    def attach(self) -> None:
+        """Zero the gradients for a new step (as views into a fresh buffer when possible)."""
+        self.flat = torch.zeros(self.numel + 2, dtype=self.dtype, device=self.device)
+        self.views = self._views()
+        for p, view in zip(self.params, self.views, strict=True):
+            p.grad = view if self.as_views else None
+
+    def _views(self) -> list[torch.Tensor]:
+        assert self.flat is not None
+        out, offset = [], 0
+        for p, n in zip(self.params, self.sizes, strict=True):
+            out.append(self.flat[offset:offset + n].view_as(p))
+            offset += n
+        return out
+
+    def reduce(self, loss_sum: torch.Tensor, loss_tokens: torch.Tensor) -> tuple[float, float]:
+        """All-reduce gradients, loss sum and count; divide gradients by the global count.
+
+        Ranks back-propagated un-normalized loss sums: dividing the reduced sum by the global
+        loss-token count afterwards equals normalizing each rank's loss by it beforehand, without
+        a collective before the first backward."""
+        assert self.flat is not None, "attach() before backward"
+        views = self.views
+        for p, view in zip(self.params, views, strict=True):
+            # Copy unless autograd accumulated into our view (mixed dtypes, or a replaced .grad).
+            if p.grad is None:
+                view.zero_()
+            elif p.grad is not view:
+                view.copy_(p.grad)
+        self.flat[-2] = loss_sum
+        self.flat[-1] = loss_tokens
+        if dist.get_world_size() > 1:
+            dist.all_reduce(self.flat, op=dist.ReduceOp.SUM)
+        total_loss, total_tokens = self.flat[-2].item(), self.flat[-1].item()
+        if total_tokens <= 0:
+            raise ValueError("the global batch has no loss tokens: nothing to normalize the gradient by")
+        self.flat[:-2].div_(total_tokens)
+        for p, view in zip(self.params, views, strict=True):
+            p.grad = view if self.as_views else view.to(p.dtype)
+        return total_loss, total_tokens
 
 
 def broadcast_params(params: Sequence[torch.nn.Parameter], src: int = 0) -> None:

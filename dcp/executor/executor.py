@@ -24,7 +24,7 @@ from torch import nn
 
 from dcp.executor.batch import PackedBatch, SampleTensors, check_sample_tensors, pack_microbatch
 from dcp.executor.checkpoint import CheckpointSwitches
-from dcp.executor.comm import broadcast_params, reduce_gradients
+from dcp.executor.comm import GradBuffer, broadcast_params
 from dcp.executor.parallel_state import ParallelState
 from dcp.executor.plan_check import agree_on_plan, check_plan
 from dcp.executor.ulysses import SPContext, install_ulysses
@@ -91,7 +91,7 @@ class Executor:
             autocast_dtype = torch.bfloat16 if state.device.type == "cuda" else None
         self.autocast_dtype = autocast_dtype
         self.check_agreement, self.gather_stats = check_agreement, gather_stats
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.grads = GradBuffer([p for p in model.parameters() if p.requires_grad], state.device)
         layers = list(layers if layers is not None else getattr(model, "layers", []))
         if not layers:
             raise ValueError("the model has no `layers`; pass the transformer layers to checkpoint")
@@ -119,8 +119,7 @@ class Executor:
             agree_on_plan(plan, state, error)
         elif error:
             raise ValueError(error)
-        for p in self.params:
-            p.grad = None
+        self.grads.attach()
         loss_sum = torch.zeros((), dtype=torch.float64, device=state.device)
         loss_tokens = torch.zeros((), dtype=torch.float64, device=state.device)
         stats: list[MicroBatchStats] = []
@@ -147,7 +146,7 @@ class Executor:
                                              mb.time_s, timer.elapsed_s()))
             self.ctx.group, self.ctx.size = None, 1
         sync_start = time.perf_counter()
-        total_loss, total_tokens = reduce_gradients(self.params, loss_sum, loss_tokens)
+        total_loss, total_tokens = self.grads.reduce(loss_sum, loss_tokens)
         now = time.perf_counter()
         if self.gather_stats and state.world_size > 1:
             stats = self._gather(stats)
