@@ -109,27 +109,35 @@ def measure_layer(layer: torch.nn.Module, bench: LayerBench, samples: Sequence[S
         fwd.append(f)
         bwd.append(b)
         ck.append(ckpt())
-    act = _layer_act_bytes(layer, call, dev)
     return LayerPoint(
         tokens=sum(s.tokens for s in samples), attn_pairs=bench.pairs(samples), num_samples=len(samples),
-        fwd_s=_median(fwd), bwd_s=_median(bwd), ckpt_s=_median(ck), act_bytes=act,
-        # A checkpointed layer keeps only its input for the recompute (Korthikanti et al. 2205.05198).
-        ckpt_act_bytes=call.hidden.nelement() * call.hidden.element_size(),
+        fwd_s=_median(fwd), bwd_s=_median(bwd), ckpt_s=_median(ck), act_bytes=_layer_act_bytes(layer, call, dev),
+        ckpt_act_bytes=_layer_act_bytes(layer, call, dev, ckpt=True),
     )
 
 
-def _layer_act_bytes(layer: torch.nn.Module, call: Call, dev: torch.device) -> int:
-    """Bytes a non-checkpointed layer holds between forward and backward."""
+def _layer_act_bytes(layer: torch.nn.Module, call: Call, dev: torch.device, ckpt: bool = False) -> int:
+    """Bytes a layer holds between its forward and its backward, checkpointed or not."""
     x = _leaf(call)
+
+    def forward() -> torch.Tensor:
+        if ckpt:
+            return checkpoint(layer, x, *call.args, use_reentrant=False, **call.kwargs)
+        return layer(x, *call.args, **call.kwargs)
+
     if dev.type == "cuda":
         # Held after forward: saved tensors plus the output, which stands for the next layer's
         # input in a stack (this layer's own input was allocated before and is not counted).
         with cuda_memory(dev) as mem:
-            out = layer(x, *call.args, **call.kwargs)
+            out = forward()
         out.sum().backward()
         return mem[0].held_bytes
+    if ckpt:
+        # A checkpointed layer keeps only its input for the recompute (Korthikanti et al.,
+        # arXiv 2205.05198); the checkpoint's own hooks hide its saved tensors from ours.
+        return call.hidden.nelement() * call.hidden.element_size()
     with count_saved_bytes(list(layer.parameters())) as saved:
-        out = layer(x, *call.args, **call.kwargs)
+        out = forward()
     out.sum().backward()
     return saved.total
 

@@ -190,9 +190,12 @@ def measure_comm(device: torch.device, dtype: torch.dtype, *, quick: bool, progr
     allreduce = comm.measure_allreduce_bw(1 << top, device=device, dtype=dtype)
     intra = {p: f for p, f in fits.items() if f.intra_node}
     inter = {p: f for p, f in fits.items() if not f.intra_node}
-    fields: dict[str, Any] = {"allreduce_bw_bytes_per_s": allreduce, "gpus_per_node": g}
-    src = {"allreduce_bw_bytes_per_s": f"all_reduce of {1 << top >> 20} MiB over {world} ranks, 2(N-1)/N bus bytes",
-           "gpus_per_node": "LOCAL_WORLD_SIZE (torchrun) or visible devices"}
+    fields: dict[str, Any] = {"allreduce_bw_bytes_per_s": allreduce}
+    src = {"allreduce_bw_bytes_per_s": f"all_reduce of {1 << top >> 20} MiB over {world} ranks, 2(N-1)/N bus bytes"}
+    if device.type == "cuda":
+        # A node's GPUs, not this run's ranks per node (CPU 'nodes' keep the preset's convention).
+        fields["gpus_per_node"] = torch.cuda.device_count()
+        src["gpus_per_node"] = "torch.cuda.device_count() on the profiled node"
     for kind, group in (("intra", intra), ("inter", inter)):
         if group:
             fields[f"a2a_bw_{kind}_bytes_per_s"] = {p: f.bw_bytes_per_s for p, f in group.items()}
