@@ -16,11 +16,20 @@ import click
 from dcp.costmodel import CostModel, CostModelError, load_hardware, load_model, preset_names
 from dcp.data.workloads import Sample, WorkloadError
 from dcp.planner.plan import InfeasibleError, PlanError
+from dcp.planner.report import (
+    group_rows,
+    kind_shares,
+    load_plan_document,
+    memory_headroom,
+    unused_ranks,
+)
 from dcp.planner.run import (
     available_strategies,
     build_cost_model,
     compare,
     default_model,
+    gap,
+    groups_label,
     make_batches,
     plan_steps,
     simulate_all,
@@ -175,13 +184,18 @@ def plan(strategy: str, **o: Any) -> None:
 @planning_options
 @click.option("--strategies", default=None,
               help="Comma-separated strategies. Default: every strategy that imports here.")
-def compare_cmd(strategies: str | None, **o: Any) -> None:
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also draw bars per strategy, the lower bound marked (PNG, SVG or PDF by extension).")
+@click.option("--plot-metric", type=click.Choice(["step-time", "throughput"]), default="step-time",
+              show_default=True, help="What the --plot bars show.")
+def compare_cmd(strategies: str | None, plot: Path | None, plot_metric: str, **o: Any) -> None:
     """Run the same global batches through several strategies and compare them.
 
     \b
     Example:
       dcp compare --workload opensora --gpus 32 --steps 2
       dcp compare --strategies bucket,dcp-greedy --format csv -o compare.csv
+      dcp compare --steps 2 --plot compare.png
     """
     fmt, output = o["fmt"], o["output"]
     names = [s.strip() for s in strategies.split(",") if s.strip()] if strategies else available_strategies()
@@ -201,6 +215,13 @@ def compare_cmd(strategies: str | None, **o: Any) -> None:
             "mean_solve_time_s": ("solve (s)", _secs)})
         text = (f"{len(batches)} steps of {config['workload']} on {cm.cluster.num_gpus} x {cm.hardware.name}, "
                 f"{cm.model.name}\n{table}")
+    if plot is not None:
+        from dcp.viz import compare_figure
+
+        compare_figure(frame, plot, metric=plot_metric.replace("-", "_"),
+                       title=f"{len(batches)} steps of {config['workload']} on {cm.cluster.num_gpus} x "
+                             f"{cm.hardware.name}, {cm.model.name}")
+        click.echo(f"wrote {plot}", err=True)
     _emit(text, output)
 
 
@@ -222,6 +243,62 @@ def presets() -> None:
         hw = load_hardware(name)
         click.echo(f"  {name:22s} {hw.device}, {hw.memory_bytes / 1e9:.1f} GB usable, "
                    f"{hw.gpus_per_node} per node")
+
+
+@main.command()
+@click.argument("plan_file", metavar="PLAN.json", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--step", "step_index", type=int, default=0, show_default=True, help="Which step to detail (0-based).")
+@click.option("--gantt", "gantt_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write a Gantt chart of every rank's timeline (PNG, SVG or PDF by extension).")
+@click.option("--model", default=None, help="Override the model the plan was made for (needed for a bare plan).")
+@click.option("--hardware", default=None, help="Override the hardware preset or profile.")
+@click.option("--zero-stage", type=click.Choice(["0", "1", "2", "3"]), default=None, help="Override the ZeRO stage.")
+def show(plan_file: Path, step_index: int, gantt_path: Path | None, model: str | None, hardware: str | None,
+         zero_stage: str | None) -> None:
+    """Summarize a plan file from `dcp plan --format json` and draw its timeline.
+
+    Re-simulates the plan on the cost model rebuilt from the file's config: groups,
+    micro-batches, checkpointing, predicted times, and each kind's share of the step.
+
+    \b
+    Example:
+      dcp plan --steps 2 --format json -o plan.json
+      dcp show plan.json --step 1 --gantt step1.png
+    """
+    doc = load_plan_document(plan_file)
+    the_plan = doc.step(step_index)
+    cm = doc.cost_model(model, hardware, None if zero_stage is None else int(zero_stage))
+    timelines = simulate_all(doc.plans, cm)
+    lines = [f"{plan_file}: {doc.describe()}"]
+    if len(doc.plans) > 1:
+        lines.append(_table(step_rows(doc.plans, timelines), {
+            "step": ("step", str), "samples": ("samples", str), "tokens": ("tokens", str),
+            "groups": ("groups (n x sp)", str), "microbatches": ("micro-batches", str),
+            "step_time_s": ("step (s)", _secs), "gap": ("gap", _pct), "idle_fraction": ("idle", _pct),
+            "comm_fraction": ("comm", _pct)}))
+    tl = timelines[step_index]
+    tokens = sum(s.tokens for s in the_plan.samples)
+    unused = unused_ranks(the_plan)
+    lines += [
+        f"step {step_index}: {len(the_plan.samples)} samples, {tokens:,} tokens, groups {groups_label(the_plan)}"
+        + (f", {unused} ranks unused" if unused else ""),
+        f"predicted {the_plan.step_time_s:.3f} s | lower bound {the_plan.lower_bound_s:.3f} s "
+        f"(gap {_pct(gap(the_plan))}) | solve {the_plan.solve_time_s:.3f} s ({the_plan.solver_status}) | "
+        f"memory headroom {_pct(memory_headroom(the_plan))}",
+        "share of rank-seconds: " + " | ".join(f"{k} {_pct(v)}" for k, v in kind_shares(tl).items()),
+        _table(group_rows(the_plan), {
+            "group": ("group", str), "ranks": ("ranks", str), "sp": ("sp", str),
+            "microbatches": ("micro-batches", str), "samples": ("samples", str), "tokens": ("tokens", str),
+            "ckpt_min": ("ckpt min", str), "ckpt_max": ("ckpt max", str), "busy_s": ("busy (s)", _secs),
+            "peak_memory_gb": ("peak GB", "{:.1f}".format)}),
+    ]
+    click.echo("\n".join(lines))
+    if gantt_path is not None:
+        from dcp.viz import plan_gantt
+
+        plan_gantt(the_plan, tl, gantt_path, title=f"{doc.describe()}: step {step_index}, {tl.step_time_s:.3f} s, "
+                                                  f"idle {_pct(tl.idle_fraction)}, comm {_pct(tl.comm_fraction)}")
+        click.echo(f"wrote {gantt_path}", err=True)
 
 
 # Further commands (e.g. `dcp profile`) register here: main.add_command(...)

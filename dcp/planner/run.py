@@ -157,7 +157,8 @@ def compare(batches: Sequence[Sequence[Sample]], cm: CostModel, strategies: Sequ
         rows.append({"strategy": name, "mean_step_time_s": s["mean_step_time_s"],
                      "idle_fraction": s["idle_fraction"], "comm_fraction": s["comm_fraction"],
                      "gap_to_lower_bound": s["mean_gap"], "mean_solve_time_s": s["mean_solve_time_s"],
-                     "throughput_tokens_per_s": s["throughput_tokens_per_s"]})
+                     "throughput_tokens_per_s": s["throughput_tokens_per_s"],
+                     "mean_lower_bound_s": sum(p.lower_bound_s for p in plans) / len(plans)})
     frame = pd.DataFrame(rows)
     ref = frame.loc[frame["strategy"] == REFERENCE_STRATEGY, "mean_step_time_s"]
     frame.insert(2, "speedup_vs_bucket", ref.iloc[0] / frame["mean_step_time_s"] if len(ref) else float("nan"))

@@ -1,0 +1,148 @@
+"""Read back what `dcp plan --format json` wrote, rebuild its cost model, and describe a plan.
+
+    doc = load_plan_document("plan.json")
+    cm = doc.cost_model()
+    plan = doc.step(0)
+    timeline = simulate(plan, cm)
+    group_rows(plan)            # one row per SP group
+    kind_shares(timeline)       # share of rank-seconds per event kind
+
+Used by `dcp show` and the notebooks. Never imports torch, click or matplotlib.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dcp.costmodel import CostModel
+from dcp.planner.plan import Plan, PlanError
+from dcp.planner.run import build_cost_model
+from dcp.planner.simulate import EVENT_KINDS, Timeline
+
+# The `dcp plan` config keys a cost model is rebuilt from.
+COST_MODEL_KEYS = ("model", "hardware", "gpus", "gpus_per_node", "memory_gb", "zero_stage")
+# What `dcp plan` uses when nothing says otherwise: the guess for a bare plan without config.
+DEFAULT_MODEL, DEFAULT_HARDWARE = "llama-7b", "h200-sxm"
+
+
+@dataclass
+class PlanDocument:
+    """Plans read from a file: a `dcp plan --format json` document or one bare plan."""
+
+    path: Path
+    plans: list[Plan]
+    config: dict[str, Any] = field(default_factory=dict)
+    """The `config` object `dcp plan` stored; empty for a bare plan."""
+
+    def step(self, index: int) -> Plan:
+        """The plan of step `index` (0-based), with an error naming the valid range."""
+        if not 0 <= index < len(self.plans):
+            raise PlanError(f"step {index} is out of range: {self.path} has steps 0..{len(self.plans) - 1}")
+        return self.plans[index]
+
+    def describe(self) -> str:
+        """One line: strategy, cluster, model and workload as far as the file says."""
+        c, p = self.config, self.plans[0]
+        hw = f" x {c['hardware']}" if "hardware" in c else ""
+        what = ", ".join(str(c[k]) for k in ("model", "workload") if c.get(k))
+        steps = f" ({len(self.plans)} steps)" if len(self.plans) > 1 else ""
+        return f"{p.strategy} on {p.num_gpus}{hw}" + (f", {what}" if what else "") + steps
+
+    def cost_model(self, model: str | None = None, hardware: str | None = None,
+                   zero_stage: int | None = None) -> CostModel:
+        """The cost model the plans were made with, from the stored config; arguments override it.
+
+        A bare plan carries its cluster (GPUs, per node, memory) but not its model or hardware:
+        they default to `dcp plan`'s (llama-7b on h200-sxm). A hardware profile given as a
+        relative path is looked up next to the plan file as well."""
+        c, p = self.config, self.plans[0]
+        hw = hardware or c.get("hardware") or DEFAULT_HARDWARE
+        if hw.endswith(".json") and not Path(hw).is_file() and (self.path.parent / hw).is_file():
+            hw = str(self.path.parent / hw)
+        memory_gb = c.get("memory_gb") if c else p.memory_limit_bytes / 1e9
+        return build_cost_model(model or c.get("model") or DEFAULT_MODEL, hw, p.num_gpus, p.gpus_per_node,
+                                memory_gb, int(zero_stage if zero_stage is not None else c.get("zero_stage", 1)))
+
+
+def parse_plan_document(doc: Any, path: str | Path = "<plan>") -> PlanDocument:
+    """A `PlanDocument` from parsed JSON: {"config", "steps": [{"plan", ...}]} or a bare plan dict."""
+    path = Path(path)
+    if isinstance(doc, dict) and "steps" in doc:
+        steps = doc["steps"]
+        if not isinstance(steps, list) or not steps:
+            raise PlanError(f"{path}: 'steps' must be a non-empty list of plans")
+        try:
+            plans = [Plan.from_dict(s["plan"]) for s in steps]
+        except (KeyError, TypeError) as e:
+            raise PlanError(f"{path}: every step must be an object with a 'plan' ({e})") from e
+        config = doc.get("config") or {}
+        if not isinstance(config, dict):
+            raise PlanError(f"{path}: 'config' must be an object")
+        return PlanDocument(path, [p.validate() for p in plans], dict(config))
+    if isinstance(doc, dict) and "groups" in doc:
+        return PlanDocument(path, [Plan.from_dict(doc).validate()])
+    raise PlanError(f"{path} is not a dcp plan: expected the output of `dcp plan --format json` "
+                    "(an object with 'config' and 'steps') or a single plan object")
+
+
+def load_plan_document(path: str | Path) -> PlanDocument:
+    """Read a plan file; malformed content raises PlanError with one clear line."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise PlanError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from e
+    except UnicodeDecodeError as e:
+        raise PlanError(f"{path} is not a text file ({e.reason})") from e
+    except FileNotFoundError as e:
+        raise PlanError(f"plan file {path} does not exist") from e
+    except OSError as e:
+        raise PlanError(f"cannot read plan file {path}: {e.strerror or e}") from e
+    return parse_plan_document(doc, path)
+
+
+def group_rows(plan: Plan) -> Any:
+    """One row per SP group (pandas DataFrame): ranks, SP size, micro-batches, samples, tokens,
+    checkpointed layers (min and max over micro-batches), busy seconds, peak memory (GB)."""
+    import pandas as pd
+
+    tokens = {s.id: s.tokens for s in plan.samples}
+    rows = []
+    for gi, g in enumerate(plan.groups):
+        mbs = g.microbatches
+        ckpt = [mb.ckpt_layers for mb in mbs] or [0]
+        rows.append({
+            "group": gi, "ranks": f"{g.ranks[0]}-{g.ranks[-1]}" if len(g.ranks) > 1 else str(g.ranks[0]),
+            "sp": g.sp, "microbatches": len(mbs), "samples": sum(len(mb.samples) for mb in mbs),
+            "tokens": sum(tokens[i] for mb in mbs for i in mb.samples),
+            "ckpt_min": min(ckpt), "ckpt_max": max(ckpt), "busy_s": g.busy_s,
+            "peak_memory_gb": max((mb.memory_bytes for mb in mbs), default=0.0) / 1e9,
+        })
+    return pd.DataFrame(rows)
+
+
+def kind_shares(timeline: Timeline) -> dict[str, float]:
+    """Share of all rank-seconds of the step spent in each event kind (sums to 1)."""
+    by_kind = timeline.seconds_by_kind()
+    total = sum(by_kind.values())
+    return {k: (by_kind[k] / total if total else 0.0) for k in EVENT_KINDS}
+
+
+def memory_headroom(plan: Plan) -> float:
+    """Fraction of a GPU's usable memory left free by the plan's fullest micro-batch."""
+    peak = max((mb.memory_bytes for g in plan.groups for mb in g.microbatches), default=0.0)
+    return 1.0 - peak / plan.memory_limit_bytes
+
+
+def checkpoint_share(plan: Plan) -> float:
+    """Checkpointed layers over all layers run, weighted by micro-batch: 1.0 is full recomputation."""
+    mbs = [mb for g in plan.groups for mb in g.microbatches]
+    return sum(mb.ckpt_layers for mb in mbs) / (plan.num_layers * len(mbs)) if mbs else 0.0
+
+
+def unused_ranks(plan: Plan) -> int:
+    """Ranks in no group: they only wait for the gradient all-reduce."""
+    return plan.num_gpus - sum(len(g.ranks) for g in plan.groups)
