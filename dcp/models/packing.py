@@ -34,6 +34,9 @@ class PackedSeqs:
     cond_lengths: tuple[int, ...] | None = None
     """Conditioning tokens per real sample (cross-attention), None without conditioning."""
     device: torch.device = field(default=torch.device("cpu"), compare=False)
+    _cache: dict[str, torch.Tensor] = field(default_factory=dict, init=False, repr=False, compare=False)
+    """Per-token tensors, built once per micro-batch rather than in every layer (not copied by
+    dataclasses.replace: init=False)."""
 
     @classmethod
     def pack(cls, lengths: Sequence[int], frames: Sequence[int] | None = None, sp_size: int = 1,
@@ -88,14 +91,19 @@ class PackedSeqs:
 
     def positions(self) -> torch.Tensor:
         """Position of every local token inside its sample (RoPE needs the global position)."""
-        starts = torch.tensor(self.offsets()[:-1], device=self.device)
-        full = torch.arange(self.total, device=self.device) - starts[self.segment_ids_full()]
-        return full[self.start:self.end]
+        if "positions" not in self._cache:
+            starts = torch.tensor(self.offsets()[:-1], device=self.device)
+            full = torch.arange(self.total, device=self.device) - starts[self.segment_ids_full()]
+            self._cache["positions"] = full[self.start:self.end]
+        return self._cache["positions"]
 
     def segment_ids_full(self) -> torch.Tensor:
         """Segment index of every token of the full sequence."""
-        counts = torch.tensor(self.lengths, device=self.device)
-        return torch.repeat_interleave(torch.arange(len(self.lengths), device=self.device), counts)
+        if "segments" not in self._cache:
+            counts = torch.tensor(self.lengths, device=self.device)
+            ids = torch.arange(len(self.lengths), device=self.device)
+            self._cache["segments"] = torch.repeat_interleave(ids, counts)
+        return self._cache["segments"]
 
     def valid(self) -> torch.Tensor:
         """True for the local tokens that are real, False for pads."""
