@@ -219,8 +219,8 @@ def compare_cmd(strategies: str | None, plot: Path | None, plot_metric: str, **o
         from dcp.viz import compare_figure
 
         compare_figure(frame, plot, metric=plot_metric.replace("-", "_"),
-                       title=f"{len(batches)} steps of {config['workload']} on {cm.cluster.num_gpus} x "
-                             f"{cm.hardware.name}, {cm.model.name}")
+                       title=f"{len(batches)} step{'s' * (len(batches) > 1)} of {config['workload']} on "
+                             f"{cm.cluster.num_gpus} x {cm.hardware.name}, {cm.model.name}")
         click.echo(f"wrote {plot}", err=True)
     _emit(text, output)
 

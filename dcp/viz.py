@@ -100,18 +100,20 @@ def compare_figure(frame: Any, path: str | Path | None = None, metric: str = "st
         line, ylabel = float((values * step).max() / bound), "throughput (tokens/s)"
     else:
         values, line, ylabel = step, bound, "mean step time (s)"
-    fig = _figure(max(5.0, 1.1 * len(names) + 2), 4)
+    fig = _figure(max(6.0, 1.1 * len(names) + 2), 4)
     ax = fig.add_subplot()
     bars = ax.bar(names, values, color=[STRATEGY_COLORS.get(s, "#777777") for s in names])
     ax.axhline(line, color="black", linestyle="--", linewidth=1)
-    ax.annotate("lower bound" if metric == "step_time" else "bound", xy=(1.0, line),
+    ax.annotate("lower bound" if metric == "step_time" else "upper bound", xy=(1.0, line),
                 xycoords=("axes fraction", "data"), xytext=(-4, 3), textcoords="offset points",
                 ha="right", va="bottom", fontsize=8)
     speedups = frame["speedup_vs_bucket"] if "speedup_vs_bucket" in frame else [math.nan] * len(names)
     for bar, value, s in zip(bars, values, speedups, strict=True):
-        label = f"{value:.3g}" + ("" if math.isnan(s) else f"\n{s:.2f}x bucket")
+        label = (f"{value:.3g} s" if metric == "step_time" else f"{value:,.0f}") + (
+            "" if math.isnan(s) else f"\n{s:.2f}x bucket")
         ax.annotate(label, xy=(bar.get_x() + bar.get_width() / 2, value), xytext=(0, 2),
-                    textcoords="offset points", ha="center", va="bottom", fontsize=8)
+                    textcoords="offset points", ha="center", va="bottom", fontsize=8,
+                    bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none", "alpha": 0.85})
     ax.set_ylim(0, max(max(values), line) * 1.22)
     ax.set_ylabel(ylabel)
     ax.set_title(title or f"{ylabel} per strategy")
