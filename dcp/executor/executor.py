@@ -28,6 +28,7 @@ from dcp.executor.comm import GradBuffer, broadcast_params
 from dcp.executor.parallel_state import ParallelState
 from dcp.executor.plan_check import agree_on_plan, check_plan
 from dcp.executor.ulysses import SPContext, install_ulysses
+from dcp.models.losses import IGNORE_INDEX
 from dcp.planner.plan import Plan
 
 LossFn = Callable[[torch.Tensor, PackedBatch], tuple[torch.Tensor, torch.Tensor]]
@@ -86,7 +87,7 @@ class Executor:
         `autocast_dtype`: "auto" is bf16 on CUDA and none on CPU."""
         self.model, self.state = model, state
         self.forward_fn, self.per_sample_keys = forward_fn, tuple(per_sample_keys)
-        self.pad_values = {"labels": -100, **(pad_values or {})}
+        self.pad_values = {"labels": IGNORE_INDEX, **(pad_values or {})}
         if autocast_dtype == "auto":
             autocast_dtype = torch.bfloat16 if state.device.type == "cuda" else None
         self.autocast_dtype = autocast_dtype
@@ -122,32 +123,34 @@ class Executor:
         self.grads.attach()
         loss_sum = torch.zeros((), dtype=torch.float64, device=state.device)
         loss_tokens = torch.zeros((), dtype=torch.float64, device=state.device)
-        stats: list[MicroBatchStats] = []
+        timers: list[_Timer] = []
         if group is not None:
             self.ctx.group, self.ctx.size = state.group(group.ranks[0], group.sp), group.sp
-            timers = []
-            for mb in group.microbatches:
-                timer = _Timer(state.device)
-                with timer:
-                    batch = pack_microbatch(mb.samples, specs, samples, sp_size=group.sp,
-                                            sp_rank=state.rank - group.ranks[0], device=state.device,
-                                            per_sample_keys=self.per_sample_keys, pad_values=self.pad_values)
-                    self.switches.set(mb.ckpt_layers)
-                    with self._autocast():
-                        out = self.forward_fn(self.model, batch)
-                        mb_loss, mb_tokens = loss_fn(out, batch)
-                    mb_loss.backward()
-                loss_sum += mb_loss.detach().double()
-                loss_tokens += mb_tokens.detach().double() if torch.is_tensor(mb_tokens) else float(mb_tokens)
-                timers.append(timer)
-            for mi, (mb, timer) in enumerate(zip(group.microbatches, timers, strict=True)):
-                stats.append(MicroBatchStats(gi, mi, group.sp, len(mb.samples),
-                                             sum(specs[i].tokens for i in mb.samples), mb.ckpt_layers,
-                                             mb.time_s, timer.elapsed_s()))
-            self.ctx.group, self.ctx.size = None, 1
+            try:
+                for mb in group.microbatches:
+                    timer = _Timer(state.device)
+                    with timer:
+                        batch = pack_microbatch(mb.samples, specs, samples, sp_size=group.sp,
+                                                sp_rank=state.rank - group.ranks[0], device=state.device,
+                                                per_sample_keys=self.per_sample_keys, pad_values=self.pad_values)
+                        self.switches.set(mb.ckpt_layers)
+                        with self._autocast():
+                            out = self.forward_fn(self.model, batch)
+                            mb_loss, mb_tokens = loss_fn(out, batch)
+                        mb_loss.backward()
+                    loss_sum += mb_loss.detach().double()
+                    loss_tokens += mb_tokens.detach().double() if torch.is_tensor(mb_tokens) else float(mb_tokens)
+                    timers.append(timer)
+            finally:
+                self.ctx.group, self.ctx.size = None, 1
         sync_start = time.perf_counter()
         total_loss, total_tokens = self.grads.reduce(loss_sum, loss_tokens)
         now = time.perf_counter()
+        # Read the timers only now: on CUDA that waits for the events, which must not delay
+        # launching the all-reduce.
+        stats = [MicroBatchStats(gi, mi, group.sp, len(mb.samples), sum(specs[i].tokens for i in mb.samples),
+                                 mb.ckpt_layers, mb.time_s, timer.elapsed_s())
+                 for mi, (mb, timer) in enumerate(zip(group.microbatches, timers, strict=True))] if group else []
         if self.gather_stats and state.world_size > 1:
             stats = self._gather(stats)
         return StepStats(total_loss / total_tokens, round(total_tokens), plan.step_time_s, now - start,
