@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from dist_helpers import run_ranks
 from torch import nn
 
 from dcp.costmodel import (
@@ -24,12 +25,19 @@ from dcp.costmodel import (
     load_model,
     save_hardware,
 )
-from dcp.profiler import Call, LayerBench, MicroBatchMeasurement, ProfileOptions, fit_nnls, profile_bench, refit
+from dcp.profiler import (
+    Call,
+    LayerBench,
+    MicroBatchMeasurement,
+    ProfileOptions,
+    fit_nnls,
+    profile_bench,
+    refit,
+)
 from dcp.profiler.comm import A2APoint, fit_all_to_all
 from dcp.profiler.compute import LayerPoint, ModelPoint
 from dcp.profiler.layer_fit import fit_layer
 from dcp.profiler.timing import count_saved_bytes
-from tests.dist_helpers import run_ranks
 
 RNG = np.random.default_rng(0)
 TRUE = {  # seconds: fixed, per token, per pair (orders of magnitude of a 7B layer on an H200)
@@ -121,6 +129,19 @@ def test_saved_bytes_counts_activations_once_and_skips_parameters() -> None:
     y.sum().backward()
 
 
+def test_grid_spreads_attention_pairs_at_fixed_tokens_for_text_and_video() -> None:
+    from dcp.profiler.bench import heldout_batches, packing_grid
+
+    for attention in ("causal", "spatial_temporal"):
+        bench = LayerBench(name="x", device=torch.device("cpu"), attention=attention,
+                           build_layer=nn.Identity, layer_inputs=lambda s: Call(torch.zeros(1)))
+        grid = packing_grid(bench, 256, 4096, quick=True)
+        at_4k = {bench.pairs(b) for b in grid if sum(s.tokens for s in b) == 4096}
+        assert len(at_4k) >= 2 and max(at_4k) > 4 * min(at_4k), attention
+        for batch in heldout_batches(bench, 256, 4096, 5, seed=1):
+            assert all(s.tokens % s.frames == 0 for s in batch) and len(batch) <= 256
+
+
 # -- profile files --------------------------------------------------------------------------------
 
 def measured_profile() -> HardwareProfile:
@@ -171,7 +192,9 @@ def test_refit_recovers_scale_factors_of_each_term() -> None:
     stats = [MicroBatchMeasurement(t, t * L // 2, p, r, cm.time_s(t, t * L // 2, p, r))
              for t, L, p, r in [(512, 512, 1, 0), (4096, 256, 1, 2), (4096, 4096, 2, 1), (2048, 64, 1, 0),
                                 (8192, 8192, 4, 2), (1024, 1024, 2, 0)]]
-    new = refit(prof, stats, spec)
+    new = refit(prof, stats)  # the profile's only model, tiny-llama
+    with pytest.raises(ValueError, match="at least 3"):
+        refit(prof, stats[:2], spec)
     got, want = new.fits["tiny-llama"], truth.fits["tiny-llama"]
     for f in ("fwd_fixed_s", "bwd_per_token_s", "rec_per_pair_s", "rec_fixed_s"):
         assert getattr(got, f) == pytest.approx(getattr(want, f), rel=0.02), f

@@ -71,12 +71,13 @@ class LayerBench:
         if (self.build_model is None) != (self.model_inputs is None):
             raise ValueError("build_model and model_inputs go together (both or neither)")
 
-    def shape(self, length: int) -> SampleShape:
-        """A sample of about `length` tokens: whole frames for spatial-temporal models."""
-        if self.attention != "spatial_temporal" or length < 2 * self.tokens_per_frame:
+    def shape(self, length: int, frames: int | None = None) -> SampleShape:
+        """A sample of about `length` tokens: whole frames for spatial-temporal models (default
+        `tokens_per_frame` tokens each), one frame otherwise."""
+        if self.attention != "spatial_temporal":
             return SampleShape(length)
-        frames = length // self.tokens_per_frame
-        return SampleShape(frames * self.tokens_per_frame, frames)
+        frames = min(length, frames or max(1, length // self.tokens_per_frame))
+        return SampleShape(length // frames * frames, frames)
 
     def pairs(self, samples: Sequence[SampleShape]) -> int:
         return sum(attention_pairs(self.attention, s.tokens, s.frames) for s in samples)
@@ -93,13 +94,17 @@ def packing_grid(bench: LayerBench, min_tokens: int, max_tokens: int, *, quick: 
     """Micro-batches to fit on: a geometric grid of token counts x packings.
 
     Per token count T: one sample of T tokens (most attention), samples of T/8 and, on the full
-    grid, T/64 tokens (least), never shorter than `min_sample` tokens."""
+    grid, T/64 tokens (least), never shorter than `min_sample` tokens. Spatial-temporal samples
+    come both as one frame (all spatial attention) and as 16 frames (pairs F S^2 + S F^2 shrink
+    16-fold), which is what separates the per-pair term for video models."""
     divisors = (1, 8) if quick else (1, 8, 64)
+    frame_options = (1, 16) if bench.attention == "spatial_temporal" else (1,)
     grid: list[list[SampleShape]] = []
     for total in geometric_grid(min_tokens, max_tokens, 2.0):
-        lengths = sorted({max(min_sample, total // d) for d in divisors}, reverse=True)
-        for length in lengths:
-            grid.append([bench.shape(n) for n in split_tokens(total, min(length, total))])
+        for length in sorted({max(min_sample, total // d) for d in divisors}, reverse=True):
+            for frames in frame_options:
+                if frames == 1 or length >= 16 * frames:  # at least 16 tokens per frame
+                    grid.append([bench.shape(n, frames) for n in split_tokens(total, min(length, total))])
     return grid
 
 
@@ -122,5 +127,7 @@ def heldout_batches(bench: LayerBench, min_tokens: int, max_tokens: int, count: 
             # The last sample takes what is left (at least `shortest`, so the total may
             # overshoot by a few tokens: the point only needs to lie inside the range).
             lengths.append(max(min(n, total - sum(lengths)), shortest))
-        out.append([bench.shape(n) for n in lengths])
+        # Video samples get a random frame count (1..16, at least 16 tokens per frame).
+        frames = [int(rng.choice([f for f in (1, 2, 4, 8, 16) if n >= 16 * f] or [1])) for n in lengths]
+        out.append([bench.shape(n, f) for n, f in zip(lengths, frames, strict=True)])
     return out

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from dcp.costmodel import Cluster, CostModel, HardwareProfile, LayerFit, ModelSpec
+from dcp.costmodel import Cluster, CostModel, HardwareProfile, LayerFit, ModelSpec, load_model
 from dcp.profiler.fitting import FitError, fit_nnls, mape
 
 MIN_MEASUREMENTS = 3
@@ -72,13 +72,28 @@ def _scaled(fit: LayerFit, s: np.ndarray) -> LayerFit:
     )
 
 
-def refit(profile: HardwareProfile, step_stats: Iterable[MicroBatchMeasurement], model: ModelSpec
-          ) -> HardwareProfile:
+def _model_of(profile: HardwareProfile, model: ModelSpec | str | None) -> ModelSpec:
+    """The spec to refit: given, or the one `dcp profile` stored with the (only) fit."""
+    if isinstance(model, ModelSpec):
+        return model
+    name = model
+    if name is None:
+        if len(profile.fits) != 1:
+            raise FitError(f"profile {profile.name!r} has fits for {sorted(profile.fits)}: say which model to refit")
+        name = next(iter(profile.fits))
+    stored = profile.meta.get("fits", {}).get(name, {}).get("model")
+    return ModelSpec.from_dict(stored) if stored else load_model(name)
+
+
+def refit(profile: HardwareProfile, step_stats: Iterable[MicroBatchMeasurement],
+          model: ModelSpec | str | None = None) -> HardwareProfile:
     """A copy of `profile` whose fit for `model` matches the measured micro-batches.
 
+    `model` defaults to the profile's only fitted model (its spec as `dcp profile` stored it).
     The model's fit must exist (profile first); the MAPE before and after, the factors and the
     measurements are recorded in meta["refits"]."""
     stats = list(step_stats)
+    model = _model_of(profile, model)
     if len(stats) < MIN_MEASUREMENTS:
         raise FitError(f"refit needs at least {MIN_MEASUREMENTS} micro-batch measurements, got {len(stats)}")
     if model.name not in profile.fits:
