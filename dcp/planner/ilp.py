@@ -25,17 +25,20 @@ from dcp.costmodel import CostModel
 from dcp.data.workloads import Sample
 from dcp.planner.bounds import lower_bound
 from dcp.planner.common import allowed_sp_sizes, assemble, check_feasible
-from dcp.planner.ilp_costs import CostTable, cost_table
+from dcp.planner.ilp_costs import CostTable, cost_table, memoized
 from dcp.planner.ilp_model import solve_classes
 from dcp.planner.ilp_pack import Groups, groups_of_plan, heuristic, improve, multifit, to_plan
 from dcp.planner.ilp_solvers import SOLVERS
 from dcp.planner.options import BucketOptions, GreedyOptions, IlpOptions, PackedOptions
 from dcp.planner.plan import Plan
 
-EXACT_MAX_SAMPLES = 8
+EXACT_MAX_SAMPLES = 6
 """Batches up to this many samples (on up to `EXACT_MAX_GPUS`) get the exact program."""
 EXACT_MAX_GPUS = 8
-_ROUNDS = 3
+_ROUNDS = 2
+"""Program solves per batch: the second starts from the first's plan, with tighter cuts."""
+_SEARCH_ITERS = 300
+"""Local-search steps after each warm start and after each program solve (deterministic)."""
 
 
 def baseline_plans(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int]) -> list[Plan]:
@@ -80,6 +83,7 @@ def solve_ilp(batch: Sequence[Sample], cm: CostModel, options: IlpOptions) -> Pl
     deadline = started + options.time_limit_s
     if options.solver not in SOLVERS:
         raise ValueError(f"unknown MILP solver {options.solver!r}; expected one of {SOLVERS}")
+    cm = memoized(cm)
     sizes = allowed_sp_sizes(cm, options.sp_sizes)
     check_feasible(batch, cm, sizes)
     batch = list(batch)
@@ -100,10 +104,9 @@ def solve_ilp(batch: Sequence[Sample], cm: CostModel, options: IlpOptions) -> Pl
             continue
         layout = [(g.ranks[0], g.sp, [mb.samples for mb in g.microbatches]) for g in plan.groups]
         best.offer(assemble("ilp", batch, cm, layout, lower_bound_s=proven + sync), groups, plan.strategy)
-    budget = max(options.time_limit_s * 0.1, 0.02)
     for name, groups in [("heuristic", heuristic(table, n_gpus, proven)), ("incumbent", best.groups)]:
-        if groups is not None and time.perf_counter() < deadline:
-            groups = improve(groups, table, min(deadline, time.perf_counter() + budget))
+        if groups is not None:
+            groups = improve(groups, table, deadline, _SEARCH_ITERS)
             best.offer(price(groups), groups, f"{best.source}+search" if name == "incumbent" else name)
     if best.plan is None:
         raise RuntimeError("ilp: no warm-start plan could be built")  # heuristic always yields one
@@ -127,12 +130,11 @@ def solve_ilp(batch: Sequence[Sample], cm: CostModel, options: IlpOptions) -> Pl
             failed = "no solution"
     else:
         for _ in range(_ROUNDS):
-            left = deadline - time.perf_counter() - _reserve(len(batch))
-            if left < 0.02 or _gap(best.plan, proven + sync) <= options.mip_rel_gap:
+            if _gap(best.plan, proven + sync) <= options.mip_rel_gap:
                 break
             try:
-                sol = solve_classes(table, n_gpus, _busy(best.plan), proven, best.groups, options.solver, left,
-                                    options.mip_rel_gap)
+                sol = solve_classes(table, n_gpus, _busy(best.plan), proven, best.groups, options.solver,
+                                    deadline - _reserve(len(batch)), options.mip_rel_gap)
             except Exception as e:  # the solver must never take the planner down
                 sol, failed = None, f"{type(e).__name__}: {e}"
             if sol is None:
@@ -143,7 +145,7 @@ def solve_ilp(batch: Sequence[Sample], cm: CostModel, options: IlpOptions) -> Pl
             groups = _spread(sol.counts, sol.classes, table)
             if groups is None:
                 break
-            groups = improve(groups, table, deadline)
+            groups = improve(groups, table, deadline, _SEARCH_ITERS)
             if not best.offer(price(groups), groups, "aggregated program"):
                 break
     if failed is not None:

@@ -1,4 +1,4 @@
-"""The exact program for tiny batches: one variable per (sample, aligned group, micro-batch slot)
+"""The exact program for tiny batches: one variable per (sample, group slot, micro-batch slot)
 and per (micro-batch, checkpoint level). No aggregation, so its optimum is the true optimum of
 the cost model over every group layout, assignment, micro-batching and checkpointing.
 
@@ -15,22 +15,20 @@ import pulp
 
 from dcp.costmodel import CostModel
 from dcp.data.workloads import Sample
+from dcp.planner.common import aligned_layout
 from dcp.planner.ilp_costs import CostTable, mb_capacity, min_ckpt
-from dcp.planner.ilp_solvers import run_solver
+from dcp.planner.ilp_solvers import new_var, run_solver
 from dcp.planner.options import IlpOptions
 
 Layout = list[tuple[int, int, list[list[int]]]]
+EXACT_MAX_NODES = 200_000
+"""The exact program is tiny; let it prove optimality (its time limit still applies)."""
 
 
-def aligned_blocks(sizes: Sequence[int], num_gpus: int, gpus_per_node: int) -> list[tuple[int, int]]:
-    """Every (first rank, size) a group may occupy: aligned, and inside a node when it fits one."""
-    out = []
-    for p in sizes:
-        for start in range(0, num_gpus - p + 1, p):
-            if p <= gpus_per_node and start // gpus_per_node != (start + p - 1) // gpus_per_node:
-                continue
-            out.append((start, p))
-    return out
+def group_slots(sizes: Sequence[int], num_gpus: int) -> list[tuple[int, int]]:
+    """(SP size, index) of every group a plan could have: N/p slots of each size p. Any multiset
+    of sizes summing to at most N has an aligned placement (`aligned_layout`)."""
+    return [(p, k) for p in sizes for k in range(num_gpus // p)]
 
 
 def ckpt_levels(batch: Sequence[Sample], cm: CostModel, p: int) -> list[int]:
@@ -52,63 +50,71 @@ def solve_exact(batch: Sequence[Sample], cm: CostModel, table: CostTable, option
     the solver found nothing better than `upper`, proven lower bound on busy time, status), or
     None when the solver failed."""
     n, sizes = len(batch), table.sizes
-    slots = n if options.max_microbatches is None else min(n, options.max_microbatches)
-    blocks = aligned_blocks(sizes, cm.cluster.num_gpus, cm.cluster.gpus_per_node)
+    mb_slots = n if options.max_microbatches is None else min(n, options.max_microbatches)
+    slots = group_slots(sizes, cm.cluster.num_gpus)
     prob = pulp.LpProblem("dcp_ilp_exact", pulp.LpMinimize)
-    busy = pulp.LpVariable("B", 0, upper * (1 + 1e-6))
+    busy = new_var(prob, "B", 0, upper * (1 + 1e-6))
     prob += busy
-    use = {b: pulp.LpVariable(f"u_{b}", cat=pulp.LpBinary) for b in range(len(blocks))}
+    use = {b: new_var(prob, f"u_{b}", cat=pulp.LpBinary) for b in range(len(slots))}
     x: dict[tuple[int, int, int], pulp.LpVariable] = {}
-    on: dict[tuple[int, int], pulp.LpVariable] = {}
-    for b, (_, p) in enumerate(blocks):
+    for b, (p, k) in enumerate(slots):
         j = sizes.index(p)
+        if k > 0:
+            prob += use[b] <= use[b - 1], f"X0_{b}"  # (X0) slots of one size used in order (symmetry)
         levels = ckpt_levels(batch, cm, p)
         mb_times = []
-        for m in range(slots):
-            on[b, m] = pulp.LpVariable(f"o_{b}_{m}", cat=pulp.LpBinary)
-            # (X2) a micro-batch slot runs only in a used group, slots filled in order
-            prob += on[b, m] <= use[b] if m == 0 else on[b, m] <= on[b, m - 1], f"X2_{b}_{m}"
-            for i in range(n):
-                if table.ckpt[i, j] >= 0:
-                    x[i, b, m] = pulp.LpVariable(f"x_{i}_{b}_{m}", cat=pulp.LpBinary)
-                    # (X3) a sample joins only a running micro-batch
-                    prob += x[i, b, m] <= on[b, m], f"X3_{i}_{b}_{m}"
-            members = [i for i in range(n) if (i, b, m) in x]
-            q = {r: pulp.LpVariable(f"q_{b}_{m}_{r}", cat=pulp.LpBinary) for r in levels}
+        prev = use[b]
+        for m in range(mb_slots):
+            on = new_var(prob, f"o_{b}_{m}", cat=pulp.LpBinary)
+            # (X2) a micro-batch slot runs only in a used group; slots filled in order
+            prob += on <= prev, f"X2_{b}_{m}"
+            prev = on
+            # Symmetry: the groups of one size, and the micro-batches of a group, are ordered by
+            # their lowest sample index, so micro-batch m of group slot k holds samples >= k + m.
+            members = [i for i in range(k + m, n) if table.ckpt[i, j] >= 0]
+            q = {r: new_var(prob, f"q_{b}_{m}_{r}", cat=pulp.LpBinary) for r in levels}
             # (X4) a running micro-batch has exactly one checkpoint level
-            prob += pulp.lpSum(q.values()) == on[b, m], f"X4_{b}_{m}"
-            # (X5) memory: sum_i T_i x[i,b,m] <= sum_r max_tokens(p, r) q[b,m,r]
-            prob += (pulp.lpSum(int(table.tokens[i]) * x[i, b, m] for i in members)
-                     <= pulp.lpSum(mb_capacity(cm, p, r) * q[r] for r in levels)), f"X5_{b}_{m}"
-            tau = pulp.LpVariable(f"tau_{b}_{m}", 0)
+            prob += pulp.lpSum(q.values()) == on, f"X4_{b}_{m}"
+            time_terms = [(q[r], table.linear(cm, p, r).fixed) for r in levels]
+            at_level: dict[int, dict[int, pulp.LpVariable]] = {}
+            for i in members:
+                x[i, b, m] = new_var(prob, f"x_{i}_{b}_{m}", cat=pulp.LpBinary)
+                v = at_level[i] = {r: new_var(prob, f"v_{i}_{b}_{m}_{r}", 0, 1) for r in levels}
+                # (X3) v[i,r] = x[i] and q[r]: sample i runs at level r; sum_r v[i,r] = x[i], v <= q
+                prob += pulp.lpSum(v.values()) == x[i, b, m], f"X3_{i}_{b}_{m}"
+                for r in levels:
+                    prob += v[r] <= q[r], f"X3q_{i}_{b}_{m}_{r}"
+                    lin = table.linear(cm, p, r)
+                    time_terms.append((v[r], lin.per_token * int(table.tokens[i]) + lin.per_pair * float(table.pairs[i])))
             for r in levels:
-                lin = table.linear(cm, p, r)
-                work = {i: lin.per_token * int(table.tokens[i]) + lin.per_pair * float(table.pairs[i]) for i in members}
-                big = lin.fixed + sum(work.values())
-                # (X6) time at level r: tau >= fixed(p,r) + sum_i marginal_i(p,r) x_i - M (1 - q_r)
-                prob += (tau >= lin.fixed * q[r] + pulp.lpSum(work[i] * x[i, b, m] for i in members)
-                         - big * (1 - q[r])), f"X6_{b}_{m}_{r}"
-            mb_times.append(tau)
+                # (X5) memory at level r: sum_i T_i v[i,r] <= max_tokens(p, r) q[r]
+                prob += (pulp.lpSum(int(table.tokens[i]) * at_level[i][r] for i in members)
+                         <= mb_capacity(cm, p, r) * q[r]), f"X5_{b}_{m}_{r}"
+            # (X6) micro-batch time: sum_r fixed(p,r) q[r] + sum_{i,r} marginal_i(p,r) v[i,r]
+            mb_times.append(pulp.LpAffineExpression(time_terms))
         # (X7) the busy time is at least every group's sum of micro-batch times
         prob += busy >= pulp.lpSum(mb_times), f"X7_{b}"
     for i in range(n):
         # (X1) every sample runs exactly once
         prob += pulp.lpSum(v for (k, _, _), v in x.items() if k == i) == 1, f"X1_{i}"
-    for rank in range(cm.cluster.num_gpus):
-        # (X8) a rank belongs to at most one group
-        prob += pulp.lpSum(use[b] for b, (s, p) in enumerate(blocks) if s <= rank < s + p) <= 1, f"X8_{rank}"
-    res = run_solver(prob, options.solver, max(time_left_s, 0.05), 1e-9, None)
+    # (X8) the groups fit the cluster: sum_b p_b u_b <= N
+    prob += pulp.lpSum(p * use[b] for b, (p, _) in enumerate(slots)) <= cm.cluster.num_gpus, "X8"
+    res = run_solver(prob, options.solver, max(time_left_s, 0.05), 1e-9, None, max_nodes=EXACT_MAX_NODES)
     if res.values is None:
-        if res.status == "infeasible" or "infeasible" in res.status:
+        if "infeasible" in res.status:
             return None, upper, res.status  # nothing beats the warm start: it is optimal
         return None
-    layout: Layout = []
-    for b, (start, p) in enumerate(blocks):
-        if res.values[use[b]] < 0.5:
-            continue
+    groups: list[tuple[int, list[list[int]]]] = []
+    for b, (p, _) in enumerate(slots):
         mbs = [[batch[i].id for i in range(n) if (i, b, m) in x and res.values[x[i, b, m]] > 0.5]
-               for m in range(slots)]
+               for m in range(mb_slots)]
         mbs = [mb for mb in mbs if mb]
-        if mbs:
-            layout.append((start, p, mbs))
+        if res.values[use[b]] > 0.5 and mbs:
+            groups.append((p, mbs))
+    counts: dict[int, int] = {}
+    for p, _ in groups:
+        counts[p] = counts.get(p, 0) + 1
+    starts = aligned_layout(counts, cm.cluster.num_gpus, cm.cluster.gpus_per_node)
+    ordered = sorted(groups, key=lambda g: -g[0])
+    layout: Layout = [(start, p, mbs) for (start, p), (_, mbs) in zip(starts, ordered, strict=True)]
     return layout, min(res.bound if res.bound is not None else 0.0, upper), res.status

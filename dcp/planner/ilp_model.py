@@ -16,6 +16,7 @@ time at most U, so the solver's dual bound, capped at U, is a proven lower bound
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +24,7 @@ import pulp
 
 from dcp.planner.ilp_costs import CostTable
 from dcp.planner.ilp_pack import Groups
-from dcp.planner.ilp_solvers import SolveResult, run_solver
+from dcp.planner.ilp_solvers import SolveResult, new_var, run_solver
 
 SMALL = 0.03
 """A sample whose fastest solo time is below this fraction of U is treated as fluid."""
@@ -90,21 +91,22 @@ def _items(table: CostTable, upper: float) -> list[_Item]:
 
 
 def solve_classes(table: CostTable, num_gpus: int, upper: float, lower: float, start: Groups | None,
-                  solver: str, time_limit_s: float, gap: float) -> ClassSolution | None:
+                  solver: str, deadline: float, gap: float) -> ClassSolution | None:
     """Solve the program; None when the solver gives no solution. `upper` (U) is the incumbent's
-    busy time, `lower` a proven bound on B; `start` the incumbent's groups (warm start)."""
+    busy time, `lower` a proven bound on B; `start` the incumbent's groups (warm start); the
+    solver stops at `deadline` (time.perf_counter()) at the latest."""
     sizes, m = table.sizes, len(table.sizes)
     items = _items(table, upper)
     prob = pulp.LpProblem("dcp_ilp", pulp.LpMinimize)
-    busy = pulp.LpVariable("B", lowBound=lower, upBound=upper)
+    busy = new_var(prob, "B", lower, upper)
     prob += busy
     x: dict[tuple[int, int], pulp.LpVariable] = {}
     for t, it in enumerate(items):
         for j in it.options:
             if it.exact:
-                x[t, j] = pulp.LpVariable(f"c_{t}_{j}", 0, len(it.members), pulp.LpInteger)
+                x[t, j] = new_var(prob, f"c_{t}_{j}", 0, len(it.members), pulp.LpInteger)
             else:
-                x[t, j] = pulp.LpVariable(f"y_{t}_{j}", 0, 1)
+                x[t, j] = new_var(prob, f"y_{t}_{j}", 0, 1)
         # (E1) every sample in exactly one class: sum_p c[t,p] = |t|; sum_p y[b,p] = 1
         prob += pulp.lpSum(x[t, j] for j in it.options) == (len(it.members) if it.exact else 1), f"E1_{t}"
     beta: dict[tuple[int, int], pulp.LpVariable] = {}
@@ -114,8 +116,8 @@ def solve_classes(table: CostTable, num_gpus: int, upper: float, lower: float, s
     for j, p in enumerate(sizes):
         bits = range(int(math.log2(num_gpus // p)) + 1)
         for k in bits:
-            beta[j, k] = pulp.LpVariable(f"beta_{j}_{k}", cat=pulp.LpBinary)
-            cap_v[j, k] = pulp.LpVariable(f"v_{j}_{k}", 0, upper)
+            beta[j, k] = new_var(prob, f"beta_{j}_{k}", cat=pulp.LpBinary)
+            cap_v[j, k] = new_var(prob, f"v_{j}_{k}", 0, upper)
             # (E3b) v[p,k] = B * beta[p,k], linearized: v <= B and v <= U beta (B <= U)
             prob += cap_v[j, k] <= busy, f"E3b_{j}_{k}"
             prob += cap_v[j, k] <= upper * beta[j, k], f"E3c_{j}_{k}"
@@ -140,13 +142,13 @@ def solve_classes(table: CostTable, num_gpus: int, upper: float, lower: float, s
                 # (E5) a sample's solo time bounds the busy time: t_ip c[i,p] <= B
                 prob += solo * x[t, j] <= busy, f"E5_{t}_{j}"
             else:
-                delta[t, j] = pulp.LpVariable(f"d_{t}_{j}", cat=pulp.LpBinary)
+                delta[t, j] = new_var(prob, f"d_{t}_{j}", cat=pulp.LpBinary)
                 # (E5') c[t,p] > 0 only if delta[t,p]; t_tp delta[t,p] <= B
                 prob += x[t, j] <= len(it.members) * delta[t, j], f"E5a_{t}_{j}"
                 prob += solo * delta[t, j] <= busy, f"E5b_{t}_{j}"
     zeta = _level_cuts(prob, items, x, n_groups, busy, lower, upper, m)
     init = _warm_start(items, table, start, upper, x, beta, cap_v, delta, busy, zeta) if start else None
-    res: SolveResult = run_solver(prob, solver, time_limit_s, gap, init)
+    res: SolveResult = run_solver(prob, solver, deadline - time.perf_counter(), gap, init)
     if res.values is None:
         return None
     return _extract(items, table, res, x, beta, num_gpus, upper)
@@ -175,7 +177,7 @@ def _level_cuts(prob: pulp.LpProblem, items: list[_Item], x: dict, n_groups: dic
             if not len(sized):
                 continue
             if z is None:
-                z = zeta[lv] = pulp.LpVariable(f"zeta_{lv}", cat=pulp.LpBinary)
+                z = zeta[lv] = new_var(prob, f"zeta_{lv}", cat=pulp.LpBinary)
                 # (C0) level l's cuts may be switched off only if B >= theta_l
                 prob += busy >= theta * z, f"C0_{lv}"
             gs = g[sized, j]

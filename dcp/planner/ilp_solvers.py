@@ -6,11 +6,14 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import warnings
 from dataclasses import dataclass
 
 import pulp
 
 SOLVERS = ("highs", "cbc")
+MAX_NODES = 1000
+"""Branch-and-bound node limit: a deterministic stop (the time limit is the safety net)."""
 
 
 class SolverUnavailableError(RuntimeError):
@@ -26,6 +29,16 @@ class SolveResult:
     bound: float | None
     """Proven lower bound on the objective (minimization); None when unknown."""
     status: str
+    nodes: int = 0
+    """Branch-and-bound nodes explored (HiGHS; 0 when unknown)."""
+
+
+def new_var(prob: pulp.LpProblem, name: str, low: float | None = None, up: float | None = None,
+            cat: str = pulp.LpContinuous) -> pulp.LpVariable:
+    """A variable owned by `prob` (PuLP >= 3.3's add_variable; LpVariable on older PuLP)."""
+    if hasattr(prob, "add_variable"):
+        return prob.add_variable(name, low, up, cat)
+    return pulp.LpVariable(name, low, up, cat)
 
 
 def _highs_class() -> type:
@@ -48,11 +61,24 @@ def _highs_class() -> type:
                 lp.solverModel.setSolution(len(idx), idx, val)
             lp.solverModel.run()
 
+        def findSolutionValues(self, lp: pulp.LpProblem) -> tuple[int, int]:  # noqa: N802 (pulp's name)
+            """pulp's mapping misses some HiGHS statuses (node or solution limits): read the values
+            directly; `run_solver` reads status and bound from the model itself."""
+            try:
+                return super().findSolutionValues(lp)
+            except KeyError:
+                values = list(lp.solverModel.getSolution().col_value)
+                for var in lp.variables():
+                    var.varValue = values[var.index] if var.index < len(values) else None
+                found = lp.solverModel.getInfo().primal_solution_status == 2
+                return pulp.LpStatusNotSolved, (pulp.LpSolutionIntegerFeasible if found
+                                                else pulp.LpSolutionNoSolutionFound)
+
     return WarmHighs
 
 
 def run_solver(prob: pulp.LpProblem, solver: str, time_limit_s: float, gap: float,
-               start: dict[pulp.LpVariable, float] | None) -> SolveResult:
+               start: dict[pulp.LpVariable, float] | None, max_nodes: int = MAX_NODES) -> SolveResult:
     """Solve `prob` within `time_limit_s` (wall clock); never raises on solver trouble (the
     status says what happened), only on an unknown or missing solver."""
     if solver not in SOLVERS:
@@ -60,7 +86,8 @@ def run_solver(prob: pulp.LpProblem, solver: str, time_limit_s: float, gap: floa
     limit = max(time_limit_s, 0.01)
     if solver == "highs":
         cls = _highs_class()
-        s = cls(start, msg=False, timeLimit=limit, gapRel=gap, threads=1, mip_feasibility_tolerance=1e-7)
+        s = cls(start, msg=False, timeLimit=limit, gapRel=gap, threads=1, mip_feasibility_tolerance=1e-7,
+                mip_max_nodes=max_nodes)
         try:
             prob.solve(s)
         except pulp.PulpSolverError as e:
@@ -71,8 +98,11 @@ def run_solver(prob: pulp.LpProblem, solver: str, time_limit_s: float, gap: floa
         has_sol = info.primal_solution_status == 2  # kSolutionStatusFeasible
         bound = info.mip_dual_bound if status != "infeasible" else None
         values = {v: float(v.varValue) for v in prob.variables()} if has_sol else None
-        return SolveResult(values, bound if bound is not None and bound > -1e30 else None, status)
-    cbc = pulp.PULP_CBC_CMD()
+        return SolveResult(values, bound if bound is not None and bound > -1e30 else None, status,
+                           int(info.mip_node_count))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # PuLP 3.3 prefers COIN_CMD + pulp[cbc]
+        cbc = pulp.PULP_CBC_CMD()
     if not cbc.available():
         raise SolverUnavailableError("CBC is not available: it ships with PuLP; reinstall pulp")
     if start:
@@ -81,8 +111,10 @@ def run_solver(prob: pulp.LpProblem, solver: str, time_limit_s: float, gap: floa
     fd, log = tempfile.mkstemp(suffix=".log", prefix="dcp_cbc_")
     os.close(fd)
     try:
-        s = pulp.PULP_CBC_CMD(msg=False, timeLimit=limit, gapRel=gap, threads=1, warmStart=bool(start),
-                              logPath=log)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            s = pulp.PULP_CBC_CMD(msg=False, timeLimit=limit, gapRel=gap, threads=1, warmStart=bool(start),
+                                  logPath=log, maxNodes=max_nodes)
         try:
             prob.solve(s)
         except pulp.PulpSolverError as e:

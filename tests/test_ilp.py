@@ -1,0 +1,216 @@
+"""The ILP planner: brute force on tiny batches, bound validity, properties, limits, solvers."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import math
+import warnings
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dcp.costmodel import Cluster, CostModel, ModelSpec, load_hardware
+from dcp.planner import IlpOptions, InfeasibleError, lower_bound, solve
+from dcp.planner import ilp as ilp_module
+from dcp.planner.common import allowed_sp_sizes
+from dcp.planner.ilp import baseline_plans
+from tests.conftest import cost_model, make_batch
+
+TINY_MODEL = ModelSpec(name="brute", num_layers=4, hidden=64, heads=4, kv_heads=4, ffn_hidden=256, vocab=0,
+                       source="test model: a few hundred tokens fill the memory")
+
+
+@functools.cache
+def tiny_cm(gpus: int = 4, gpus_per_node: int = 2, cap_tokens: int = 600) -> CostModel:
+    """A slow, small-memory cluster: micro-batch fixed costs, all-to-alls and checkpointing all
+    matter at a few hundred tokens; `cap_tokens` fit one GPU without checkpointing."""
+    hw = dataclasses.replace(
+        load_hardware("h200-sxm"), matmul_flops=1e9, attention_flops=1e9, memory_bw_bytes_per_s=1e12,
+        kernel_overhead_s=1e-2, a2a_latency_intra_s=5e-3, a2a_latency_inter_s=1.5e-2,
+        a2a_bw_intra_bytes_per_s={2: 2e8, 4: 2e8}, a2a_bw_inter_bytes_per_s={2: 5e7, 4: 5e7})
+    probe = CostModel(TINY_MODEL, hw, Cluster(num_gpus=gpus, gpus_per_node=gpus_per_node, memory_bytes=1e12))
+    memory = probe.static_bytes + cap_tokens * probe.activation_bytes_per_token(1, 0)
+    return CostModel(TINY_MODEL, hw, Cluster(num_gpus=gpus, gpus_per_node=gpus_per_node, memory_bytes=memory))
+
+
+def brute_force(batch: list, cm: CostModel) -> float:
+    """Optimal step time by enumeration: every multiset of group sizes that fits the cluster,
+    every assignment of samples to groups, every micro-batch partition of each group's samples,
+    each micro-batch with its fewest checkpointed layers."""
+    sizes = allowed_sp_sizes(cm)
+    n = len(batch)
+
+    @functools.cache
+    def mb_time(p: int, members: frozenset) -> float:
+        tokens = sum(batch[i].tokens for i in members)
+        r = cm.min_ckpt_layers(tokens, p)
+        return math.inf if r is None else cm.time_s(tokens, sum(batch[i].attn_pairs for i in members), p, r)
+
+    @functools.cache
+    def group_time(p: int, members: frozenset) -> float:
+        """Best split of `members` into micro-batches run one after another."""
+        if not members:
+            return 0.0
+        first, rest = min(members), sorted(members - {min(members)})
+        best = math.inf
+        for k in range(len(rest) + 1):
+            for combo in itertools.combinations(rest, k):
+                mb = frozenset((first, *combo))
+                best = min(best, mb_time(p, mb) + group_time(p, members - mb))
+        return best
+
+    def layouts(left: int, smallest_allowed: int) -> list[tuple[int, ...]]:
+        out = [()]
+        for p in sizes:
+            if p <= left and p >= smallest_allowed:
+                out += [(p, *rest) for rest in layouts(left - p, p)]
+        return out
+
+    best = math.inf
+    for layout in layouts(cm.cluster.num_gpus, 1):
+        if not layout:
+            continue
+        for assign in itertools.product(range(len(layout)), repeat=n):
+            busy = max(group_time(p, frozenset(i for i in range(n) if assign[i] == g)) for g, p in enumerate(layout))
+            best = min(best, busy)
+    return best + cm.grad_sync_s()
+
+
+TINY_CASES = [
+    ([100, 200, 300], 2, 2),
+    ([50, 80, 120, 500, 900], 4, 2),
+    ([700, 650, 90, 60, 40, 30], 4, 2),
+    ([1500, 400, 300, 200, 100, 50], 4, 4),
+    ([2300, 1200, 600, 30, 20, 10], 4, 2),
+    ([590, 590, 590, 590], 2, 2),
+    ([1000, 999, 20, 21, 22, 23], 4, 4),
+]
+
+
+@pytest.mark.parametrize("lengths,gpus,per_node", TINY_CASES)
+def test_exact_program_matches_brute_force(lengths: list[int], gpus: int, per_node: int) -> None:
+    cm = tiny_cm(gpus, per_node)
+    batch = make_batch(lengths)
+    best = brute_force(batch, cm)
+    plan = solve(batch, cm.cluster, cm, IlpOptions(time_limit_s=10))
+    assert plan.step_time_s == pytest.approx(best, rel=1e-6)
+    assert plan.lower_bound_s <= best * (1 + 1e-6)
+    assert plan.gap == pytest.approx(0.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("lengths,gpus,per_node", TINY_CASES)
+def test_aggregated_program_bound_is_valid(lengths: list[int], gpus: int, per_node: int,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The aggregated program (used at scale) on the same cases: its proven bound never exceeds
+    the true optimum, and its plan is within its own reported gap of the bound."""
+    monkeypatch.setattr(ilp_module, "EXACT_MAX_SAMPLES", 0)
+    cm = tiny_cm(gpus, per_node)
+    batch = make_batch(lengths)
+    best = brute_force(batch, cm)
+    plan = solve(batch, cm.cluster, cm, IlpOptions(time_limit_s=10))
+    assert plan.lower_bound_s <= best * (1 + 1e-6) <= plan.step_time_s * (1 + 2e-6)
+    assert plan.gap == pytest.approx((plan.step_time_s - plan.lower_bound_s) / plan.step_time_s)
+
+
+@pytest.mark.parametrize("lengths,gpus,per_node", TINY_CASES[:4])
+def test_cbc_finds_the_same_optimum(lengths: list[int], gpus: int, per_node: int) -> None:
+    cm = tiny_cm(gpus, per_node)
+    batch = make_batch(lengths)
+    highs = solve(batch, cm.cluster, cm, IlpOptions(time_limit_s=10))
+    cbc = solve(batch, cm.cluster, cm, IlpOptions(time_limit_s=10, solver="cbc"))
+    assert cbc.step_time_s == pytest.approx(highs.step_time_s, rel=1e-6)
+    assert cbc.solver_status.startswith("cbc")
+
+
+def test_cbc_on_the_aggregated_program(monkeypatch: pytest.MonkeyPatch) -> None:
+    cm = cost_model(gpus=16)
+    batch = make_batch([300 * (1 + (7 * i) % 23) for i in range(60)] + [60_000, 30_000])
+    plan = solve(batch, cm.cluster, cm, IlpOptions(solver="cbc", time_limit_s=5))
+    assert plan.solver_status.startswith("cbc")
+    assert 0 <= plan.gap <= 1
+
+
+lengths_st = st.lists(st.integers(min_value=16, max_value=40_000), min_size=1, max_size=48)
+
+
+@settings(max_examples=12)
+@given(lengths=lengths_st, gpus=st.sampled_from([1, 2, 4, 8, 16]))
+def test_plans_are_valid_and_never_worse_than_the_baselines(lengths: list[int], gpus: int) -> None:
+    cm = cost_model(gpus=gpus, gpus_per_node=min(gpus, 8))
+    batch = make_batch(lengths)
+    plan = solve(batch, cm.cluster, cm, IlpOptions(time_limit_s=0.5))
+    plan.validate()
+    assert sorted(i for g in plan.groups for mb in g.microbatches for i in mb.samples) == list(range(len(lengths)))
+    for other in baseline_plans(batch, cm, allowed_sp_sizes(cm)):
+        assert plan.step_time_s <= other.step_time_s * (1 + 1e-9)
+    assert lower_bound(batch, cm) * (1 - 1e-9) <= plan.lower_bound_s <= plan.step_time_s
+    assert plan.gap == pytest.approx((plan.step_time_s - plan.lower_bound_s) / plan.step_time_s)
+
+
+@settings(max_examples=8)
+@given(lengths=st.lists(st.integers(min_value=10, max_value=2400), min_size=1, max_size=5),
+       cap=st.sampled_from([300, 600, 1200]))
+def test_tiny_random_batches_match_brute_force(lengths: list[int], cap: int) -> None:
+    cm = tiny_cm(4, 2, cap)
+    batch = make_batch(lengths)
+    plan = solve(batch, cm.cluster, cm, IlpOptions(time_limit_s=10))
+    assert plan.step_time_s == pytest.approx(brute_force(batch, cm), rel=1e-6)
+
+
+def test_time_limit_is_respected() -> None:
+    """A large batch with a small limit: the whole solve stays within 20% of it."""
+    from dcp.planner.run import make_batches
+
+    cm = cost_model(gpus=128)
+    batch = make_batches("wikipedia", cm, global_batch=2048, steps=1)[0]
+    plan = solve(batch, cm.cluster, cm, IlpOptions(time_limit_s=0.6))
+    assert plan.solve_time_s <= 0.6 * 1.2
+    plan.validate()
+
+
+def test_same_inputs_give_the_same_plan() -> None:
+    cm = cost_model(gpus=32)
+    batch = make_batch([200 + (97 * i) % 5000 for i in range(128)] + [70_000, 40_000, 40_000])
+    options = IlpOptions(time_limit_s=5)
+    first, second = solve(batch, cm.cluster, cm, options), solve(batch, cm.cluster, cm, options)
+    assert first.digest() == second.digest()
+    assert first.step_time_s == second.step_time_s
+
+
+def test_infeasible_sample_raises() -> None:
+    cm = tiny_cm(4, 2)
+    with pytest.raises(InfeasibleError, match="sample 1"):
+        solve(make_batch([100, 200_000]), cm.cluster, cm, IlpOptions())
+
+
+def test_unknown_solver_is_a_clear_error() -> None:
+    cm = tiny_cm(4, 2)
+    with pytest.raises(ValueError, match="unknown MILP solver"):
+        solve(make_batch([100]), cm.cluster, cm, IlpOptions(solver="gurobi-please"))
+
+
+def test_solver_failure_falls_back_to_the_warm_start_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("solver exploded")
+
+    monkeypatch.setattr(ilp_module, "solve_classes", broken)
+    cm = cost_model(gpus=16)
+    batch = make_batch([300 * (1 + (7 * i) % 23) for i in range(60)] + [60_000])
+    with pytest.warns(UserWarning, match="solver exploded"):
+        plan = solve(batch, cm.cluster, cm, IlpOptions(mip_rel_gap=0.0))
+    assert any("solver exploded" in note for note in plan.notes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        greedy = [p for p in baseline_plans(batch, cm, allowed_sp_sizes(cm)) if p.strategy == "dcp-greedy"]
+    assert plan.step_time_s <= greedy[0].step_time_s * (1 + 1e-9)
+    plan.validate()
+
+
+def test_max_microbatches_is_respected() -> None:
+    cm = cost_model(gpus=8)
+    batch = make_batch([500 + 37 * i for i in range(200)])
+    plan = solve(batch, cm.cluster, cm, IlpOptions(max_microbatches=2))
+    assert all(len(g.microbatches) <= 2 for g in plan.groups)
