@@ -1,0 +1,200 @@
+"""dcp on Hugging Face transformers models: one-process checks of dcp attention, and gloo runs
+(2 and 4 ranks) whose gradients under mixed plans must equal plain single-process HF training:
+each sample alone through the model with sdpa attention and `labels`, summed over tokens and
+divided by the global batch's token count."""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from dist_helpers import run_ranks
+
+from dcp.data import Sample
+from dcp.executor.batch import PackedBatch
+from dcp.planner.plan import Plan
+
+pytest.importorskip("transformers")
+
+TOLERANCE = 1e-5
+# (first rank, SP size) per group, one layout per step: SP 1, 2 and 4 mixed, an idle rank.
+LAYOUTS = {
+    2: [[(0, 2)], [(0, 1), (1, 1)], [(0, 1)]],
+    4: [[(0, 2), (2, 1), (3, 1)], [(0, 4)], [(0, 1), (1, 1), (2, 2)], [(0, 2), (2, 1)]],
+}
+
+
+def tiny_config(kind: str, heads: int = 8, kv_heads: int = 4):  # noqa: ANN201 - a transformers config
+    """A two-layer model of `kind` (llama, mistral, qwen2) with GQA that SP 4 can shard."""
+    import transformers
+
+    cls = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
+           "qwen2": transformers.Qwen2Config}[kind]
+    return cls(vocab_size=96, hidden_size=8 * heads, intermediate_size=48, num_hidden_layers=2,
+               num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=64)
+
+
+def tiny_model(config, seed: int = 0) -> torch.nn.Module:  # noqa: ANN001
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").double()
+
+
+def token_ids(sample: Sample, vocab: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed * 7919 + sample.id)
+    return torch.randint(vocab, (sample.tokens,), generator=g)
+
+
+def random_case(world: int, step: int, num_layers: int) -> tuple[Plan, list[Sample]]:
+    """A random plan over the step's layout: odd lengths (pads), several samples packed per
+    micro-batch, 1-3 micro-batches per group, random checkpointed layers; same on every rank."""
+    from dcp.executor.reference import manual_plan
+
+    rng = random.Random(step)
+    layout = LAYOUTS[world][step % len(LAYOUTS[world])]
+    batch = [Sample(100 * step + i, rng.randint(1, 19), 0) for i in range(rng.randint(2 * len(layout), 8))]
+    ids = [s.id for s in batch]
+    rng.shuffle(ids)
+    members = [[ids[g]] for g in range(len(layout))]
+    for i in ids[len(layout):]:
+        members[rng.randrange(len(layout))].append(i)
+    groups = []
+    for (start, sp), mine in zip(layout, members, strict=True):
+        cuts = sorted(rng.sample(range(1, len(mine)), min(rng.randint(0, 2), len(mine) - 1)))
+        chunks = [mine[a:b] for a, b in zip([0, *cuts], [*cuts, len(mine)], strict=True)]
+        groups.append((start, sp, [(c, rng.randint(0, num_layers)) for c in chunks]))
+    return manual_plan(batch, world, num_layers, groups), batch
+
+
+# -- one process ----------------------------------------------------------------------------------
+CallArgs = Callable[[PackedBatch], dict[str, Any]]
+
+
+def packed_logits(model: torch.nn.Module, lengths: list[int],
+                  call: CallArgs | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits of the samples packed as one sequence under dcp attention, plain HF's logits of
+    each sample alone). `call`: the model's keyword arguments, HF style, instead of hf_forward."""
+    from dcp.executor import SPContext, pack_microbatch
+    from dcp.executor.hf import hf_forward, install_dcp_attention, lm_sample
+
+    batch = [Sample(i, n, 0) for i, n in enumerate(lengths)]
+    ids = {s.id: token_ids(s, model.config.vocab_size, 0) for s in batch}
+    plain = torch.cat([model(input_ids=ids[s.id][None]).logits[0] for s in batch])
+    install_dcp_attention(model, SPContext())
+    packed = pack_microbatch([s.id for s in batch], {s.id: s for s in batch},
+                             {i: lm_sample(x) for i, x in ids.items()}, sp_size=1, sp_rank=0,
+                             device=torch.device("cpu"))
+    if call is None:
+        return hf_forward(model, packed), plain
+    return model(input_ids=packed["input_ids"][None], **call(packed)).logits[0], plain
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_packed_samples_attend_apart_with_their_own_positions(kind: str) -> None:
+    out, plain = packed_logits(tiny_model(tiny_config(kind)), [5, 1, 9])
+    torch.testing.assert_close(out, plain, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("call", [
+    lambda b: {"position_ids": b.seqs.positions()[None]},
+    lambda b: {"position_ids": b.seqs.positions()[None], "cu_seq_lens_q": b.seqs.cu_seqlens()},
+], ids=["position_ids", "cu_seq_lens"])
+def test_hf_packing_conventions_give_the_same_attention(call: CallArgs) -> None:
+    """Outside the executor, HF's own ways of describing a packed sequence work too."""
+    out, plain = packed_logits(tiny_model(tiny_config("llama")), [4, 7, 2], call)
+    torch.testing.assert_close(out, plain, rtol=1e-10, atol=1e-10)
+
+
+def test_unsupported_inputs_are_refused_clearly() -> None:
+    model = tiny_model(tiny_config("mistral"))
+    model.config.sliding_window = 6
+    with pytest.raises(ValueError, match="a sample of 9 tokens exceeds the model's sliding window of 6"):
+        packed_logits(model, [5, 9])
+    out, plain = packed_logits(tiny_model(tiny_config("mistral")), [5, 9])  # inside the window: plain causal
+    torch.testing.assert_close(out, plain, rtol=1e-10, atol=1e-10)
+    ids = torch.zeros(1, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match="call the model without attention_mask"):  # HF passes 4-D masks on
+        model(input_ids=ids, attention_mask=torch.ones(1, 1, 4, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="one packed sequence without a KV cache"):
+        model(input_ids=ids.expand(2, 4))
+
+
+def test_planner_is_told_the_sp_sizes_the_model_allows() -> None:
+    from dcp.costmodel import Cluster, CostModel, load_hardware
+    from dcp.executor.hf import allowed_sp_sizes, model_spec_from_hf_config
+    from dcp.planner.common import allowed_sp_sizes as planner_sizes
+
+    for heads, kv, want in [(8, 4, [1, 2, 4]), (8, 8, [1, 2, 4, 8]), (6, 3, [1]), (12, 2, [1, 2])]:
+        config = tiny_config("llama", heads, kv)
+        assert allowed_sp_sizes(config, 8) == want
+        spec = model_spec_from_hf_config(config, bytes_per_element=4)
+        assert (spec.num_layers, spec.hidden, spec.heads, spec.kv_heads, spec.ffn_hidden, spec.vocab) == \
+            (2, 8 * heads, heads, kv, 48, 96)
+        cm = CostModel(spec, load_hardware("cpu"), Cluster(num_gpus=8, gpus_per_node=8, memory_bytes=1e10))
+        assert planner_sizes(cm) == want
+    assert allowed_sp_sizes(tiny_config("llama"), 2) == [1, 2]
+
+
+# -- gloo, 2 and 4 ranks ------------------------------------------------------------------------
+def grads_worker(rank: int, world: int, kinds: list[str], steps: int) -> list[tuple[str, int, float, float]]:
+    """Random mixed plans per model kind; rank 0 compares each step with plain HF training."""
+    from dcp.executor import ParallelState
+    from dcp.executor.hf import causal_lm_loss, hf_executor, lm_sample, plain_hf_step
+    from dcp.executor.reference import relative_grad_diff
+
+    state = ParallelState.create(timeout_s=30)
+    out = []
+    for kind in kinds:
+        model = tiny_model(tiny_config(kind))
+        reference = copy.deepcopy(model)  # plain HF: sdpa attention, one sample at a time
+        executor = hf_executor(model, state)
+        for step in range(steps):
+            plan, batch = random_case(world, step, model.config.num_hidden_layers)
+            ids = {s.id: token_ids(s, model.config.vocab_size, step) for s in batch}
+            stats = executor.step(plan, {i: lm_sample(x) for i, x in ids.items()}, causal_lm_loss)
+            diff = 0.0
+            if rank == 0:
+                ref_loss = plain_hf_step(reference, [ids[s.id] for s in batch])
+                diff = relative_grad_diff(list(model.parameters()), list(reference.parameters()))
+                assert abs(stats.loss - ref_loss) <= TOLERANCE * ref_loss, (stats.loss, ref_loss)
+            out.append((kind, step, diff, stats.loss))
+    return out
+
+
+def refused_heads_worker(rank: int, world: int) -> str:
+    """6 heads over 3 KV heads cannot be split over 2 ranks: refused before any collective."""
+    from dcp.executor import ExecutorError, ParallelState
+    from dcp.executor.hf import causal_lm_loss, hf_executor, lm_sample
+    from dcp.executor.reference import manual_plan
+
+    executor = hf_executor(tiny_model(tiny_config("llama", heads=6, kv_heads=3)), ParallelState.create(timeout_s=10))
+    batch = [Sample(0, 7, 0)]
+    plan = manual_plan(batch, 2, 2, [(0, 2, [([0], 0)])])
+    try:
+        executor.step(plan, {0: lm_sample(torch.arange(7))}, causal_lm_loss)
+    except ExecutorError as e:
+        return str(e)
+    return "no error"
+
+
+def _check(results: list[list[tuple[str, int, float, float]]]) -> None:
+    worst = max(diff for _, _, diff, _ in results[0])
+    print(f"max relative grad diff vs plain HF {worst:.2e} over {len(results[0])} steps")
+    assert worst <= TOLERANCE, results[0]
+    for rank_results in results[1:]:  # every rank reports the same global loss
+        assert [r[3] for r in rank_results] == [r[3] for r in results[0]]
+
+
+def test_two_ranks_match_plain_hf_and_refuse_unsplittable_heads() -> None:
+    _check(run_ranks(grads_worker, 2, ["llama", "mistral"], 3, deadline_s=120))
+    for error in run_ranks(refused_heads_worker, 2, deadline_s=60, pg_timeout_s=10):
+        assert "SP size 2, which does not divide the model's 6 heads and 3 KV heads" in error
+
+
+def test_four_ranks_match_plain_hf() -> None:
+    _check(run_ranks(grads_worker, 4, ["llama", "qwen2"], 4, deadline_s=150))
