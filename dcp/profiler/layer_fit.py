@@ -46,6 +46,8 @@ class LayerFitReport:
     heldout: list[dict[str, float]]
     """Held-out micro-batches: tokens, pairs, ckpt (0/1), predicted_s, measured_s."""
     heldout_mape: float
+    diagnostics: dict[str, float]
+    """Not part of the fit: see `per_sample_diagnostic`."""
 
     def to_meta(self, points: Sequence[LayerPoint], model_points: Sequence[ModelPoint]) -> dict[str, Any]:
         """Raw points, coefficients, R^2 and errors, JSON-ready."""
@@ -54,7 +56,7 @@ class LayerFitReport:
 
         return {
             "fwd": lin(self.fwd), "bwd": lin(self.bwd), "recompute": lin(self.rec), "head": lin(self.head),
-            "heldout_mape": self.heldout_mape, "heldout": self.heldout,
+            "heldout_mape": self.heldout_mape, "heldout": self.heldout, "diagnostics": self.diagnostics,
             "points": [asdict(p) for p in points], "model_points": [asdict(p) for p in model_points],
         }
 
@@ -124,6 +126,25 @@ def heldout_rows(fit: LayerFit, heldout: Sequence[LayerPoint]) -> list[dict[str,
     return rows
 
 
+def per_sample_diagnostic(points: Sequence[LayerPoint], heldout: Sequence[LayerPoint]) -> dict[str, float]:
+    """What a per-sample term would add: the cost model prices (T, A) only, yet a layer that
+    loops over samples (per-sample attention calls) pays for each one. Fits fwd+bwd on
+    [1, T, A, samples] and reports that coefficient and the held-out MAPE with and without it;
+    a large gap says the layer is not linear in (T, A) alone. Recorded, not used."""
+    names = (*TERMS, "per_sample")
+    if len(points) < len(names) or not heldout:
+        return {}
+    def x(pts: Sequence[LayerPoint]) -> np.ndarray:
+        return np.array([[1.0, p.tokens, p.attn_pairs, p.num_samples] for p in pts])
+
+    y, y_held = [p.train_s for p in points], [p.train_s for p in heldout]
+    with_s = fit_nnls(x(points), y, names)
+    without = fit_nnls(x(points)[:, :3], y, TERMS)
+    return {"per_sample_s": with_s.coef[3],
+            "heldout_train_mape_with_per_sample": mape(y_held, with_s.predict(x(heldout))),
+            "heldout_train_mape_without": mape(y_held, without.predict(x(heldout)[:, :3]))}
+
+
 def fit_layer(points: Sequence[LayerPoint], model_points: Sequence[ModelPoint],
               heldout: Sequence[LayerPoint]) -> LayerFitReport:
     """Fit every coefficient of a `LayerFit` and score it on the held-out points."""
@@ -146,4 +167,4 @@ def fit_layer(points: Sequence[LayerPoint], model_points: Sequence[ModelPoint],
     rows = heldout_rows(fit, heldout)
     err = mape([r["measured_s"] for r in rows], [r["predicted_s"] for r in rows]) if rows else float("nan")
     fit = LayerFit(**{**asdict(fit), "heldout_mape": err})
-    return LayerFitReport(fit, fwd, bwd, rec, head, rows, err)
+    return LayerFitReport(fit, fwd, bwd, rec, head, rows, err, per_sample_diagnostic(points, heldout))

@@ -68,7 +68,7 @@ class ProfileOptions:
         hi = self.max_tokens or ((32768 if self.quick else 131072) if cuda else (4096 if self.quick else 8192))
         return replace(self, dtype=self.dtype or ("bf16" if cuda else "fp32"),
                        min_tokens=self.min_tokens or (1024 if cuda else 256), max_tokens=hi,
-                       heldout=self.heldout if self.heldout is not None else (6 if self.quick else 10),
+                       heldout=self.heldout if self.heldout is not None else (8 if self.quick else 10),
                        head_max_tokens=self.head_max_tokens or min(hi, 32768))
 
     @property
