@@ -135,7 +135,7 @@ def test_grid_spreads_attention_pairs_at_fixed_tokens_for_text_and_video() -> No
     for attention in ("causal", "spatial_temporal"):
         bench = LayerBench(name="x", device=torch.device("cpu"), attention=attention,
                            build_layer=nn.Identity, layer_inputs=lambda s: Call(torch.zeros(1)))
-        grid = packing_grid(bench, 256, 4096, quick=True)
+        grid = packing_grid(bench, 256, 4096)
         at_4k = {bench.pairs(b) for b in grid if sum(s.tokens for s in b) == 4096}
         assert len(at_4k) >= 2 and max(at_4k) > 4 * min(at_4k), attention
         for batch in heldout_batches(bench, 256, 4096, 5, seed=1):

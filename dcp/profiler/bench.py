@@ -89,19 +89,18 @@ def split_tokens(total: int, length: int) -> list[int]:
     return [length] * full + ([rest] if rest else [])
 
 
-def packing_grid(bench: LayerBench, min_tokens: int, max_tokens: int, *, quick: bool,
+def packing_grid(bench: LayerBench, min_tokens: int, max_tokens: int, *,
                  min_sample: int = 64) -> list[list[SampleShape]]:
     """Micro-batches to fit on: a geometric grid of token counts x packings.
 
-    Per token count T: one sample of T tokens (most attention), samples of T/8 and, on the full
-    grid, T/64 tokens (least), never shorter than `min_sample` tokens. Spatial-temporal samples
+    Per token count T: one sample of T tokens (most attention), samples of T/8 and of T/64
+    tokens (least attention, most samples), never shorter than `min_sample` tokens. Spatial-temporal samples
     come both as one frame (all spatial attention) and as 16 frames (pairs F S^2 + S F^2 shrink
     16-fold), which is what separates the per-pair term for video models."""
-    divisors = (1, 8) if quick else (1, 8, 64)
     frame_options = (1, 16) if bench.attention == "spatial_temporal" else (1,)
     grid: list[list[SampleShape]] = []
     for total in geometric_grid(min_tokens, max_tokens, 2.0):
-        for length in sorted({max(min_sample, total // d) for d in divisors}, reverse=True):
+        for length in sorted({max(min_sample, total // d) for d in (1, 8, 64)}, reverse=True):
             for frames in frame_options:
                 if frames == 1 or length >= 16 * frames:  # at least 16 tokens per frame
                     grid.append([bench.shape(n, frames) for n in split_tokens(total, min(length, total))])

@@ -96,7 +96,7 @@ def measure_bench(bench: LayerBench, opts: ProfileOptions, progress: Any = None
     o, reps = opts.resolved(), opts.repeats
     assert o.min_tokens and o.max_tokens and o.heldout is not None
     layer = bench.build_layer()
-    grid = packing_grid(bench, o.min_tokens, o.max_tokens, quick=o.quick)
+    grid = packing_grid(bench, o.min_tokens, o.max_tokens)
     # One untimed pass over the largest point first: thread pools, allocator growth and kernel
     # selection happen once per process and would otherwise inflate the first points.
     measure_layer(layer, bench, grid[-1], Repeats(warmup=1, repeats=1))
