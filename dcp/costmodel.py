@@ -493,14 +493,24 @@ class CostModel:
         return self.static_bytes + self.activation_bytes_per_token(sp_size, ckpt_layers) * tokens
 
     def max_tokens(self, sp_size: int, ckpt_layers: int) -> int:
-        """Largest micro-batch (tokens) that fits memory at (p, r); 0 if none."""
+        """Largest micro-batch (tokens) that fits memory at (p, r) and that the profile can price; 0 if none."""
         room = self.cluster.memory_bytes - self.static_bytes
         if room <= 0:
             return 0
-        return int(room // self.activation_bytes_per_token(sp_size, ckpt_layers))
+        fits = int(room // self.activation_bytes_per_token(sp_size, ckpt_layers))
+        return int(min(fits, self.priceable_tokens(sp_size)))
+
+    def priceable_tokens(self, sp_size: int) -> float:
+        """Largest micro-batch a fitted profile may price at SP size p (inf for FLOP-derived ones):
+        beyond `extrapolation_factor` times the largest fitted point the model refuses to guess."""
+        cap = self.fit.max_fitted_tokens
+        return cap * self.hardware.extrapolation_factor * sp_size if cap else math.inf
 
     def min_ckpt_layers(self, tokens: float, sp_size: int) -> int | None:
-        """Fewest checkpointed layers for which `tokens` fit at SP size p; None if even K does not."""
+        """Fewest checkpointed layers for which `tokens` fit at SP size p; None if even K does not,
+        or if the micro-batch lies beyond the range the profile can price."""
+        if tokens > self.priceable_tokens(sp_size):
+            return None
         k = self.model.num_layers
         room = self.cluster.memory_bytes - self.static_bytes
         f = self.fit
@@ -529,7 +539,7 @@ class CostModel:
         if not 0 <= ckpt_layers <= self.model.num_layers:
             raise CostModelError(f"checkpointed layers {ckpt_layers} outside 0..{self.model.num_layers}")
         cap = self.fit.max_fitted_tokens
-        if cap and tokens / sp_size > cap * self.hardware.extrapolation_factor:
+        if tokens > self.priceable_tokens(sp_size):
             raise CostModelError(
                 f"micro-batch of {tokens / sp_size:.0f} tokens per GPU is beyond the profile's fitted range "
                 f"({cap} tokens) by more than {self.hardware.extrapolation_factor}x; profile longer sequences"
