@@ -128,6 +128,16 @@ def test_refuses_beyond_fitted_range() -> None:
         cm.time_s(4001, 0, 1, 0)
     with pytest.raises(CostModelError, match="beyond the profile's fitted range"):
         cm.memory_bytes(40000, 8, 0)
+    # Planners ask min_ckpt_layers / max_tokens: beyond the range is "does not fit", not a crash.
+    assert cm.min_ckpt_layers(4000, 1) is not None
+    assert cm.min_ckpt_layers(4001, 1) is None
+    assert cm.max_tokens(1, 0) == 4000
+    from dcp.data import Sample
+    from dcp.planner import BucketOptions, InfeasibleError, solve
+
+    batch = [Sample(0, 100, 5050), Sample(7, 40000, 800020000)]
+    with pytest.raises(InfeasibleError, match="sample 7 .* beyond what the profile can price"):
+        solve(batch, cm.cluster, cm, BucketOptions())
 
 
 def test_check_refuses_bad_sp_and_ckpt() -> None:
