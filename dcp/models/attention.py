@@ -79,10 +79,15 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: Pack
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     out = []
     offsets = seqs.offsets()
-    for i, frames in enumerate(seqs.frames):
-        a, b = offsets[i], offsets[i + 1]
+    sizes = [offsets[i + 1] - offsets[i] for i in range(len(seqs.frames))]
+    if q.shape[0] > offsets[-1]:
+        sizes.append(q.shape[0] - offsets[-1])
+    # split, not q[a:b]: a slice's backward zero-fills a full-size gradient per sample, which made
+    # backward grow with samples x tokens (the profiler saw 273 vs 109 ms for 128 short samples).
+    parts = zip(q.split(sizes), k.split(sizes), v.split(sizes), seqs.frames, strict=False)
+    for qi, ki, vi, frames in parts:
         o = F.scaled_dot_product_attention(
-            _blocks(q[a:b], frames, kind), _blocks(k[a:b], frames, kind), _blocks(v[a:b], frames, kind),
+            _blocks(qi, frames, kind), _blocks(ki, frames, kind), _blocks(vi, frames, kind),
             is_causal=kind == "causal")
         out.append(_unblocks(o, frames, kind))
     return torch.cat(out)
