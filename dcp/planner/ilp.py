@@ -26,18 +26,23 @@ from dcp.data.workloads import Sample
 from dcp.planner.bounds import lower_bound
 from dcp.planner.common import allowed_sp_sizes, assemble, check_feasible
 from dcp.planner.ilp_costs import CostTable, cost_table, memoized
+from dcp.planner.ilp_lns import lns
 from dcp.planner.ilp_model import solve_classes
 from dcp.planner.ilp_pack import Groups, groups_of_plan, heuristic, improve, multifit, to_plan
 from dcp.planner.ilp_solvers import SOLVERS
 from dcp.planner.options import BucketOptions, GreedyOptions, IlpOptions, PackedOptions
-from dcp.planner.plan import Plan
+from dcp.planner.plan import InfeasibleError, Plan
 
 EXACT_MAX_SAMPLES = 6
 """Batches up to this many samples (on up to `EXACT_MAX_GPUS`) get the exact program."""
 EXACT_MAX_GPUS = 8
 _ROUNDS = 2
 """Program solves per batch: the second starts from the first's plan, with tighter cuts."""
+_LNS_ROUNDS = 12
+"""Neighbourhood re-solves after each program solve."""
 _SEARCH_ITERS = 300
+_MIN_SOLVE_S = 0.03
+"""A program round starts only with this much time left besides the reserve."""
 """Local-search steps after each warm start and after each program solve (deterministic)."""
 
 
@@ -86,80 +91,116 @@ def solve_ilp(batch: Sequence[Sample], cm: CostModel, options: IlpOptions) -> Pl
     cm = memoized(cm)
     sizes = allowed_sp_sizes(cm, options.sp_sizes)
     check_feasible(batch, cm, sizes)
-    batch = list(batch)
-    table = cost_table(batch, cm, sizes)
-    index = {s.id: k for k, s in enumerate(batch)}
-    sync, n_gpus, cap = cm.grad_sync_s(), cm.cluster.num_gpus, options.max_microbatches
-    proven = lower_bound(batch, cm, sizes) - sync  # on busy time
-    best = _Best()
-    notes: list[str] = []
+    run = _Run(list(batch), cm, sizes, options, deadline)
+    run.warm_start()
+    warm_source, warm_s = run.best.source, time.perf_counter() - started
+    if len(run.batch) <= EXACT_MAX_SAMPLES and cm.cluster.num_gpus <= EXACT_MAX_GPUS:
+        run.exact_program()
+    else:
+        run.aggregated_program()
+    if run.failed is not None:
+        msg = f"ilp: {options.solver} failed ({run.failed}); returning the warm start ({warm_source})"
+        warnings.warn(msg, stacklevel=3)
+        run.notes.append(msg)
+    run.notes.append(f"best plan from: {run.best.source}")
+    run.notes.append(f"seconds: warm start {warm_s:.3f}, program and search {time.perf_counter() - started - warm_s:.3f}")
+    plan = run.best.plan
+    assert plan is not None
+    return _finish(plan, run.proven + run.sync, started, f"{options.solver}: {run.status}", run.notes)
 
-    def price(groups: Groups) -> Plan | None:
-        return to_plan(groups, batch, cm, table, cap, lower_bound_s=proven + sync)
 
-    # 1. warm start: baselines (re-priced with the fewest checkpointed layers), heuristic, local search
-    for plan in baseline_plans(batch, cm, sizes):
-        groups = groups_of_plan(plan, table, index)
-        if groups is None or (cap is not None and any(len(g.microbatches) > cap for g in plan.groups)):
-            continue
-        layout = [(g.ranks[0], g.sp, [mb.samples for mb in g.microbatches]) for g in plan.groups]
-        best.offer(assemble("ilp", batch, cm, layout, lower_bound_s=proven + sync), groups, plan.strategy)
-    for name, groups in [("heuristic", heuristic(table, n_gpus, proven)), ("incumbent", best.groups)]:
-        if groups is not None:
-            groups = improve(groups, table, deadline, _SEARCH_ITERS)
-            best.offer(price(groups), groups, f"{best.source}+search" if name == "incumbent" else name)
-    if best.plan is None:
-        raise RuntimeError("ilp: no warm-start plan could be built")  # heuristic always yields one
-    warm_source = best.source
+class _Run:
+    """One solve's state: the batch, its cost table, the incumbent and the proven bound."""
 
-    # 2./3. the program
-    status, failed = "warm start", None
-    if len(batch) <= EXACT_MAX_SAMPLES and n_gpus <= EXACT_MAX_GPUS:
+    def __init__(self, batch: list[Sample], cm: CostModel, sizes: list[int], options: IlpOptions,
+                 deadline: float) -> None:
+        self.batch, self.cm, self.sizes, self.options, self.deadline = batch, cm, sizes, options, deadline
+        self.table = cost_table(batch, cm, sizes)
+        self.sync = cm.grad_sync_s()
+        self.proven = lower_bound(batch, cm, sizes) - self.sync  # proven bound on the busy time
+        self.best = _Best()
+        self.notes: list[str] = []
+        self.status, self.failed = "warm start", None
+
+    def left(self) -> float:
+        return self.deadline - time.perf_counter()
+
+    def price(self, groups: Groups) -> Plan | None:
+        return to_plan(groups, self.batch, self.cm, self.table, self.options.max_microbatches,
+                       lower_bound_s=self.proven + self.sync)
+
+    def warm_start(self) -> None:
+        """Baselines (re-priced with the fewest checkpointed layers), the heuristic, local search."""
+        cap, index = self.options.max_microbatches, {s.id: k for k, s in enumerate(self.batch)}
+        for plan in baseline_plans(self.batch, self.cm, self.sizes):
+            groups = groups_of_plan(plan, self.table, index)
+            if groups is None or (cap is not None and any(len(g.microbatches) > cap for g in plan.groups)):
+                continue
+            layout = [(g.ranks[0], g.sp, [mb.samples for mb in g.microbatches]) for g in plan.groups]
+            repriced = assemble("ilp", self.batch, self.cm, layout, lower_bound_s=self.proven + self.sync)
+            self.best.offer(repriced, groups, plan.strategy)
+        first = heuristic(self.table, self.cm.cluster.num_gpus, self.proven)
+        for name, groups in [("heuristic", first), ("incumbent", self.best.groups)]:
+            if groups is not None:
+                groups = improve(groups, self.table, self.deadline, _SEARCH_ITERS)
+                self.best.offer(self.price(groups), groups,
+                                f"{self.best.source}+search" if name == "incumbent" else name)
+        if self.best.plan is None:
+            raise InfeasibleError(f"ilp: no plan found with at most {cap} micro-batches per group")
+
+    def exact_program(self) -> None:
+        """Tiny batches: the exact program, proven optimal within the time limit."""
         from dcp.planner.ilp_exact import solve_exact
 
         try:
-            res = solve_exact(batch, cm, table, options, _busy(best.plan), deadline - time.perf_counter())
+            res = solve_exact(self.batch, self.cm, self.table, self.options, _busy(self.best.plan), self.left())
         except Exception as e:  # the solver must never take the planner down
-            res, failed = None, f"{type(e).__name__}: {e}"
-        if res is not None:
-            layout, bound, status = res
-            proven = max(proven, bound)
-            if layout is not None:
-                best.offer(assemble("ilp", batch, cm, layout, lower_bound_s=proven + sync), None, "exact program")
-        elif failed is None:
-            failed = "no solution"
-    else:
+            res, self.failed = None, f"{type(e).__name__}: {e}"
+        if res is None:
+            self.failed = self.failed or "no solution"
+            return
+        layout, bound, self.status = res
+        self.proven = max(self.proven, bound)
+        if layout is not None:
+            plan = assemble("ilp", self.batch, self.cm, layout, lower_bound_s=self.proven + self.sync)
+            self.best.offer(plan, None, "exact program")
+
+    def aggregated_program(self) -> None:
+        """The class program, its answer spread over groups and searched; a second round starts
+        from the better incumbent with tighter cuts."""
+        reserve = _reserve(len(self.batch))
         for _ in range(_ROUNDS):
-            if _gap(best.plan, proven + sync) <= options.mip_rel_gap:
+            if self.gap() <= self.options.mip_rel_gap or self.left() < reserve + _MIN_SOLVE_S:
                 break
             try:
-                sol = solve_classes(table, n_gpus, _busy(best.plan), proven, best.groups, options.solver,
-                                    deadline - _reserve(len(batch)), options.mip_rel_gap)
+                sol = solve_classes(self.table, self.cm.cluster.num_gpus, _busy(self.best.plan), self.proven,
+                                    self.best.groups, self.options.solver, self.deadline - reserve,
+                                    self.options.mip_rel_gap)
             except Exception as e:  # the solver must never take the planner down
-                sol, failed = None, f"{type(e).__name__}: {e}"
+                sol, self.failed = None, f"{type(e).__name__}: {e}"
             if sol is None:
-                failed = failed or "no solution"
-                break
-            status = sol.status
-            proven = max(proven, sol.bound)
-            groups = _spread(sol.counts, sol.classes, table)
+                self.failed = self.failed or "no solution"
+                return
+            self.status = sol.status
+            self.proven = max(self.proven, sol.bound)
+            groups = _spread(sol.counts, sol.classes, self.table)
             if groups is None:
-                break
-            groups = improve(groups, table, deadline, _SEARCH_ITERS)
-            if not best.offer(price(groups), groups, "aggregated program"):
-                break
-    if failed is not None:
-        msg = f"ilp: {options.solver} failed ({failed}); returning the warm start ({warm_source})"
-        warnings.warn(msg, stacklevel=2)
-        notes.append(msg)
-    plan = best.plan
-    notes.append(f"best plan from: {best.source}")
-    return _finish(plan, proven + sync, started, f"{options.solver}: {status}", notes)
+                return
+            groups = improve(groups, self.table, self.deadline - reserve, _SEARCH_ITERS)
+            target = (self.proven + self.sync) / (1 - self.options.mip_rel_gap) - self.sync
+            groups = lns(groups, self.table, self.options.solver, self.deadline - reserve, _LNS_ROUNDS, target)
+            groups = improve(groups, self.table, self.deadline - reserve, _SEARCH_ITERS)
+            if not self.best.offer(self.price(groups), groups, "aggregated program"):
+                return
+
+    def gap(self) -> float:
+        assert self.best.plan is not None
+        return _gap(self.best.plan, self.proven + self.sync)
 
 
 def _reserve(n: int) -> float:
-    """Seconds kept back for spreading, local search and pricing after the solver stops."""
-    return 0.03 + 1e-4 * n
+    """Seconds kept back for pricing (and validating) the final plan after the search stops."""
+    return 0.02 + 5e-5 * n
 
 
 def _gap(plan: Plan, bound_s: float) -> float:

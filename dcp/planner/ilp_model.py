@@ -30,7 +30,7 @@ SMALL = 0.03
 """A sample whose fastest solo time is below this fraction of U is treated as fluid."""
 RATIO_TOL = 0.005
 """Fluid bucket: each size's load ratio (to the bucket's reference size) varies by at most this."""
-LEVELS = 12
+LEVELS = 8
 """Busy-time levels between the lower bound and the incumbent at which bin-packing cuts apply."""
 
 

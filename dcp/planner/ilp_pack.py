@@ -24,6 +24,8 @@ from dcp.planner.plan import Plan
 
 Groups = list[tuple[int, list[int]]]
 _TOL = 1e-9
+_SWAP_TOP = 24
+"""Swaps try this many of the slowest group's largest samples."""
 
 
 class _Loads:
@@ -45,8 +47,8 @@ class _Loads:
             self.base[g] = self.marg[ids, j].sum()
             self.tok[g] = self.short_tok[ids, j].sum()
 
-    def est(self, base: np.ndarray, tok: np.ndarray, gj: np.ndarray) -> np.ndarray:
-        """base + fixed(p, 0) * ceil(tokens / max_tokens(p, 0)) for each group."""
+    def est(self, base: np.ndarray, tok: np.ndarray, gj: np.ndarray | int) -> np.ndarray:
+        """base + fixed(p, 0) * ceil(tokens / max_tokens(p, 0)), elementwise (broadcasting)."""
         cap = np.maximum(self.t.cap0[gj], 1)
         return base + self.t.fixed0[gj] * np.ceil(tok / cap - 1e-12)
 
@@ -65,49 +67,53 @@ class _Loads:
 def improve(groups: Groups, table: CostTable, deadline: float, max_iter: int = 2000) -> Groups:
     """Local search: repeatedly apply the move or swap involving the slowest group that most
     lowers the larger of the two touched groups' times, while that stays below the slowest
-    group's time. Deterministic (ties go to the lowest index)."""
+    group's time. Swaps consider the slowest group's `_SWAP_TOP` largest samples against every
+    other sample. Deterministic (ties go to the lowest index); `deadline` is a safety net."""
     if len(groups) < 2:
         return groups
     st = _Loads(groups, table)
-    n_groups = len(groups)
     for it in range(max_iter):
-        if it % 16 == 0 and time.perf_counter() > deadline:
+        if it % 8 == 0 and time.perf_counter() > deadline:
             break
         loads = st.loads()
         c = int(np.argmax(loads))
         lc, jc = loads[c], st.gj[c]
         members = np.flatnonzero(st.where == c)
-        others = np.flatnonzero(st.where != c)
-        og = st.where[others]
-        oj = st.gj[og]
+        base_c = st.base[c] - st.marg[members, jc]
+        tok_c = st.tok[c] - st.short_tok[members, jc]
+        new_c = st.est(base_c, tok_c, jc)
+        # moves: member s to group h
+        new_h = st.est(st.base[None, :] + st.marg[members][:, st.gj],
+                       st.tok[None, :] + st.short_tok[members][:, st.gj], st.gj[None, :])
+        new_h[:, c] = math.inf
+        val = np.maximum(new_h, new_c[:, None])
+        k = int(np.argmin(val))
         best_val, best = lc * (1 - _TOL) - _TOL, None
-        for s in members:
-            base_c, tok_c = st.base[c] - st.marg[s, jc], st.tok[c] - st.short_tok[s, jc]
-            new_c = st.est(np.array([base_c]), np.array([tok_c]), np.array([jc]))[0]
-            # move s to group h
-            new_h = st.est(st.base + st.marg[s, st.gj], st.tok + st.short_tok[s, st.gj], st.gj)
-            new_h[c] = math.inf
-            val = np.maximum(new_h, new_c)
-            h = int(np.argmin(val))
-            if val[h] < best_val:
-                best_val, best = float(val[h]), (int(s), h, -1)
-            if not len(others):
-                continue
-            # swap s with u (in group og)
-            nc = st.est(base_c + st.marg[others, jc], tok_c + st.short_tok[others, jc], np.full(len(others), jc))
-            nh = st.est(st.base[og] - st.marg[others, oj] + st.marg[s, oj],
-                        st.tok[og] - st.short_tok[others, oj] + st.short_tok[s, oj], oj)
+        if val.flat[k] < best_val:
+            best_val, best = float(val.flat[k]), (int(members[k // val.shape[1]]), k % val.shape[1], -1)
+        # swaps: one of the largest members s with any sample u of another group
+        others = np.flatnonzero(st.where != c)
+        if len(others):
+            top = np.argsort(-st.marg[members, jc], kind="stable")[:_SWAP_TOP]
+            s_idx, og = members[top], st.where[others]
+            oj = st.gj[og]
+            nc = st.est(base_c[top][:, None] + st.marg[others, jc][None, :],
+                        tok_c[top][:, None] + st.short_tok[others, jc][None, :], jc)
+            nh = st.est(st.base[og][None, :] - st.marg[others, oj][None, :] + st.marg[s_idx[:, None], oj[None, :]],
+                        st.tok[og][None, :] - st.short_tok[others, oj][None, :]
+                        + st.short_tok[s_idx[:, None], oj[None, :]], oj[None, :])
             val = np.maximum(nc, nh)
             k = int(np.argmin(val))
-            if val[k] < best_val:
-                best_val, best = float(val[k]), (int(s), int(og[k]), int(others[k]))
+            if val.flat[k] < best_val:
+                r, q = divmod(k, val.shape[1])
+                best_val, best = float(val.flat[k]), (int(s_idx[r]), int(og[q]), int(others[q]))
         if best is None:
             break
         s, h, u = best
         if u >= 0:
             st.move(u, c)
         st.move(s, h)
-    out: Groups = [(int(st.gj[g]), []) for g in range(n_groups)]
+    out: Groups = [(int(st.gj[g]), []) for g in range(len(groups))]
     for i in range(len(table.tokens)):
         out[st.where[i]][1].append(i)
     return out

@@ -78,7 +78,8 @@ def _highs_class() -> type:
 
 
 def run_solver(prob: pulp.LpProblem, solver: str, time_limit_s: float, gap: float,
-               start: dict[pulp.LpVariable, float] | None, max_nodes: int = MAX_NODES) -> SolveResult:
+               start: dict[pulp.LpVariable, float] | None, max_nodes: int = MAX_NODES,
+               highs_options: dict[str, float | int] | None = None) -> SolveResult:
     """Solve `prob` within `time_limit_s` (wall clock); never raises on solver trouble (the
     status says what happened), only on an unknown or missing solver."""
     if solver not in SOLVERS:
@@ -87,7 +88,7 @@ def run_solver(prob: pulp.LpProblem, solver: str, time_limit_s: float, gap: floa
     if solver == "highs":
         cls = _highs_class()
         s = cls(start, msg=False, timeLimit=limit, gapRel=gap, threads=1, mip_feasibility_tolerance=1e-7,
-                mip_max_nodes=max_nodes)
+                mip_max_nodes=max_nodes, **(highs_options or {}))
         try:
             prob.solve(s)
         except pulp.PulpSolverError as e:

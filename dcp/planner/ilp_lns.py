@@ -1,0 +1,137 @@
+"""Large-neighbourhood search: re-solve exactly, as a small MILP, the assignment of every sample
+in the slowest group and a few others with slack, keeping their sizes. It finds the
+multi-sample rearrangements single moves and swaps miss (a class program's solution that LPT
+cannot pack, say). Each neighbourhood is an unrelated-machines makespan problem:
+
+    min Z   s.t.  sum_g c[t, g] = |t|                 (L1) every sample of type t placed
+                  sum_t a[t, g] c[t, g] <= Z          (L2) every group within Z
+
+with a[t, g] the additive time estimate of a type-t sample at group g's size and c integer
+(identical samples share one count). Warm-started from the current assignment.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pulp
+
+from dcp.planner.ilp_costs import CostTable
+from dcp.planner.ilp_pack import Groups, _Loads
+from dcp.planner.ilp_solvers import new_var, run_solver
+
+NEIGHBOURS = 6
+"""Groups per neighbourhood, the slowest included."""
+MAX_ITEMS = 160
+"""Samples per neighbourhood at most (the slowest group's always count)."""
+LNS_NODES = 50
+"""Node limit per neighbourhood (deterministic)."""
+LNS_SOLUTIONS = 3
+"""Stop a neighbourhood solve at its third improving solution (the start counts): many quick
+rounds beat a few long ones."""
+LNS_GAP = 0.002
+"""Relative gap at which a neighbourhood solve stops: any clear improvement will do."""
+
+
+def _neighbourhood(loads: np.ndarray, gj: np.ndarray, sizes: np.ndarray, c: int, variant: int) -> list[int]:
+    """The slowest group c, the least-loaded group of every other size, then the least-loaded
+    groups overall, starting `variant` places down the list; at most `MAX_ITEMS` samples."""
+    order = [int(g) for g in np.lexsort((np.arange(len(loads)), loads)) if g != c]
+    chosen, items = [c], int(sizes[c])
+
+    def take(g: int) -> None:
+        nonlocal items
+        if len(chosen) < NEIGHBOURS and items + sizes[g] <= MAX_ITEMS and g not in chosen:
+            chosen.append(g)
+            items += int(sizes[g])
+
+    for j in sorted(set(gj.tolist())):
+        g = next((g for g in order if gj[g] == j and g not in chosen), None)
+        if g is not None:
+            take(g)
+    rest = [g for g in order if g not in chosen]
+    start = min(variant, max(len(rest) - 1, 0))
+    for g in rest[start:] + rest[:start]:
+        take(g)
+    return chosen
+
+
+def _solve(groups: Groups, hood: list[int], table: CostTable, solver: str, deadline: float) -> dict[int, int] | None:
+    """New group (index into `groups`) for every sample of the neighbourhood, or None."""
+    types: dict[tuple[int, float], list[int]] = {}
+    for g in hood:
+        for i in groups[g][1]:
+            types.setdefault((int(table.tokens[i]), float(table.pairs[i])), []).append(i)
+    keys = sorted(types)
+    prob = pulp.LpProblem("dcp_ilp_lns", pulp.LpMinimize)
+    z = new_var(prob, "Z", 0)
+    prob += z
+    c: dict[tuple[int, int], pulp.LpVariable] = {}
+    for t, key in enumerate(keys):
+        i0, n = types[key][0], len(types[key])
+        for g in hood:
+            if table.ckpt[i0, groups[g][0]] >= 0:
+                c[t, g] = new_var(prob, f"c_{t}_{g}", 0, n, pulp.LpInteger if n > 1 else pulp.LpBinary)
+        # (L1) every sample of type t placed
+        prob += pulp.lpSum(c[t, g] for g in hood if (t, g) in c) == n, f"L1_{t}"
+    for g in hood:
+        j = groups[g][0]
+        terms = [(c[t, g], float(table.add[types[key][0], j])) for t, key in enumerate(keys) if (t, g) in c]
+        # (L2) every group within Z
+        prob += pulp.LpAffineExpression(terms) <= z, f"L2_{g}"
+    start: dict[pulp.LpVariable, float] = {v: 0.0 for v in c.values()}
+    where = {i: g for g in hood for i in groups[g][1]}
+    for t, key in enumerate(keys):
+        for i in types[key]:
+            start[c[t, where[i]]] += 1.0
+    start[z] = max(sum(float(table.add[i, groups[g][0]]) for i in groups[g][1]) for g in hood)
+    res = run_solver(prob, solver, deadline - time.perf_counter(), LNS_GAP, start, max_nodes=LNS_NODES,
+                     highs_options={"mip_max_improving_sols": LNS_SOLUTIONS})
+    if res.values is None:
+        return None
+    out: dict[int, int] = {}
+    for t, key in enumerate(keys):
+        members = list(types[key])
+        for g in hood:
+            if (t, g) in c:
+                k = int(round(res.values[c[t, g]]))
+                out.update({i: g for i in members[:k]})
+                members = members[k:]
+        if members:
+            return None  # rounding lost a sample: keep the current assignment
+    return out
+
+
+def lns(groups: Groups, table: CostTable, solver: str, deadline: float, rounds: int,
+        target: float = 0.0) -> Groups:
+    """Up to `rounds` neighbourhood solves, each accepted when it lowers the slowest group; stops
+    early once the slowest group's estimate is at most `target`."""
+    groups = [(j, list(ids)) for j, ids in groups]
+    variant = failures = 0
+    for _ in range(rounds):
+        if failures >= 2:
+            break
+        if time.perf_counter() >= deadline or len(groups) < 2:
+            break
+        st = _Loads(groups, table)
+        loads = st.loads()
+        c = int(np.argmax(loads))
+        if loads[c] <= target:
+            break
+        counts = np.bincount(st.where, minlength=len(groups))
+        if counts[c] > MAX_ITEMS:
+            break  # many small samples: moves and swaps balance them well
+        hood = _neighbourhood(loads, st.gj, counts, c, variant)
+        moved = _solve(groups, hood, table, solver, deadline)
+        if moved is None:
+            break
+        trial = [(j, [i for i in ids if i not in moved]) for j, ids in groups]
+        for i in sorted(moved):
+            trial[moved[i]][1].append(i)
+        new = _Loads(trial, table).loads()
+        if new[hood].max() < loads[c] * (1 - 1e-9):
+            groups, variant, failures = trial, 0, 0
+        else:
+            variant, failures = variant + NEIGHBOURS - 1, failures + 1  # try other partners
+    return groups
