@@ -1,8 +1,9 @@
 """The static baselines DCP is measured against: bucket parallel and token-budget packing.
 
 Both fix one SP size for the whole step (the smallest that fits the batch's longest sample with
-every layer checkpointed) and split the cluster into N/p identical groups; they differ in how
-samples become micro-batches and how micro-batches reach groups.
+every layer checkpointed, or `static_sp`: one size for the whole training, as the DCP paper's
+baselines run) and split the cluster into N/p identical groups; they differ in how samples
+become micro-batches and how micro-batches reach groups.
 """
 
 from __future__ import annotations
@@ -55,14 +56,31 @@ def group_share(count: int, sp_size: int, num_gpus: int) -> int:
     return max(1, -(-count * sp_size // num_gpus))
 
 
-def static_sp_size(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int]) -> int:
-    """The smallest allowed SP size at which the batch's longest sample fits fully checkpointed."""
-    longest = max(s.tokens for s in batch)
+def smallest_fitting_sp(tokens: int, cm: CostModel, sizes: Sequence[int]) -> int:
+    """The smallest allowed SP size at which a sample of `tokens` fits fully checkpointed.
+
+    Given a dataset's longest sample, this is the static SP size bucket parallel trains with."""
     for p in sorted(sizes):
-        if cm.min_ckpt_layers(longest, p) is not None:
+        if cm.min_ckpt_layers(tokens, p) is not None:
             return p
-    # check_feasible has already proven the largest size fits; reaching here is a caller bug.
-    raise InfeasibleError(f"no allowed SP size {list(sizes)} fits a sample of {longest} tokens")
+    raise InfeasibleError(f"no allowed SP size {list(sizes)} fits a sample of {tokens} tokens")
+
+
+def static_sp_size(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int],
+                   fixed: int | None = None) -> int:
+    """The SP size of a static baseline: `fixed` (checked against the allowed sizes and the
+    batch's longest sample) or else the smallest allowed size that fits the batch's longest
+    sample fully checkpointed."""
+    longest = max(s.tokens for s in batch)
+    if fixed is None:
+        # check_feasible has already proven the largest size fits.
+        return smallest_fitting_sp(longest, cm, sizes)
+    if fixed not in sizes:
+        raise InfeasibleError(f"static SP size {fixed} is not among the allowed sizes {list(sizes)}")
+    if cm.min_ckpt_layers(longest, fixed) is None:
+        raise InfeasibleError(f"static SP size {fixed} does not fit the batch's longest sample "
+                              f"({longest} tokens) even with every layer checkpointed")
+    return fixed
 
 
 def solve_bucket(batch: Sequence[Sample], cm: CostModel, options: BucketOptions | None = None) -> Plan:
@@ -76,7 +94,7 @@ def solve_bucket(batch: Sequence[Sample], cm: CostModel, options: BucketOptions 
     options = options or BucketOptions()
     sizes = allowed_sp_sizes(cm, options.sp_sizes)
     check_feasible(batch, cm, sizes)
-    p, k = static_sp_size(batch, cm, sizes), cm.model.num_layers
+    p, k = static_sp_size(batch, cm, sizes, options.static_sp), cm.model.num_layers
     n_groups = cm.cluster.num_gpus // p
     mbs_per_group: list[list[list[int]]] = [[] for _ in range(n_groups)]
     turn = 0
@@ -138,7 +156,7 @@ def solve_packed(batch: Sequence[Sample], cm: CostModel, options: PackedOptions 
     options = options or PackedOptions()
     sizes = allowed_sp_sizes(cm, options.sp_sizes)
     check_feasible(batch, cm, sizes)
-    p, k = static_sp_size(batch, cm, sizes), cm.model.num_layers
+    p, k = static_sp_size(batch, cm, sizes, options.static_sp), cm.model.num_layers
     budget = options.token_budget or min(
         micro_batch_token_limit(cm, p, k),
         group_share(sum(s.tokens for s in batch), p, cm.cluster.num_gpus),

@@ -13,12 +13,24 @@ class StrategyOptions:
     name = "base"
 
 
+def _check_static_sp(static_sp: int | None) -> None:
+    if static_sp is not None and (static_sp < 1 or static_sp & (static_sp - 1)):
+        raise ValueError(f"static_sp must be a power of two, got {static_sp}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class BucketOptions(StrategyOptions):
     """Bucket parallel: one static SP size (the smallest that fits the batch's longest sample),
     a batch size per length bucket, full checkpointing, no balancing across groups."""
 
+    static_sp: int | None = None
+    """SP size fixed for the whole training, as the DCP paper's bucket parallel chooses it (the
+    smallest that fits the dataset's longest sample, see `baselines.smallest_fitting_sp`);
+    None: the smallest that fits this batch's longest sample."""
     name = "bucket"
+
+    def __post_init__(self) -> None:
+        _check_static_sp(self.static_sp)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,7 +39,12 @@ class PackedOptions(StrategyOptions):
 
     token_budget: int | None = None
     """Tokens per micro-batch; None: the most that fit at the static SP size fully checkpointed."""
+    static_sp: int | None = None
+    """SP size fixed for the whole training; None: the smallest that fits the batch's longest sample."""
     name = "packed"
+
+    def __post_init__(self) -> None:
+        _check_static_sp(self.static_sp)
 
 
 @dataclass(frozen=True, kw_only=True)
