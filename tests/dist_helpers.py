@@ -3,7 +3,8 @@
 `run_ranks(fn, world_size, *args)` starts one process per rank, initializes gloo through a
 file store, calls `fn(rank, world_size, *args)` and returns what each rank returned, or
 raises if a rank failed, died, or did not finish before the deadline (the processes are then
-terminated, by their own ids, so a hang fails the test instead of the suite)."""
+terminated, by their own ids, so a hang fails the test instead of the suite). `check_grads`
+judges what gradient-comparing workers return."""
 
 from __future__ import annotations
 
@@ -91,3 +92,17 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, deadline_s: f
     if failed:
         raise AssertionError("\n".join(f"rank {r.rank} failed: {r.error}" for r in failed))
     return [r.value for r in results]
+
+
+GradResult = tuple[str, int, float, float]
+"""(model name, step, rank 0's relative gradient difference from its reference (0.0 elsewhere), loss)."""
+
+
+def check_grads(results: list[list[GradResult]], tolerance: float, reference: str = "single process") -> None:
+    """Rank 0's largest gradient difference is within `tolerance`, and every rank reports the same
+    global loss every step."""
+    worst = max(diff for _, _, diff, _ in results[0])
+    print(f"max relative grad diff vs {reference} {worst:.2e} over {len(results[0])} steps")
+    assert worst <= tolerance, results[0]
+    for rank_results in results[1:]:
+        assert [r[3] for r in rank_results] == [r[3] for r in results[0]]

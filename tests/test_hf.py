@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from dist_helpers import run_ranks
+from dist_helpers import check_grads, run_ranks
 
 from dcp.data import Sample
 from dcp.executor.batch import PackedBatch
@@ -182,19 +182,11 @@ def refused_heads_worker(rank: int, world: int) -> str:
     return "no error"
 
 
-def _check(results: list[list[tuple[str, int, float, float]]]) -> None:
-    worst = max(diff for _, _, diff, _ in results[0])
-    print(f"max relative grad diff vs plain HF {worst:.2e} over {len(results[0])} steps")
-    assert worst <= TOLERANCE, results[0]
-    for rank_results in results[1:]:  # every rank reports the same global loss
-        assert [r[3] for r in rank_results] == [r[3] for r in results[0]]
-
-
 def test_two_ranks_match_plain_hf_and_refuse_unsplittable_heads() -> None:
-    _check(run_ranks(grads_worker, 2, ["llama", "mistral"], 3, deadline_s=120))
+    check_grads(run_ranks(grads_worker, 2, ["llama", "mistral"], 3, deadline_s=120), TOLERANCE, "plain HF")
     for error in run_ranks(refused_heads_worker, 2, deadline_s=60, pg_timeout_s=10):
         assert "SP size 2, which does not divide the model's 6 heads and 3 KV heads" in error
 
 
 def test_four_ranks_match_plain_hf() -> None:
-    _check(run_ranks(grads_worker, 4, ["llama", "qwen2"], 4, deadline_s=150))
+    check_grads(run_ranks(grads_worker, 4, ["llama", "qwen2"], 4, deadline_s=150), TOLERANCE, "plain HF")
