@@ -17,16 +17,12 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from dcp.costmodel import Cluster, CostModel, TrainingSetup, load_hardware
-from dcp.data import GlobalBatchSampler, load_workload
-from dcp.executor import ParallelState, sharded_optimizer
+from dcp.executor import sharded_optimizer
 from dcp.executor.hf import (
     causal_lm_loss,
     hf_executor,
@@ -35,63 +31,46 @@ from dcp.executor.hf import (
     plain_hf_step,
 )
 from dcp.executor.reference import relative_grad_diff
+from dcp.launch import RunOptions, init_distributed, planned_batches, step_summary
 from dcp.models import sample_tensors
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args() -> tuple[argparse.Namespace, RunOptions]:
+    """(the model's shape, the run's options)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layers", type=int, default=2, help="decoder layers of the Llama")
     p.add_argument("--hidden", type=int, default=64, help="hidden size")
     p.add_argument("--heads", type=int, default=8, help="attention heads")
     p.add_argument("--kv-heads", type=int, default=4, help="key/value heads (GQA)")
     p.add_argument("--vocab", type=int, default=256, help="vocabulary size")
-    p.add_argument("--workload", default="lognormal:mean=64,sigma=1,min=8,max=512",
-                   help="dcp.data.load_workload spec (sample lengths)")
-    p.add_argument("--strategy", default="dcp-greedy", help="planner strategy: dcp-greedy, ilp, bucket, packed")
-    p.add_argument("--global-batch", type=int, default=32, help="samples per global batch")
-    p.add_argument("--memory-mb", type=float, default=None,
-                   help="usable memory per rank for the planner (small values force SP and checkpointing)")
-    p.add_argument("--steps", type=int, default=20, help="training steps")
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--check-grads", action="store_true", help="compare gradients with plain HF every step")
-    return p.parse_args()
+    RunOptions.add_arguments(p)
+    args = p.parse_args()
+    return args, RunOptions.from_args(args)
 
 
 def main() -> None:
-    args = parse_args()
-    cuda = torch.cuda.is_available()
-    if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=5))
-    world, rank = dist.get_world_size(), dist.get_rank()
-    state = ParallelState.create(timeout_s=300)
+    shape, options = parse_args()
+    state = init_distributed(timeout_s=300)
+    rank, cuda = state.rank, state.device.type == "cuda"
 
-    config = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=2 * args.hidden,
-                         num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                         num_key_value_heads=args.kv_heads, max_position_embeddings=4096)
-    torch.manual_seed(args.seed)
+    config = LlamaConfig(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=2 * shape.hidden,
+                         num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+                         num_key_value_heads=shape.kv_heads, max_position_embeddings=4096)
+    torch.manual_seed(options.seed)
     model = LlamaForCausalLM(config).to(state.device)
-    reference = copy.deepcopy(model) if args.check_grads and rank == 0 else None  # stays plain HF (sdpa)
-    executor = hf_executor(model, state, autocast_dtype=None if args.check_grads else "auto")
-    optimizer = sharded_optimizer(model.parameters(), lr=args.lr)
+    reference = copy.deepcopy(model) if options.check_grads and rank == 0 else None  # stays plain HF (sdpa)
+    executor = hf_executor(model, state, autocast_dtype=None if options.check_grads else "auto")
+    optimizer = sharded_optimizer(model.parameters(), lr=options.lr)
 
     spec = model_spec_from_hf_config(config, name="hf-llama", bytes_per_element=2 if cuda else 4)
-    hw = load_hardware("h200-sxm" if cuda else "cpu")
-    per_node = torch.cuda.device_count() if cuda else world
-    cluster = Cluster(num_gpus=world, gpus_per_node=min(per_node, world),
-                      memory_bytes=args.memory_mb * 1e6 if args.memory_mb else hw.memory_bytes)
-    cm = CostModel(spec, hw, cluster, TrainingSetup(precision="bf16" if cuda else "fp32", zero_stage=1))
     # Every rank draws and plans the same batches (dcp-greedy is deterministic; ilp is not, so
     # with ilp the executor's plan-digest check would flag ranks whose time-limited solves differ).
-    sampler = GlobalBatchSampler.from_workload(load_workload(args.workload, seed=args.seed), cm,
-                                               batch_size=args.global_batch, strategy=args.strategy,
-                                               seed=args.seed, workers=0)
+    sampler = planned_batches(spec, state, options)
     worst = 0.0
-    for step, planned in zip(range(args.steps), sampler, strict=False):
+    for step, planned in zip(range(options.steps), sampler, strict=False):
         plan = planned.plan
         wanted = plan.sample_map() if reference is not None else planned.local_samples(rank)
-        ids = {i: sample_tensors(spec, plan.sample_map()[i], seed=args.seed)["inputs"] for i in wanted}
+        ids = {i: sample_tensors(spec, plan.sample_map()[i], seed=options.seed)["inputs"] for i in wanted}
         if reference is not None:
             reference.load_state_dict(model.state_dict())
         stats = executor.step(plan, {i: lm_sample(x) for i, x in ids.items()}, causal_lm_loss)
@@ -101,12 +80,9 @@ def main() -> None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if rank == 0:
-            groups = " ".join(f"sp{g.sp}:{len(g.microbatches)}mb" for g in plan.groups)
-            print(f"step {step:3d} loss {stats.loss:.4f} tokens {stats.loss_tokens:5d} groups [{groups}] "
-                  f"predicted {stats.predicted_step_s * 1e3:8.2f} ms measured {stats.measured_step_s * 1e3:8.2f} ms",
-                  flush=True)
+            print(step_summary(step, plan, stats), flush=True)
     sampler.close()
-    if args.check_grads and rank == 0:
+    if options.check_grads and rank == 0:
         print(f"max_grad_diff={worst:.3e}", flush=True)
     dist.destroy_process_group()
 

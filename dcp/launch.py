@@ -1,0 +1,117 @@
+"""Starting a training job under torchrun: what every training script shares before its model.
+
+    parser = argparse.ArgumentParser(); RunOptions.add_arguments(parser)
+    options = RunOptions.from_args(parser.parse_args())
+    state = init_distributed()                        # process groups on nccl (GPUs) or gloo (CPU)
+    sampler = planned_batches(spec, state, options)   # planned global batches for this cluster
+    for step, planned in zip(range(options.steps), sampler): ...
+
+Every rank draws and plans the same batches (dcp-greedy is deterministic; a time-limited ilp
+solve is not, so with ilp broadcast rank 0's plan, `dcp.executor.broadcast_plan`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from dcp.costmodel import Cluster, CostModel, ModelSpec, TrainingSetup, load_hardware
+from dcp.data import GlobalBatchSampler, load_workload
+from dcp.executor import ParallelState, StepStats
+from dcp.planner.plan import Plan
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """The data, planner and loop settings of a training run."""
+
+    workload: str = "lognormal:mean=64,sigma=1,min=8,max=512"
+    """`dcp.data.load_workload` spec of the sample lengths (scaled down for a tiny model)."""
+    strategy: str = "dcp-greedy"
+    """Planner strategy: dcp-greedy, ilp, bucket, packed."""
+    global_batch: int = 32
+    """Samples per global batch."""
+    memory_mb: float | None = None
+    """Usable memory per rank for the planner (small values force SP and checkpointing); None:
+    the hardware profile's."""
+    hardware: str | None = None
+    """Hardware profile of the cost model; None: h200-sxm on GPUs, cpu otherwise."""
+    steps: int = 20
+    """Training steps."""
+    lr: float = 3e-3
+    """Learning rate."""
+    seed: int = 0
+    """Seed of the workload, the batches and the model's weights."""
+    check_grads: bool = False
+    """Compare every step's gradients with single-process training on the same global batch."""
+
+    def __post_init__(self) -> None:
+        if self.global_batch <= 0:
+            raise ValueError(f"global batch must be positive, got {self.global_batch}")
+        if self.steps < 0:
+            raise ValueError(f"steps must not be negative, got {self.steps}")
+        if self.memory_mb is not None and self.memory_mb <= 0:
+            raise ValueError(f"memory per rank must be positive, got {self.memory_mb} MB")
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """One --option per field, with the field's default."""
+        d = cls()
+        parser.add_argument("--workload", default=d.workload,
+                            help="dcp.data.load_workload spec of the sample lengths")
+        parser.add_argument("--strategy", default=d.strategy,
+                            help="planner strategy: dcp-greedy, ilp, bucket, packed")
+        parser.add_argument("--global-batch", type=int, default=d.global_batch, help="samples per global batch")
+        parser.add_argument("--memory-mb", type=float, default=d.memory_mb,
+                            help="usable memory per rank for the planner (small values force SP and checkpointing)")
+        parser.add_argument("--hardware", default=d.hardware,
+                            help="hardware profile for the cost model (default: cpu, or h200-sxm on GPUs)")
+        parser.add_argument("--steps", type=int, default=d.steps, help="training steps")
+        parser.add_argument("--lr", type=float, default=d.lr, help="learning rate")
+        parser.add_argument("--seed", type=int, default=d.seed, help="seed of data, batches and weights")
+        parser.add_argument("--check-grads", action="store_true",
+                            help="compare gradients with single-process training every step")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> RunOptions:
+        """The options from parsed arguments (other attributes of `args` are ignored)."""
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+
+
+def init_distributed(timeout_s: float = 300.0) -> ParallelState:
+    """Join the torchrun job: this rank's GPU from LOCAL_RANK, nccl on GPUs or gloo on CPU, and
+    every aligned process group. `timeout_s` bounds every collective, so a dead rank ends the job
+    with an error instead of a hang."""
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout_s))
+    return ParallelState.create(timeout_s=timeout_s)
+
+
+def planned_batches(spec: ModelSpec, state: ParallelState, options: RunOptions) -> GlobalBatchSampler:
+    """Global batches of the workload, each planned for this job's ranks with a cost model of
+    `spec` on the hardware (bf16 on GPUs, fp32 on CPU; ZeRO-1 as `sharded_optimizer`)."""
+    cuda = state.device.type == "cuda"
+    hw = load_hardware(options.hardware or ("h200-sxm" if cuda else "cpu"))
+    cluster = Cluster(num_gpus=state.world_size, gpus_per_node=state.gpus_per_node,
+                      memory_bytes=options.memory_mb * 1e6 if options.memory_mb else hw.memory_bytes)
+    cm = CostModel(spec, hw, cluster, TrainingSetup(precision="bf16" if cuda else "fp32", zero_stage=1))
+    # Planned inline (workers=0): on a CPU job the ranks already use every core.
+    return GlobalBatchSampler.from_workload(load_workload(options.workload, seed=options.seed), cm,
+                                            batch_size=options.global_batch, strategy=options.strategy,
+                                            seed=options.seed, workers=0)
+
+
+def step_summary(step: int, plan: Plan, stats: StepStats) -> str:
+    """One log line: loss, loss tokens, the plan's groups (SP size: micro-batches), predicted
+    versus measured step time."""
+    groups = " ".join(f"sp{g.sp}:{len(g.microbatches)}mb" for g in plan.groups)
+    return (f"step {step:3d} loss {stats.loss:.4f} tokens {stats.loss_tokens:5d} groups [{groups}] "
+            f"predicted {stats.predicted_step_s * 1e3:8.2f} ms measured {stats.measured_step_s * 1e3:8.2f} ms")
