@@ -36,9 +36,12 @@ from dcp.planner.plan import InfeasibleError, Plan
 EXACT_MAX_SAMPLES = 6
 """Batches up to this many samples (on up to `EXACT_MAX_GPUS`) get the exact program."""
 EXACT_MAX_GPUS = 8
-_ROUNDS = 2
-"""Program solves per batch: the second starts from the first's plan, with tighter cuts."""
-_LNS_ROUNDS = 12
+_ROUNDS_PER_S = 1.0
+"""Program solves per second of time limit (at least one): a second solve starts from the
+first's plan with tighter cuts. Work budgets are counts, not clock readings, so the same inputs
+and options give the same plan unless the wall-clock limit cuts a phase short (then the status
+says `time limit reached`)."""
+_LNS_ROUNDS = 6
 """Neighbourhood re-solves after each program solve."""
 _SEARCH_ITERS = 300
 _MIN_SOLVE_S = 0.03
@@ -46,8 +49,10 @@ _MIN_SOLVE_S = 0.03
 """Local-search steps after each warm start and after each program solve (deterministic)."""
 
 
-def baseline_plans(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int]) -> list[Plan]:
-    """The baseline strategies' plans for this batch (those that exist and succeed)."""
+def baseline_plans(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int],
+                   notes: list[str] | None = None) -> list[Plan]:
+    """The baseline strategies' plans for this batch (those that exist and succeed); why one
+    failed goes to `notes` (a baseline that cannot plan a batch is not the ILP's problem)."""
     from dcp.planner import solve
 
     plans = []
@@ -58,8 +63,8 @@ def baseline_plans(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int])
         except ImportError:
             continue  # that strategy's module is not there
         except Exception as e:  # a baseline's failure must not stop the ILP planner
-            warnings.warn(f"ilp: baseline {opts.name} failed ({type(e).__name__}: {e}); not used as warm start",
-                          stacklevel=3)
+            if notes is not None:
+                notes.append(f"baseline {opts.name} failed ({type(e).__name__}: {e}); not a warm start")
     return plans
 
 
@@ -106,7 +111,10 @@ def solve_ilp(batch: Sequence[Sample], cm: CostModel, options: IlpOptions) -> Pl
     run.notes.append(f"seconds: warm start {warm_s:.3f}, program and search {time.perf_counter() - started - warm_s:.3f}")
     plan = run.best.plan
     assert plan is not None
-    return _finish(plan, run.proven + run.sync, started, f"{options.solver}: {run.status}", run.notes)
+    # Every phase stops at deadline - reserve at the latest; finishing that late means one did.
+    truncated = run.left() < _reserve(len(run.batch)) + 0.005
+    status = run.status + (", time limit reached" if truncated and "time limit" not in run.status else "")
+    return _finish(plan, run.proven + run.sync, started, f"{options.solver}: {status}", run.notes)
 
 
 class _Run:
@@ -132,7 +140,7 @@ class _Run:
     def warm_start(self) -> None:
         """Baselines (re-priced with the fewest checkpointed layers), the heuristic, local search."""
         cap, index = self.options.max_microbatches, {s.id: k for k, s in enumerate(self.batch)}
-        for plan in baseline_plans(self.batch, self.cm, self.sizes):
+        for plan in baseline_plans(self.batch, self.cm, self.sizes, self.notes):
             groups = groups_of_plan(plan, self.table, index)
             if groups is None or (cap is not None and any(len(g.microbatches) > cap for g in plan.groups)):
                 continue
@@ -169,7 +177,7 @@ class _Run:
         """The class program, its answer spread over groups and searched; a second round starts
         from the better incumbent with tighter cuts."""
         reserve = _reserve(len(self.batch))
-        for _ in range(_ROUNDS):
+        for _ in range(max(1, int(_ROUNDS_PER_S * self.options.time_limit_s))):
             if self.gap() <= self.options.mip_rel_gap or self.left() < reserve + _MIN_SOLVE_S:
                 break
             try:
@@ -191,7 +199,7 @@ class _Run:
             groups = lns(groups, self.table, self.options.solver, self.deadline - reserve, _LNS_ROUNDS, target)
             groups = improve(groups, self.table, self.deadline - reserve, _SEARCH_ITERS)
             if not self.best.offer(self.price(groups), groups, "aggregated program"):
-                return
+                break
 
     def gap(self) -> float:
         assert self.best.plan is not None

@@ -25,12 +25,17 @@ NEIGHBOURS = 6
 """Groups per neighbourhood, the slowest included."""
 MAX_ITEMS = 160
 """Samples per neighbourhood at most (the slowest group's always count)."""
-LNS_NODES = 50
+LNS_NODES = 10
 """Node limit per neighbourhood (deterministic)."""
 LNS_SOLUTIONS = 3
 """Stop a neighbourhood solve at its third improving solution (the start counts): many quick
 rounds beat a few long ones."""
 LNS_GAP = 0.002
+_HIGHS_OPTIONS: dict[str, float | int] = {
+    "mip_max_improving_sols": LNS_SOLUTIONS,
+    # Sub-MIP heuristics cost more than they find on these small, warm-started problems.
+    "mip_heuristic_run_rins": False, "mip_heuristic_run_rens": False,
+}
 """Relative gap at which a neighbourhood solve stops: any clear improvement will do."""
 
 
@@ -87,7 +92,7 @@ def _solve(groups: Groups, hood: list[int], table: CostTable, solver: str, deadl
             start[c[t, where[i]]] += 1.0
     start[z] = max(sum(float(table.add[i, groups[g][0]]) for i in groups[g][1]) for g in hood)
     res = run_solver(prob, solver, deadline - time.perf_counter(), LNS_GAP, start, max_nodes=LNS_NODES,
-                     highs_options={"mip_max_improving_sols": LNS_SOLUTIONS})
+                     highs_options=_HIGHS_OPTIONS)
     if res.values is None:
         return None
     out: dict[int, int] = {}

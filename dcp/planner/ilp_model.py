@@ -161,7 +161,7 @@ def _level_cuts(prob: pulp.LpProblem, items: list[_Item], x: dict, n_groups: dic
     p with n_p groups of capacity theta and exact item sizes g (Martello-Toth L2 / Fekete-Schepers
     dual feasible functions):
       (Ck) sum (ceil((k+1) g / theta) - 1) <= k n_p, k = 1..4 (k = 1: one item > theta/2 per group)
-      (C5, C6) theta #{g > theta - a} + sum{a <= g <= theta - a} g <= theta n_p, a = theta/3, theta/4
+      (C5) theta #{g > theta - a} + sum{a <= g <= theta - a} g <= theta n_p, for a in `_alphas`
     """
     zeta: dict[int, pulp.LpVariable] = {}
     exact = [t for t, it in enumerate(items) if it.exact]
@@ -182,8 +182,8 @@ def _level_cuts(prob: pulp.LpProblem, items: list[_Item], x: dict, n_groups: dic
                 prob += busy >= theta * z, f"C0_{lv}"
             gs = g[sized, j]
             rows = [(f"C{k}", np.ceil((k + 1) * gs / theta - 1e-12) - 1, float(k)) for k in (1, 2, 3, 4)]
-            for name, a in (("C5", theta / 3), ("C6", theta / 4)):
-                rows.append((name, np.where(gs > theta - a, theta, np.where(gs >= a, gs, 0.0)), theta))
+            for n, a in enumerate(_alphas(gs, theta)):
+                rows.append((f"C5{n}", np.where(gs > theta - a, theta, np.where(gs >= a, gs, 0.0)), theta))
             for name, coef, per_group in rows:
                 on = np.flatnonzero(coef > 0)
                 if not len(on):
@@ -194,6 +194,16 @@ def _level_cuts(prob: pulp.LpProblem, items: list[_Item], x: dict, n_groups: dic
         if z is not None and lv - 1 in zeta:
             prob += zeta[lv - 1] >= z, f"C0m_{lv}"  # monotone: B >= theta_l implies B >= theta_(l-1)
     return zeta
+
+
+def _alphas(sizes: np.ndarray, theta: float, most: int = 4) -> list[float]:
+    """Parameters a in (0, theta/2] of the Martello-Toth cut: theta/3, theta/4, and theta - g for
+    up to `most` distinct sizes g > theta/2 (then every item >= g counts a whole group, and the
+    items that cannot join it count their size)."""
+    big = np.unique(sizes[(sizes > theta / 2) & (sizes < theta)])
+    if len(big) > most:
+        big = big[np.linspace(0, len(big) - 1, most).round().astype(int)]
+    return [theta / 3, theta / 4] + [float(theta - g) * (1 + 1e-9) for g in big]
 
 
 def _warm_start(items: list[_Item], table: CostTable, start: Groups, upper: float,
