@@ -214,3 +214,12 @@ def test_max_microbatches_is_respected() -> None:
     batch = make_batch([500 + 37 * i for i in range(200)])
     plan = solve(batch, cm.cluster, cm, IlpOptions(max_microbatches=2))
     assert all(len(g.microbatches) <= 2 for g in plan.groups)
+
+
+def test_nodes_that_are_not_a_power_of_two() -> None:
+    """12 GPUs in nodes of 6: only sizes that tile a node; groups stay aligned and inside nodes."""
+    cm = cost_model(gpus=12, gpus_per_node=6)
+    batch = make_batch([300 * (1 + (7 * i) % 23) for i in range(60)] + [60_000, 30_000, 100_000])
+    plan = solve(batch, cm.cluster, cm, IlpOptions())
+    plan.validate()
+    assert {g.sp for g in plan.groups} <= set(allowed_sp_sizes(cm))

@@ -3,16 +3,19 @@ class of every sample and (through the canonical micro-batching) each micro-batc
 layers, minimizing the step time under the memory limit.
 
 Pipeline, all inside `IlpOptions.time_limit_s`:
-1. warm start: the best of the baseline plans (dcp-greedy, bucket, packed) and of a quick
-   heuristic, each improved by local search (`ilp_pack`);
-2. tiny batches: the exact program over every aligned group, micro-batch and checkpoint level
-   (`ilp_exact`), proven optimal;
-3. otherwise the aggregated program (`ilp_model`), its classes spread over groups by LPT and
-   local search, priced exactly; repeated with the better incumbent while time remains.
-The better of the program's plan and the warm start is returned, with the gap to the best
-proven bound: max(`lower_bound`, the solver's dual bound + gradient sync). On solver failure the
-warm start is returned with a warning. Pure and deterministic when the solver stops on its gap
-(a wall-clock stop can differ between runs).
+1. warm start: the best of the baseline plans (dcp-greedy, bucket, packed, re-priced with the
+   fewest checkpointed layers) and of a quick heuristic, each improved by local search
+   (`ilp_pack`); it is the program's MIP start and incumbent;
+2. tiny batches (a few samples, a few GPUs): the exact program over every group, micro-batch
+   and checkpoint level (`ilp_exact`), proven optimal;
+3. otherwise the aggregated program (`ilp_model`: count variables per SP size, not per group),
+   its classes spread over groups (MULTIFIT), then moves and swaps (`ilp_pack`) and small exact
+   re-solves of the slowest group's neighbourhood (`ilp_lns`), priced exactly by `assemble`.
+The better of the program's plan and the warm start is returned (never worse than dcp-greedy),
+with the gap to the best proven bound: max(`lower_bound`, the solver's dual bound + gradient
+sync). On solver failure the warm start is returned with a warning. No randomness, and work
+budgets are counts (nodes, rounds, steps), so the same inputs give the same plan unless the
+wall-clock limit cuts a phase short, which the status then reports.
 """
 
 from __future__ import annotations
@@ -44,9 +47,9 @@ says `time limit reached`)."""
 _LNS_ROUNDS = 6
 """Neighbourhood re-solves after each program solve."""
 _SEARCH_ITERS = 300
+"""Local-search steps after each warm start and after each program solve."""
 _MIN_SOLVE_S = 0.03
 """A program round starts only with this much time left besides the reserve."""
-"""Local-search steps after each warm start and after each program solve (deterministic)."""
 
 
 def baseline_plans(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int],
@@ -177,17 +180,19 @@ class _Run:
         """The class program, its answer spread over groups and searched; a second round starts
         from the better incumbent with tighter cuts."""
         reserve = _reserve(len(self.batch))
-        for _ in range(max(1, int(_ROUNDS_PER_S * self.options.time_limit_s))):
+        for round_ in range(max(1, int(_ROUNDS_PER_S * self.options.time_limit_s))):
             if self.gap() <= self.options.mip_rel_gap or self.left() < reserve + _MIN_SOLVE_S:
                 break
             try:
                 sol = solve_classes(self.table, self.cm.cluster.num_gpus, _busy(self.best.plan), self.proven,
                                     self.best.groups, self.options.solver, self.deadline - reserve,
                                     self.options.mip_rel_gap)
+                error = None if sol is not None else "no solution"
             except Exception as e:  # the solver must never take the planner down
-                sol, self.failed = None, f"{type(e).__name__}: {e}"
+                sol, error = None, f"{type(e).__name__}: {e}"
             if sol is None:
-                self.failed = self.failed or "no solution"
+                if round_ == 0:  # a later round's trouble leaves the first round's answer standing
+                    self.failed = error
                 return
             self.status = sol.status
             self.proven = max(self.proven, sol.bound)

@@ -9,8 +9,20 @@ n_p * B, not n_p slots. Samples are grouped into
   y[b, p] of the bucket per class. Coefficients use the smallest ratio in the bucket, so the
   program stays a relaxation; the bound only loses the ratio spread, at most `RATIO_TOL`.
 
-Every coefficient is a lower bound (`CostTable.load`), every cut holds for any plan with busy
-time at most U, so the solver's dual bound, capped at U, is a proven lower bound on B.
+The program (g: `CostTable.load`, t: solo time, U: incumbent busy time, L: proven bound):
+
+    min B,  L <= B <= U
+    (E1) sum_p c[t,p] = |t|;  sum_p y[b,p] = 1                       every sample in one class
+    (E2) sum_p p n_p <= N,  n_p = sum_k 2^k beta[p,k]                groups fit the cluster
+    (E3) load_p = sum_t g[t,p] c[t,p] + sum_b G[b,p] y[b,p] <= n_p B  class capacity, with
+         n_p B = sum_k 2^k v[p,k], v[p,k] <= B, v[p,k] <= U beta[p,k] (exact since B <= U)
+    (E4) sum_p p load_p <= N B                                        GPU-seconds
+    (E5) t[t,p] (c[t,p] > 0) <= B                                     a sample alone fits in B
+    (C*) bin-packing cuts at levels theta in (L, U], off when B >= theta (`_level_cuts`)
+
+Every coefficient is a lower bound on what a sample adds to its group, every cut holds for any
+plan with busy time at most U, so the solver's dual bound, capped at U, is a proven lower bound
+on B (a plan with B > U is no better than the incumbent).
 """
 
 from __future__ import annotations
@@ -54,6 +66,8 @@ class ClassSolution:
 
 
 def _items(table: CostTable, upper: float) -> list[_Item]:
+    """Exact types and fluid buckets; a sample's classes are the sizes where it runs alone
+    within U (no plan better than the incumbent puts it elsewhere)."""
     n = len(table.tokens)
     opts = (table.ckpt >= 0) & (table.solo <= upper * (1 + 1e-9))
     small = table.solo.min(axis=1) < SMALL * upper
