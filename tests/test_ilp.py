@@ -6,7 +6,10 @@ import dataclasses
 import functools
 import itertools
 import math
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -223,3 +226,17 @@ def test_nodes_that_are_not_a_power_of_two() -> None:
     plan = solve(batch, cm.cluster, cm, IlpOptions())
     plan.validate()
     assert {g.sp for g in plan.groups} <= set(allowed_sp_sizes(cm))
+
+
+def test_solving_prints_nothing_to_stdout() -> None:
+    """HiGHS's start-up banner must not leak into stdout (it would corrupt `--format json`)."""
+    code = ("from tests.conftest import cost_model, make_batch\n"
+            "from dcp.planner import IlpOptions, solve\n"
+            "cm = cost_model(gpus=16)\n"
+            "batch = make_batch([300 * (1 + (7 * i) % 23) for i in range(60)] + [60_000])\n"
+            "plan = solve(batch, cm.cluster, cm, IlpOptions(mip_rel_gap=0.0))\n"
+            "assert plan.solver_status.startswith('highs')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).parents[1])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == ""

@@ -3,8 +3,10 @@ warm start, a time limit and a relative gap, and report the solver's proven dual
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+import sys
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -41,9 +43,29 @@ def new_var(prob: pulp.LpProblem, name: str, low: float | None = None, up: float
     return pulp.LpVariable(name, low, up, cat)
 
 
+@functools.cache
+def _silence_highs_banner() -> None:
+    """HiGHS prints a banner to stdout (file descriptor 1, below Python) when the process builds
+    its first Highs object; it would corrupt machine-readable output such as
+    `dcp plan --format json`. Build that first object with fd 1 on /dev/null. Once per process;
+    output another thread writes in that instant is lost too."""
+    import highspy
+
+    sys.stdout.flush()
+    saved, devnull = os.dup(1), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
+
+
 def _highs_class() -> type:
     if not pulp.HiGHS().available():
         raise SolverUnavailableError("HiGHS is not available: `pip install highspy` (or use solver='cbc')")
+    _silence_highs_banner()
 
     class WarmHighs(pulp.HiGHS):  # type: ignore[misc, valid-type]
         """pulp's in-process HiGHS, plus a MIP start from the variables' initial values."""
