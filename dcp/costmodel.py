@@ -384,6 +384,7 @@ class CostModel:
         self.fit = hardware.fits.get(model.name) or self._derive_fit()
         self.static_bytes = self.training.static_bytes(model.param_count(), cluster.num_gpus)
         self._cache: dict[tuple[int, int], tuple[LinearCost, LinearCost]] = {}
+        self._linear: dict[tuple[int, int], LinearCost] = {}
 
     # -- coefficients --------------------------------------------------------------------
     def _derive_fit(self) -> LayerFit:
@@ -434,16 +435,20 @@ class CostModel:
 
     def linear_time(self, sp_size: int, ckpt_layers: int) -> LinearCost:
         """Micro-batch time as a linear function of (T, A) at SP size p with r checkpointed layers."""
-        fwd, bwd = self._fwd_bwd(sp_size)
-        rec = self._recompute(sp_size)
-        k, r = self.model.num_layers, ckpt_layers
-        head = self.fit.head_per_token_s / sp_size
-        return LinearCost(
-            k * (fwd.fixed + bwd.fixed) + r * rec.fixed + self.fit.microbatch_fixed_s
-            + (2 + r / k) * self._param_gather_s(),
-            k * (fwd.per_token + bwd.per_token) + r * rec.per_token + head,
-            k * (fwd.per_pair + bwd.per_pair) + r * rec.per_pair,
-        )
+        # A pure function of (p, r) that planners ask thousands of times per batch: cache it.
+        key = (sp_size, ckpt_layers)
+        if key not in self._linear:
+            fwd, bwd = self._fwd_bwd(sp_size)
+            rec = self._recompute(sp_size)
+            k, r = self.model.num_layers, ckpt_layers
+            head = self.fit.head_per_token_s / sp_size
+            self._linear[key] = LinearCost(
+                k * (fwd.fixed + bwd.fixed) + r * rec.fixed + self.fit.microbatch_fixed_s
+                + (2 + r / k) * self._param_gather_s(),
+                k * (fwd.per_token + bwd.per_token) + r * rec.per_token + head,
+                k * (fwd.per_pair + bwd.per_pair) + r * rec.per_pair,
+            )
+        return self._linear[key]
 
     def _recompute(self, p: int) -> LinearCost:
         """Recompute of one checkpointed layer: its measured compute (the forward's when not

@@ -7,7 +7,13 @@ from collections.abc import Sequence
 from dcp.costmodel import Cluster, CostModel
 from dcp.data.workloads import Sample
 from dcp.planner.bounds import lower_bound
-from dcp.planner.options import BucketOptions, GreedyOptions, IlpOptions, PackedOptions, StrategyOptions
+from dcp.planner.options import (
+    BucketOptions,
+    GreedyOptions,
+    IlpOptions,
+    PackedOptions,
+    StrategyOptions,
+)
 from dcp.planner.plan import Group, InfeasibleError, MicroBatch, Plan, PlanError
 
 STRATEGIES: dict[str, StrategyOptions] = {

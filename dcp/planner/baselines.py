@@ -32,20 +32,6 @@ def by_bucket(batch: Sequence[Sample]) -> dict[int, list[Sample]]:
     return dict(sorted(out.items()))
 
 
-def fit_range_tokens(cm: CostModel, sp_size: int) -> int | None:
-    """Most tokens a micro-batch may hold at SP size p before a fitted profile refuses to price it
-    (CostModel._check); None when the profile has no range (datasheet presets)."""
-    cap = cm.fit.max_fitted_tokens
-    return int(cap * cm.hardware.extrapolation_factor * sp_size) if cap else None
-
-
-def micro_batch_token_limit(cm: CostModel, sp_size: int, ckpt_layers: int) -> int:
-    """Tokens a micro-batch may hold at (p, r): memory, and the profile's fitted range."""
-    limit = cm.max_tokens(sp_size, ckpt_layers)
-    fitted = fit_range_tokens(cm, sp_size)
-    return limit if fitted is None else min(limit, fitted)
-
-
 def group_share(count: int, sp_size: int, num_gpus: int) -> int:
     """A bucket's (or batch's) per-group share of `count`: ceil(count * p / N).
 
@@ -100,7 +86,7 @@ def solve_bucket(batch: Sequence[Sample], cm: CostModel, options: BucketOptions 
     turn = 0
     for bucket_samples in by_bucket(batch).values():
         longest = max(s.tokens for s in bucket_samples)
-        size = max(1, micro_batch_token_limit(cm, p, k) // longest)
+        size = max(1, cm.max_tokens(p, k) // longest)
         size = min(size, group_share(len(bucket_samples), p, cm.cluster.num_gpus))
         for i in range(0, len(bucket_samples), size):
             mbs_per_group[turn % n_groups].append([s.id for s in bucket_samples[i:i + size]])
@@ -158,7 +144,7 @@ def solve_packed(batch: Sequence[Sample], cm: CostModel, options: PackedOptions 
     check_feasible(batch, cm, sizes)
     p, k = static_sp_size(batch, cm, sizes, options.static_sp), cm.model.num_layers
     budget = options.token_budget or min(
-        micro_batch_token_limit(cm, p, k),
+        cm.max_tokens(p, k),
         group_share(sum(s.tokens for s in batch), p, cm.cluster.num_gpus),
     )
     if budget <= 0:

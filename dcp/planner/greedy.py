@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from dcp.costmodel import CostModel
 from dcp.data.workloads import Sample
-from dcp.planner.baselines import by_bucket, fit_range_tokens, group_share, lpt_assign
+from dcp.planner.baselines import by_bucket, group_share, lpt_assign
 from dcp.planner.common import aligned_layout, allowed_sp_sizes, assemble, check_feasible
 from dcp.planner.options import GreedyOptions
 from dcp.planner.plan import Plan
@@ -45,13 +45,11 @@ class BucketProfile:
 
 
 def _ckpt(cm: CostModel, tokens: int, p: int, pyramid: bool) -> int | None:
-    """Checkpointed layers for a micro-batch of `tokens` at p; None if it does not fit."""
+    """Checkpointed layers for a micro-batch of `tokens` at p; None if it does not fit (memory,
+    or beyond what a fitted profile can price)."""
     r = cm.min_ckpt_layers(tokens, p)
     if r is None:
         return None
-    fitted = fit_range_tokens(cm, p)
-    if fitted is not None and tokens > fitted:
-        return None  # a fitted profile cannot price it: treat like out of memory
     return r if pyramid else cm.model.num_layers
 
 

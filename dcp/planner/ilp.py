@@ -28,7 +28,7 @@ from dcp.costmodel import CostModel
 from dcp.data.workloads import Sample
 from dcp.planner.bounds import lower_bound
 from dcp.planner.common import allowed_sp_sizes, assemble, check_feasible
-from dcp.planner.ilp_costs import CostTable, cost_table, memoized
+from dcp.planner.ilp_costs import CostTable, cost_table
 from dcp.planner.ilp_lns import lns
 from dcp.planner.ilp_model import solve_classes
 from dcp.planner.ilp_pack import Groups, groups_of_plan, heuristic, improve, multifit, to_plan
@@ -58,9 +58,17 @@ def baseline_plans(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int],
     failed goes to `notes` (a baseline that cannot plan a batch is not the ILP's problem)."""
     from dcp.planner import solve
 
+    from dcp.planner.baselines import smallest_fitting_sp
+
     plans = []
-    for opts in (GreedyOptions(sp_sizes=tuple(sizes)), BucketOptions(sp_sizes=tuple(sizes)),
-                 PackedOptions(sp_sizes=tuple(sizes))):
+    candidates = [GreedyOptions(sp_sizes=tuple(sizes)), BucketOptions(sp_sizes=tuple(sizes)),
+                  PackedOptions(sp_sizes=tuple(sizes))]
+    # Packing at every static SP size that fits the batch: the ILP must never lose to the best
+    # static configuration a user could pick (with ZeRO-3's per-micro-batch parameter gathers,
+    # few large micro-batches at a larger SP size can beat everything the greedy finds).
+    smallest = smallest_fitting_sp(max(s.tokens for s in batch), cm, sizes)
+    candidates += [PackedOptions(sp_sizes=tuple(sizes), static_sp=p) for p in sizes if p > smallest]
+    for opts in candidates:
         try:
             plans.append(solve(batch, cm.cluster, cm, opts))
         except ImportError:
@@ -96,7 +104,6 @@ def solve_ilp(batch: Sequence[Sample], cm: CostModel, options: IlpOptions) -> Pl
     deadline = started + options.time_limit_s
     if options.solver not in SOLVERS:
         raise ValueError(f"unknown MILP solver {options.solver!r}; expected one of {SOLVERS}")
-    cm = memoized(cm)
     sizes = allowed_sp_sizes(cm, options.sp_sizes)
     check_feasible(batch, cm, sizes)
     run = _Run(list(batch), cm, sizes, options, deadline)

@@ -17,8 +17,6 @@ max_tokens(p, 0) tokens, so they need no checkpointing at all.
 
 from __future__ import annotations
 
-import copy
-import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,31 +25,6 @@ import numpy as np
 
 from dcp.costmodel import CostModel, LinearCost
 from dcp.data.workloads import Sample
-
-
-def memoized(cm: CostModel) -> CostModel:
-    """A shallow copy of `cm` whose `linear_time` is cached: it is a pure function of (p, r), and
-    the planner, its bound and the baselines it runs for warm starts ask it thousands of times."""
-    fast = copy.copy(cm)
-    fast.linear_time = functools.lru_cache(maxsize=None)(cm.linear_time)  # type: ignore[method-assign]
-    return fast
-
-
-def fitted_tokens(cm: CostModel, p: int) -> float:
-    """Most tokens a micro-batch at SP size p may hold before CostModel refuses it as beyond the
-    profile's fitted range (tokens per GPU over max_fitted_tokens x extrapolation_factor)."""
-    fitted = cm.fit.max_fitted_tokens
-    return fitted * cm.hardware.extrapolation_factor * p if fitted else math.inf
-
-
-def mb_capacity(cm: CostModel, p: int, r: int) -> int:
-    """Most tokens one micro-batch may hold at (p, r): memory, and the profile's fitted range."""
-    return int(min(cm.max_tokens(p, r), fitted_tokens(cm, p)))
-
-
-def min_ckpt(cm: CostModel, tokens: int, p: int) -> int | None:
-    """Fewest checkpointed layers for `tokens` at p; None if memory or the fitted range refuses."""
-    return None if tokens > fitted_tokens(cm, p) else cm.min_ckpt_layers(tokens, p)
 
 
 @dataclass
@@ -88,7 +61,7 @@ def _load_lower_bound(cm: CostModel, table: CostTable, p: int, r: int, t: int, a
     is already a lower bound (all coefficients grow with r)."""
     lin = table.linear(cm, p, r)
     marginal = lin.per_token * t + lin.per_pair * a
-    share = marginal + lin.fixed * t / max(mb_capacity(cm, p, r), 1)
+    share = marginal + lin.fixed * t / max(cm.max_tokens(p, r), 1)
     if r < cm.model.num_layers:
         nxt = table.linear(cm, p, r + 1)
         share = min(share, nxt.per_token * t + nxt.per_pair * a)
@@ -105,7 +78,7 @@ def cost_table(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int]) -> 
                       np.zeros(m), np.zeros(m), {})
     for j, p in enumerate(sizes):
         lin0 = table.linear(cm, p, 0)
-        cap0 = mb_capacity(cm, p, 0)
+        cap0 = cm.max_tokens(p, 0)
         table.fixed0[j], table.cap0[j] = lin0.fixed, cap0
         short = tokens <= cap0
         # Samples that fit without checkpointing: vectorized (the common case).
@@ -118,7 +91,7 @@ def cost_table(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int]) -> 
         table.load[short, j] = g0[short]
         for i in np.flatnonzero(~short):
             t, a = int(tokens[i]), int(batch[i].attn_pairs)
-            r = min_ckpt(cm, t, p)
+            r = cm.min_ckpt_layers(t, p)
             if r is None:
                 continue
             lin = table.linear(cm, p, r)
@@ -153,7 +126,7 @@ def form_microbatches(ids: Sequence[int], j: int, table: CostTable, cm: CostMode
     if max_microbatches is None or len(mbs) <= max_microbatches:
         return mbs
     p, k = table.sizes[j], cm.model.num_layers
-    full_cap = mb_capacity(cm, p, k)
+    full_cap = cm.max_tokens(p, k)
     while len(mbs) > max_microbatches:
         mbs.sort(key=lambda mb: (sum(int(table.tokens[i]) for i in mb), mb[0]))
         merged = mbs[0] + mbs[1]
@@ -168,5 +141,5 @@ def microbatch_time(ids: Sequence[int], j: int, table: CostTable, cm: CostModel)
     p = table.sizes[j]
     t = int(sum(int(table.tokens[i]) for i in ids))
     a = float(sum(table.pairs[i] for i in ids))
-    r = min_ckpt(cm, t, p)
+    r = cm.min_ckpt_layers(t, p)
     return math.inf if r is None else table.linear(cm, p, r)(t, a)

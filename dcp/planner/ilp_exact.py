@@ -16,7 +16,7 @@ import pulp
 from dcp.costmodel import CostModel
 from dcp.data.workloads import Sample
 from dcp.planner.common import aligned_layout
-from dcp.planner.ilp_costs import CostTable, mb_capacity, min_ckpt
+from dcp.planner.ilp_costs import CostTable
 from dcp.planner.ilp_solvers import new_var, run_solver
 from dcp.planner.options import IlpOptions
 
@@ -38,7 +38,7 @@ def ckpt_levels(batch: Sequence[Sample], cm: CostModel, p: int) -> list[int]:
     levels = set()
     for k in range(1, len(tokens) + 1):
         for combo in combinations(tokens, k):
-            r = min_ckpt(cm, sum(combo), p)
+            r = cm.min_ckpt_layers(sum(combo), p)
             if r is not None:
                 levels.add(r)
     return sorted(levels)
@@ -89,7 +89,7 @@ def solve_exact(batch: Sequence[Sample], cm: CostModel, table: CostTable, option
             for r in levels:
                 # (X5) memory at level r: sum_i T_i v[i,r] <= max_tokens(p, r) q[r]
                 prob += (pulp.lpSum(int(table.tokens[i]) * at_level[i][r] for i in members)
-                         <= mb_capacity(cm, p, r) * q[r]), f"X5_{b}_{m}_{r}"
+                         <= cm.max_tokens(p, r) * q[r]), f"X5_{b}_{m}_{r}"
             # (X6) micro-batch time: sum_r fixed(p,r) q[r] + sum_{i,r} marginal_i(p,r) v[i,r]
             mb_times.append(pulp.LpAffineExpression(time_terms))
         # (X7) the busy time is at least every group's sum of micro-batch times
