@@ -57,7 +57,6 @@ def baseline_plans(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int],
     """The baseline strategies' plans for this batch (those that exist and succeed); why one
     failed goes to `notes` (a baseline that cannot plan a batch is not the ILP's problem)."""
     from dcp.planner import solve
-
     from dcp.planner.baselines import smallest_fitting_sp
 
     plans = []
