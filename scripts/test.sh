@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup_env.sh test
+.venv/bin/ruff check dcp tests benchmarks examples
 exec .venv/bin/python -m pytest "$@"
