@@ -444,7 +444,7 @@ class CostModel:
             head = self.fit.head_per_token_s / sp_size
             self._linear[key] = LinearCost(
                 k * (fwd.fixed + bwd.fixed) + r * rec.fixed + self.fit.microbatch_fixed_s
-                + (2 + r / k) * self._param_gather_s(),
+                + (2 + r / k) * self.param_gather_s(),
                 k * (fwd.per_token + bwd.per_token) + r * rec.per_token + head,
                 k * (fwd.per_pair + bwd.per_pair) + r * rec.per_pair,
             )
@@ -465,9 +465,6 @@ class CostModel:
             bwd = LinearCost(f.bwd_fixed_s + comm.fixed, f.bwd_per_token_s / p + comm.per_token, f.bwd_per_pair_s / p)
             self._cache[(p, 0)] = (fwd, bwd)
         return self._cache[(p, 0)]
-
-    def _param_gather_s(self) -> float:
-        return self.param_gather_s()
 
     def param_gather_s(self) -> float:
         """ZeRO-3: all-gather of every layer's parameters once per pass (forward, backward, and the

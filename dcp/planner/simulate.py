@@ -16,9 +16,9 @@ from typing import Any, Literal
 from dcp.costmodel import CostModel
 from dcp.planner.plan import Group, MicroBatch, Plan, PlanError
 
-EventKind = Literal["forward", "backward", "recompute", "all_to_all", "idle", "allreduce"]
-EVENT_KINDS: tuple[str, ...] = ("forward", "backward", "recompute", "all_to_all", "idle", "allreduce")
-COMM_KINDS = ("all_to_all", "allreduce")
+EventKind = Literal["forward", "backward", "recompute", "all_to_all", "param_gather", "idle", "allreduce"]
+EVENT_KINDS: tuple[str, ...] = ("forward", "backward", "recompute", "all_to_all", "param_gather", "idle", "allreduce")
+COMM_KINDS = ("all_to_all", "param_gather", "allreduce")
 # Plan times and re-priced phase sums are the same floats added in different orders.
 _RTOL = 1e-6
 
@@ -79,15 +79,18 @@ def microbatch_phases(cm: CostModel, tokens: int, pairs: int, sp_size: int,
     """(kind, seconds) of one micro-batch in run order, lumped per phase; sums to cm.time_s.
 
     From CostModel.layer_times: per layer a forward and a backward compute time and one
-    direction's all-to-alls. Head and loss (per token), the per-micro-batch fixed cost and
-    ZeRO-3 parameter gathers have no per-layer split and are lumped as forward compute."""
+    direction's all-to-alls. Head and loss (per token) and the per-micro-batch fixed cost have no
+    per-layer split and are lumped as forward compute. ZeRO-3 gathers every layer's parameters
+    before the forward and the backward pass, and the checkpointed layers' again for recompute."""
     k, r, p, f = cm.model.num_layers, ckpt_layers, sp_size, cm.fit
     lt = cm.layer_times(tokens, pairs, p)
-    head = f.head_per_token_s * tokens / p + f.microbatch_fixed_s + (2 + r / k) * cm.param_gather_s()
+    head = f.head_per_token_s * tokens / p + f.microbatch_fixed_s
+    gather = cm.param_gather_s()
+    recompute = lt.fwd_compute_s if lt.rec_compute_s is None else lt.rec_compute_s
     phases: list[tuple[EventKind, float]] = [
-        ("forward", k * lt.fwd_compute_s + head), ("all_to_all", k * lt.comm_s),
-        ("recompute", r * (lt.fwd_compute_s if lt.rec_compute_s is None else lt.rec_compute_s)), ("all_to_all", r * lt.comm_s),
-        ("backward", k * lt.bwd_compute_s), ("all_to_all", k * lt.comm_s),
+        ("param_gather", gather), ("forward", k * lt.fwd_compute_s + head), ("all_to_all", k * lt.comm_s),
+        ("param_gather", r / k * gather), ("recompute", r * recompute), ("all_to_all", r * lt.comm_s),
+        ("param_gather", gather), ("backward", k * lt.bwd_compute_s), ("all_to_all", k * lt.comm_s),
     ]
     # The split is derived independently of linear_time; they must agree.
     total, expected = sum(s for _, s in phases), cm.time_s(tokens, pairs, p, r)
@@ -146,7 +149,7 @@ def simulate(plan: Plan, cm: CostModel) -> Timeline:
 
 
 KIND_COLORS = {"forward": "#4c72b0", "backward": "#55a868", "recompute": "#dd8452",
-               "all_to_all": "#c44e52", "idle": "#dddddd", "allreduce": "#8172b3"}
+               "all_to_all": "#c44e52", "param_gather": "#937860", "idle": "#dddddd", "allreduce": "#8172b3"}
 
 
 def gantt(timeline: Timeline, path: str | Path | None = None, title: str = "") -> Any:
