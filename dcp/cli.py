@@ -15,6 +15,7 @@ import click
 
 from dcp.costmodel import CostModel, CostModelError, load_hardware, load_model, preset_names
 from dcp.data.workloads import Sample, WorkloadError
+from dcp.planner import STRATEGIES
 from dcp.planner.plan import InfeasibleError, PlanError
 from dcp.planner.report import (
     group_rows,
@@ -24,7 +25,6 @@ from dcp.planner.report import (
     unused_ranks,
 )
 from dcp.planner.run import (
-    available_strategies,
     build_cost_model,
     compare,
     default_model,
@@ -198,7 +198,7 @@ def compare_cmd(strategies: str | None, plot: Path | None, plot_metric: str, **o
       dcp compare --steps 2 --plot compare.png
     """
     fmt, output = o["fmt"], o["output"]
-    names = [s.strip() for s in strategies.split(",") if s.strip()] if strategies else available_strategies()
+    names = [s.strip() for s in strategies.split(",") if s.strip()] if strategies else list(STRATEGIES)
     if not names:
         raise click.BadParameter("no strategy given", param_hint="--strategies")
     cm, batches, config = _setup(o)

@@ -13,8 +13,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from dcp.cli import main
-from dcp.planner import Plan
-from dcp.planner.run import available_strategies, unavailable_reason
+from dcp.planner import STRATEGIES, Plan
 
 FAST = ["--steps", "2", "--global-batch", "128"]
 
@@ -86,7 +85,7 @@ def test_compare_opensora() -> None:
     assert "opensora-stdit-1.1b" in lines[0]  # the video workload's model by default
     assert "vs bucket" in lines[1] and "gap to bound" in lines[1]
     rows = {line.split()[0]: line.split() for line in lines[2:]}
-    assert set(rows) == set(available_strategies())
+    assert set(rows) == set(STRATEGIES)
     assert rows["bucket"][2] == "1.00x"
 
 
@@ -149,16 +148,7 @@ def test_unwritable_output(tmp_path: Path) -> None:
     assert "dir.json" in out
 
 
-def test_ilp_strategy_when_unavailable() -> None:
-    reason = unavailable_reason("ilp")
-    if reason is None:
-        pytest.skip("dcp.planner.ilp imports here; its CLI use is tested by the ILP module's tests")
-    assert "strategy 'ilp' is not available" in run_bad("plan", *FAST)
-
-
 def test_plan_with_the_default_strategy() -> None:
-    if unavailable_reason("ilp") is not None:
-        pytest.skip(unavailable_reason("ilp"))
     out = run("plan", "--steps", "1", "--global-batch", "64", "--time-limit", "0.5").output
     assert out.startswith("ilp on 32 x h200-sxm")
 

@@ -11,7 +11,6 @@ Never imports torch or click.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,9 +23,6 @@ from dcp.planner.simulate import Timeline, simulate
 
 DEFAULT_GLOBAL_BATCH = 512
 REFERENCE_STRATEGY = "bucket"
-# Which module each strategy's options dispatch to in dcp.planner.solve.
-_STRATEGY_MODULES = {"IlpOptions": "dcp.planner.ilp", "GreedyOptions": "dcp.planner.greedy",
-                     "BucketOptions": "dcp.planner.baselines", "PackedOptions": "dcp.planner.baselines"}
 
 
 def default_model(workload: str) -> str:
@@ -56,27 +52,9 @@ def make_batches(workload: str, cm: CostModel, *, global_batch: int | None = Non
                           token_budget=global_tokens, steps=steps, seed=seed)
 
 
-def unavailable_reason(name: str) -> str | None:
-    """Why a strategy cannot run here (its module or a dependency fails to import), else None."""
-    module = _STRATEGY_MODULES[type(strategy_options(name)).__name__]
-    try:
-        importlib.import_module(module)
-    except ImportError as e:
-        return f"strategy {name!r} is not available: {e}"
-    return None
-
-
-def available_strategies() -> list[str]:
-    """Names in dcp.planner.STRATEGIES whose implementation imports."""
-    return [name for name in STRATEGIES if unavailable_reason(name) is None]
-
-
 def resolve_options(name: str, time_limit_s: float | None = None) -> StrategyOptions:
     """Options for a strategy name; `time_limit_s` applies to the ILP only."""
-    reason = unavailable_reason(name)  # raises ValueError naming an unknown strategy
-    if reason:
-        raise ValueError(reason)
-    options = strategy_options(name)
+    options = strategy_options(name)  # raises ValueError naming an unknown strategy
     if time_limit_s is not None and isinstance(options, IlpOptions):
         options = dataclasses.replace(options, time_limit_s=time_limit_s)
     return options
@@ -147,7 +125,7 @@ def compare(batches: Sequence[Sequence[Sample]], cm: CostModel, strategies: Sequ
     speedup_vs_bucket is bucket's mean step time over the strategy's (NaN without bucket)."""
     import pandas as pd
 
-    names = list(strategies) if strategies is not None else available_strategies()
+    names = list(strategies) if strategies is not None else list(STRATEGIES)
     for name in names:
         resolve_options(name, time_limit_s)  # fail on a bad name before any solving
     rows = []
