@@ -1,0 +1,32 @@
+"""The cost model: time and memory of one micro-batch, the contract between profiler and planner.
+
+spec.py      ModelSpec, attention_pairs: what is priced
+hardware.py  HardwareProfile, LayerFit, TrainingSetup, Cluster: what it runs on
+model.py     CostModel: time and memory of a micro-batch (the formulas, derived)
+presets.py   shipped presets and profile files
+
+Never imports torch.
+"""
+
+from dcp.costmodel.hardware import (
+    PROFILE_SCHEMA_VERSION,
+    Cluster,
+    HardwareProfile,
+    LayerFit,
+    TrainingSetup,
+)
+from dcp.costmodel.model import CostModel, LayerTimes, LinearCost
+from dcp.costmodel.presets import load_hardware, load_model, preset_names, save_hardware
+from dcp.costmodel.spec import (
+    ATTENTION_KINDS,
+    AttentionKind,
+    CostModelError,
+    ModelSpec,
+    attention_pairs,
+)
+
+__all__ = [
+    "ATTENTION_KINDS", "PROFILE_SCHEMA_VERSION", "AttentionKind", "Cluster", "CostModel", "CostModelError",
+    "HardwareProfile", "LayerFit", "LayerTimes", "LinearCost", "ModelSpec", "TrainingSetup",
+    "attention_pairs", "load_hardware", "load_model", "preset_names", "save_hardware",
+]

@@ -1,0 +1,199 @@
+"""The machine side of the cost model: hardware profiles (datasheet or measured), the training
+setup's static memory, and the cluster a plan is made for."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from dcp.costmodel.spec import CostModelError, _from_dict
+
+PROFILE_SCHEMA_VERSION = 1
+
+
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerFit:
+    """Measured per-layer coefficients for one model on one device (fitted by `dcp profile`).
+
+    Times are per layer per GPU at SP size 1; SP divides tokens and pairs by p."""
+
+    fwd_fixed_s: float
+    fwd_per_token_s: float
+    fwd_per_pair_s: float
+    bwd_fixed_s: float
+    bwd_per_token_s: float
+    bwd_per_pair_s: float
+    act_full_bytes_per_token: float
+    """Activation bytes one token keeps per non-checkpointed layer."""
+    act_ckpt_bytes_per_token: float
+    """Bytes one token keeps per checkpointed layer (its input)."""
+    head_per_token_s: float = 0.0
+    """Embedding + LM head + loss, forward and backward, per token (dual-layer profile)."""
+    microbatch_fixed_s: float = 0.0
+    """Per micro-batch fixed cost outside the layers (dual-layer profile)."""
+    head_bytes_per_token: float = 0.0
+    """Peak bytes per token of embedding/head/loss (logits)."""
+    max_fitted_tokens: int = 0
+    """Largest micro-batch (tokens per GPU) in the fit; 0 means unbounded."""
+    heldout_mape: float | None = None
+    rec_fixed_s: float | None = None
+    """Recompute of a checkpointed layer (the extra time checkpointing costs it), fixed part;
+    None: the same as the forward. Measured, it differs: the checkpoint's own bookkeeping adds
+    a fixed cost that matters for small layers (tiny-llama on one CPU thread: 1.5 ms vs 0.5 ms)."""
+    rec_per_token_s: float | None = None
+    """Recompute per token; None: fwd_per_token_s."""
+    rec_per_pair_s: float | None = None
+    """Recompute per attention pair; None: fwd_per_pair_s."""
+
+    def recompute_coefficients(self) -> tuple[float, float, float]:
+        """(fixed, per_token, per_pair) of one layer's recompute, the forward's where unmeasured."""
+        return (self.fwd_fixed_s if self.rec_fixed_s is None else self.rec_fixed_s,
+                self.fwd_per_token_s if self.rec_per_token_s is None else self.rec_per_token_s,
+                self.fwd_per_pair_s if self.rec_per_pair_s is None else self.rec_per_pair_s)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LayerFit:
+        return _from_dict(cls, d, "layer fit")
+
+
+@dataclass(frozen=True, kw_only=True)
+class HardwareProfile:
+    """A GPU type and its interconnect: datasheet numbers or a `dcp profile` measurement.
+
+    Every number names its source in `sources` (field name -> text)."""
+
+    name: str
+    device: str
+    gpus_per_node: int
+    memory_bytes: float
+    """Memory per GPU the training process may use (allocator and context reserve removed)."""
+    matmul_flops: float
+    """Achievable dense matmul FLOP/s at the training precision."""
+    attention_flops: float
+    """Achievable attention-kernel forward FLOP/s."""
+    memory_bw_bytes_per_s: float
+    """Device memory bandwidth, for elementwise layer work."""
+    kernel_overhead_s: float
+    """Fixed per-layer launch/sync cost (c0)."""
+    a2a_latency_intra_s: float
+    a2a_latency_inter_s: float
+    a2a_bw_intra_bytes_per_s: dict[int, float]
+    """All-to-all bus bandwidth per GPU by group size inside a node."""
+    a2a_bw_inter_bytes_per_s: dict[int, float]
+    """All-to-all bandwidth per GPU by group size across nodes."""
+    allreduce_bw_bytes_per_s: float
+    """Bandwidth per GPU of the step's gradient all-reduce (the slowest link it crosses)."""
+    sources: dict[str, str] = field(default_factory=dict)
+    fits: dict[str, LayerFit] = field(default_factory=dict)
+    """Measured coefficients by model name (replace the FLOP-derived ones for that model)."""
+    extrapolation_factor: float = 4.0
+    """A fitted model refuses micro-batches above this multiple of its largest fitted point."""
+    meta: dict[str, Any] = field(default_factory=dict)
+    """Provenance: date, device name, software versions, raw points, fit quality."""
+    heldout_mape: float | None = None
+    """Worst held-out MAPE (a fraction) of the fits `dcp profile` measured; None for a preset."""
+
+    def __post_init__(self) -> None:
+        for f in ("gpus_per_node", "memory_bytes", "matmul_flops", "attention_flops", "memory_bw_bytes_per_s"):
+            if not getattr(self, f) > 0:
+                raise CostModelError(f"hardware {self.name!r}: {f} must be positive, got {getattr(self, f)}")
+        if not self.a2a_bw_intra_bytes_per_s or not self.a2a_bw_inter_bytes_per_s:
+            raise CostModelError(f"hardware {self.name!r}: all-to-all bandwidth tables must not be empty")
+
+    def a2a_bw(self, p: int, gpus_per_node: int) -> float:
+        """Bandwidth per GPU for an all-to-all among p GPUs (nearest measured size at or below)."""
+        table = self.a2a_bw_intra_bytes_per_s if p <= gpus_per_node else self.a2a_bw_inter_bytes_per_s
+        below = [s for s in table if s <= p]
+        return table[max(below)] if below else table[min(table)]
+
+    def a2a_latency(self, p: int, gpus_per_node: int) -> float:
+        return self.a2a_latency_intra_s if p <= gpus_per_node else self.a2a_latency_inter_s
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["a2a_bw_intra_bytes_per_s"] = {str(k): v for k, v in self.a2a_bw_intra_bytes_per_s.items()}
+        d["a2a_bw_inter_bytes_per_s"] = {str(k): v for k, v in self.a2a_bw_inter_bytes_per_s.items()}
+        return {"kind": "dcp-hardware-profile", "schema_version": PROFILE_SCHEMA_VERSION, **d}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> HardwareProfile:
+        if not isinstance(d, dict) or d.get("kind") != "dcp-hardware-profile":
+            raise CostModelError("not a dcp hardware profile (missing kind: dcp-hardware-profile)")
+        if d.get("schema_version") != PROFILE_SCHEMA_VERSION:
+            raise CostModelError(
+                f"hardware profile schema_version {d.get('schema_version')!r} is not supported "
+                f"(expected {PROFILE_SCHEMA_VERSION}); re-run `dcp profile`"
+            )
+        d = {k: v for k, v in d.items() if k not in ("kind", "schema_version")}
+        try:
+            d["a2a_bw_intra_bytes_per_s"] = {int(k): float(v) for k, v in d["a2a_bw_intra_bytes_per_s"].items()}
+            d["a2a_bw_inter_bytes_per_s"] = {int(k): float(v) for k, v in d["a2a_bw_inter_bytes_per_s"].items()}
+            d["fits"] = {k: LayerFit.from_dict(v) for k, v in d.get("fits", {}).items()}
+        except (KeyError, AttributeError, TypeError, ValueError) as e:
+            raise CostModelError(f"hardware profile {d.get('name', '?')!r}: malformed field ({e})") from e
+        return _from_dict(cls, d, "hardware profile")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingSetup:
+    """What the user's training keeps in memory besides activations."""
+
+    precision: Literal["bf16", "fp32"] = "bf16"
+    """bf16: bf16 params, fp32 master weights, fp32 grads (mixed precision); fp32: all fp32."""
+    zero_stage: Literal[0, 1, 2, 3] = 1
+    """0: nothing sharded; 1: optimizer state (incl. master weights) sharded over the world
+    (DeepSpeed ZeRO-1, as the DCP paper trained); 2: gradients sharded as well; 3: parameters
+    too, gathered for every layer's forward, backward and recompute (FSDP-style)."""
+    optimizer_state_bytes_per_param: int = 8
+    """Adam: fp32 first and second moments."""
+
+    def __post_init__(self) -> None:
+        if self.precision not in ("bf16", "fp32"):
+            raise CostModelError(f"precision must be bf16 or fp32, got {self.precision!r}")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise CostModelError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
+
+    @property
+    def param_bytes(self) -> int:
+        return 2 if self.precision == "bf16" else 4
+
+    def static_bytes(self, params: int, world: int) -> float:
+        """Params, grads and optimizer state per GPU (Rajbhandari et al., ZeRO, arXiv 1910.02054:
+        mixed-precision Adam keeps 2 + 2 + 12 bytes/param; we keep fp32 grads, 2 + 4 + 12)."""
+        if self.precision == "bf16":
+            weights, grads, opt = 2 * params, 4 * params, (4 + self.optimizer_state_bytes_per_param) * params
+        else:
+            weights, grads, opt = 4 * params, 4 * params, self.optimizer_state_bytes_per_param * params
+        if self.zero_stage >= 1:
+            opt /= world
+        if self.zero_stage >= 2:
+            grads /= world
+        if self.zero_stage >= 3:
+            weights /= world
+        return float(weights + grads + opt)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cluster:
+    """The GPUs one job plans for."""
+
+    num_gpus: int
+    gpus_per_node: int
+    memory_bytes: float
+    """Usable memory per GPU."""
+
+    def __post_init__(self) -> None:
+        if self.num_gpus <= 0:
+            raise CostModelError(f"number of GPUs must be positive, got {self.num_gpus}")
+        if self.gpus_per_node <= 0:
+            raise CostModelError(f"GPUs per node must be positive, got {self.gpus_per_node}")
+        if self.num_gpus % self.gpus_per_node and self.num_gpus > self.gpus_per_node:
+            raise CostModelError(f"{self.num_gpus} GPUs is not a whole number of nodes of {self.gpus_per_node}")
+        if not self.memory_bytes > 0:
+            raise CostModelError(f"memory per GPU must be positive, got {self.memory_bytes}")
+
+    def sp_sizes(self) -> list[int]:
+        """Powers of two up to the world size (aligned blocks)."""
+        return [1 << i for i in range(self.num_gpus.bit_length()) if self.num_gpus % (1 << i) == 0]
