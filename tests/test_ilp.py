@@ -8,6 +8,7 @@ import itertools
 import math
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -20,6 +21,8 @@ from dcp.planner import IlpOptions, InfeasibleError, lower_bound, solve
 from dcp.planner import ilp as ilp_module
 from dcp.planner.common import allowed_sp_sizes
 from dcp.planner.ilp import baseline_plans
+from dcp.planner.ilp_costs import cost_table
+from dcp.planner.ilp_patterns import solve_patterns
 from tests.conftest import cost_model, make_batch
 
 TINY_MODEL = ModelSpec(name="brute", num_layers=4, hidden=64, heads=4, kv_heads=4, ffn_hidden=256, vocab=0,
@@ -116,6 +119,25 @@ def test_aggregated_program_bound_is_valid(lengths: list[int], gpus: int, per_no
     plan = solve(batch, cm.cluster, cm, IlpOptions(time_limit_s=10))
     assert plan.lower_bound_s <= best * (1 + 1e-6) <= plan.step_time_s * (1 + 2e-6)
     assert plan.gap == pytest.approx((plan.step_time_s - plan.lower_bound_s) / plan.step_time_s)
+
+
+@pytest.mark.parametrize("lengths,gpus,per_node", TINY_CASES)
+def test_configuration_program_never_cuts_off_the_optimum(lengths: list[int], gpus: int, per_node: int) -> None:
+    """At a level theta just above the optimal busy time the configuration program must not be
+    infeasible (its infeasibility raises the proven bound to theta); well below the bound
+    from `lower_bound` it must be."""
+    cm = tiny_cm(gpus, per_node)
+    batch = make_batch(lengths)
+    busy = brute_force(batch, cm) - cm.grad_sync_s()
+    sizes = allowed_sp_sizes(cm)
+    table = cost_table(batch, cm, sizes)
+    for scale in (1 + 1e-7, 1.05):
+        res = solve_patterns(table, gpus, busy * scale, busy * scale, "highs", time.perf_counter() + 10)
+        assert res is not None and not res.infeasible and res.groups is not None
+        assert sorted(i for _, ids in res.groups for i in ids) == list(range(len(lengths)))
+    floor = (lower_bound(batch, cm, sizes) - cm.grad_sync_s()) * 0.9
+    res = solve_patterns(table, gpus, busy, floor, "highs", time.perf_counter() + 10)
+    assert res is not None and res.infeasible
 
 
 @pytest.mark.parametrize("lengths,gpus,per_node", TINY_CASES[:4])

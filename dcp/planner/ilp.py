@@ -9,8 +9,11 @@ Pipeline, all inside `IlpOptions.time_limit_s`:
 2. tiny batches (a few samples, a few GPUs): the exact program over every group, micro-batch
    and checkpoint level (`ilp_exact`), proven optimal;
 3. otherwise the aggregated program (`ilp_model`: count variables per SP size, not per group),
-   its classes spread over groups (MULTIFIT), then moves and swaps (`ilp_pack`) and small exact
-   re-solves of the slowest group's neighbourhood (`ilp_lns`), priced exactly by `assemble`.
+   its classes spread over groups (MULTIFIT), and beside it the configuration program
+   (`ilp_patterns`: the large samples packed exactly as patterns, at a level between the bound
+   and the incumbent; infeasible raises the bound to that level); the better candidate gets
+   moves and swaps (`ilp_pack`) and small exact re-solves of the slowest group's neighbourhood
+   (`ilp_lns`), priced exactly by `assemble`; configuration rounds repeat while they improve.
 The better of the program's plan and the warm start is returned (never worse than dcp-greedy),
 with the gap to the best proven bound: max(`lower_bound`, the solver's dual bound + gradient
 sync). On solver failure the warm start is returned with a warning. No randomness, and work
@@ -31,7 +34,16 @@ from dcp.planner.common import allowed_sp_sizes, assemble, check_feasible
 from dcp.planner.ilp_costs import CostTable, cost_table
 from dcp.planner.ilp_lns import lns
 from dcp.planner.ilp_model import solve_classes
-from dcp.planner.ilp_pack import Groups, groups_of_plan, heuristic, improve, multifit, to_plan
+from dcp.planner.ilp_pack import (
+    Groups,
+    estimate,
+    groups_of_plan,
+    heuristic,
+    improve,
+    multifit,
+    to_plan,
+)
+from dcp.planner.ilp_patterns import solve_patterns
 from dcp.planner.ilp_solvers import SOLVERS
 from dcp.planner.options import BucketOptions, GreedyOptions, IlpOptions, PackedOptions
 from dcp.planner.plan import InfeasibleError, Plan
@@ -48,6 +60,16 @@ _LNS_ROUNDS = 6
 """Neighbourhood re-solves after each program solve."""
 _SEARCH_ITERS = 300
 """Local-search steps after each warm start and after each program solve."""
+_PATTERN_ROUNDS = 2
+"""Configuration-program rounds after the class program's, while each improves the incumbent."""
+_PATTERN_STEP = 0.25
+"""The configuration program's level: this fraction of the way from the proven bound to the
+incumbent (a plan found at theta usually prices a little above it)."""
+_PATTERN_SOLVE_S = 0.2
+"""A configuration-program solve stops after this fraction of the time limit (its root node
+can be slow right at the feasibility boundary); the status then says `time limit reached`."""
+_PATTERN_TRIES = 3
+"""Levels tried per round while the program proves them infeasible."""
 _MIN_SOLVE_S = 0.03
 """A program round starts only with this much time left besides the reserve."""
 
@@ -121,7 +143,7 @@ def solve_ilp(batch: Sequence[Sample], cm: CostModel, options: IlpOptions) -> Pl
     plan = run.best.plan
     assert plan is not None
     # Every phase stops at deadline - reserve at the latest; finishing that late means one did.
-    truncated = run.left() < _reserve(len(run.batch)) + 0.005
+    truncated = run.cut_short or run.left() < _reserve(len(run.batch)) + 0.005
     status = run.status + (", time limit reached" if truncated and "time limit" not in run.status else "")
     return _finish(plan, run.proven + run.sync, started, f"{options.solver}: {status}", run.notes)
 
@@ -137,7 +159,7 @@ class _Run:
         self.proven = lower_bound(batch, cm, sizes) - self.sync  # proven bound on the busy time
         self.best = _Best()
         self.notes: list[str] = []
-        self.status, self.failed = "warm start", None
+        self.status, self.failed, self.cut_short = "warm start", None, False
 
     def left(self) -> float:
         return self.deadline - time.perf_counter()
@@ -183,8 +205,9 @@ class _Run:
             self.best.offer(plan, None, "exact program")
 
     def aggregated_program(self) -> None:
-        """The class program, its answer spread over groups and searched; a second round starts
-        from the better incumbent with tighter cuts."""
+        """The class program, its answer spread over groups; the configuration program's packing
+        beside it; the better one (by estimate) searched and priced. A later round starts from
+        the better incumbent with tighter cuts; configuration rounds follow while they improve."""
         reserve = _reserve(len(self.batch))
         for round_ in range(max(1, int(_ROUNDS_PER_S * self.options.time_limit_s))):
             if self.gap() <= self.options.mip_rel_gap or self.left() < reserve + _MIN_SOLVE_S:
@@ -202,15 +225,55 @@ class _Run:
                 return
             self.status = sol.status
             self.proven = max(self.proven, sol.bound)
-            groups = _spread(sol.counts, sol.classes, self.table)
-            if groups is None:
-                return
-            groups = improve(groups, self.table, self.deadline - reserve, _SEARCH_ITERS)
-            target = (self.proven + self.sync) / (1 - self.options.mip_rel_gap) - self.sync
-            groups = lns(groups, self.table, self.options.solver, self.deadline - reserve, _LNS_ROUNDS, target)
-            groups = improve(groups, self.table, self.deadline - reserve, _SEARCH_ITERS)
-            if not self.best.offer(self.price(groups), groups, "aggregated program"):
+            spread = _spread(sol.counts, sol.classes, self.table)
+            found = [] if spread is None else [(self.improve(spread), "aggregated program")]
+            upper = min([_busy(self.best.plan)] + [estimate(g, self.table) for g, _ in found])
+            found += [(g, "configuration program") for g in [self.configurations(upper)] if g]
+            if not found or not self.search(found):
                 break
+        for _ in range(_PATTERN_ROUNDS):
+            if self.gap() <= self.options.mip_rel_gap or self.left() < reserve + _MIN_SOLVE_S:
+                break
+            groups = self.configurations(_busy(self.best.plan))
+            if groups is None or not self.search([(groups, "configuration program")]):
+                break
+
+    def configurations(self, upper: float) -> Groups | None:
+        """The configuration program (`ilp_patterns`) at a level theta `_PATTERN_STEP` of the way
+        from the proven bound to `upper` (the best busy time in hand): infeasible proves busy time
+        > theta (then a higher level); feasible gives groups packing the large samples as the
+        class program's counting cuts cannot, locally searched. None when it finds none."""
+        reserve = _reserve(len(self.batch))
+        for _ in range(_PATTERN_TRIES):
+            if self.gap() <= self.options.mip_rel_gap or self.left() < reserve + _MIN_SOLVE_S:
+                return None
+            theta = self.proven + _PATTERN_STEP * (upper - self.proven)
+            cap = min(self.deadline - reserve, time.perf_counter() + _PATTERN_SOLVE_S * self.options.time_limit_s)
+            try:
+                res = solve_patterns(self.table, self.cm.cluster.num_gpus, _busy(self.best.plan), theta,
+                                     self.options.solver, cap)
+            except Exception as e:  # the solver must never take the planner down
+                self.notes.append(f"configuration program failed ({type(e).__name__}: {e})")
+                return None
+            if res is not None and "time limit" in res.status:
+                self.cut_short = True
+            if res is None or not res.infeasible:
+                return None if res is None or res.groups is None else self.improve(res.groups)
+            self.proven = max(self.proven, theta * (1 - 1e-9))  # no plan runs within theta
+        return None
+
+    def improve(self, groups: Groups) -> Groups:
+        return improve(groups, self.table, self.deadline - _reserve(len(self.batch)), _SEARCH_ITERS)
+
+    def search(self, found: list[tuple[Groups, str]]) -> bool:
+        """Neighbourhood search on the best candidate (by estimate), then local search; True if
+        it is the new incumbent."""
+        reserve = _reserve(len(self.batch))
+        groups, source = min(found, key=lambda f: estimate(f[0], self.table))
+        target = (self.proven + self.sync) / (1 - self.options.mip_rel_gap) - self.sync
+        groups = lns(groups, self.table, self.options.solver, self.deadline - reserve, _LNS_ROUNDS, target)
+        groups = improve(groups, self.table, self.deadline - reserve, _SEARCH_ITERS)
+        return self.best.offer(self.price(groups), groups, source)
 
     def gap(self) -> float:
         assert self.best.plan is not None

@@ -47,7 +47,9 @@ LEVELS = 8
 
 
 @dataclass
-class _Item:
+class Item:
+    """A program item: an exact type (identical large samples) or a fluid bucket of small ones."""
+
     members: list[int]
     options: list[int]
     exact: bool
@@ -65,13 +67,13 @@ class ClassSolution:
     status: str
 
 
-def _items(table: CostTable, upper: float) -> list[_Item]:
+def program_items(table: CostTable, upper: float) -> list[Item]:
     """Exact types and fluid buckets; a sample's classes are the sizes where it runs alone
     within U (no plan better than the incumbent puts it elsewhere)."""
     n = len(table.tokens)
     opts = (table.ckpt >= 0) & (table.solo <= upper * (1 + 1e-9))
     small = table.solo.min(axis=1) < SMALL * upper
-    items: list[_Item] = []
+    items: list[Item] = []
     exact: dict[tuple[int, float], list[int]] = {}
     for i in range(n):
         if not small[i]:
@@ -79,7 +81,7 @@ def _items(table: CostTable, upper: float) -> list[_Item]:
     for key in sorted(exact):
         ids = exact[key]
         o = np.flatnonzero(opts[ids[0]]).tolist()
-        items.append(_Item(ids, o, True, {j: float(table.load[ids[0], j]) for j in o}))
+        items.append(Item(ids, o, True, {j: float(table.load[ids[0], j]) for j in o}))
     order = sorted(np.flatnonzero(small).tolist(), key=lambda i: (table.tokens[i], table.pairs[i], i))
     bucket: list[int] = []
     lo = hi = None
@@ -96,7 +98,7 @@ def _items(table: CostTable, upper: float) -> list[_Item]:
         if bucket:
             o = np.flatnonzero(opts[bucket[0]]).tolist()
             ref = float(table.load[bucket, o[0]].sum())
-            items.append(_Item(bucket, o, False, {j: ref * float(r) for j, r in zip(o, lo, strict=True)}))
+            items.append(Item(bucket, o, False, {j: ref * float(r) for j, r in zip(o, lo, strict=True)}))
         if i >= 0:
             o = np.flatnonzero(opts[i])
             bucket, lo = [i], table.load[i, o] / table.load[i, o[0]]
@@ -110,7 +112,7 @@ def solve_classes(table: CostTable, num_gpus: int, upper: float, lower: float, s
     busy time, `lower` a proven bound on B; `start` the incumbent's groups (warm start); the
     solver stops at `deadline` (time.perf_counter()) at the latest."""
     sizes, m = table.sizes, len(table.sizes)
-    items = _items(table, upper)
+    items = program_items(table, upper)
     prob = pulp.LpProblem("dcp_ilp", pulp.LpMinimize)
     busy = new_var(prob, "B", lower, upper)
     prob += busy
@@ -168,7 +170,7 @@ def solve_classes(table: CostTable, num_gpus: int, upper: float, lower: float, s
     return _extract(items, table, res, x, beta, num_gpus, upper)
 
 
-def _level_cuts(prob: pulp.LpProblem, items: list[_Item], x: dict, n_groups: dict, busy: pulp.LpVariable,
+def _level_cuts(prob: pulp.LpProblem, items: list[Item], x: dict, n_groups: dict, busy: pulp.LpVariable,
                 lower: float, upper: float, m: int) -> dict[int, pulp.LpVariable]:
     """Bin-packing cuts that hold whenever B < theta, for a geometric grid of levels theta in
     (L, U]. zeta[l] = 1 (allowed only if B >= theta_l) switches level l's cuts off. For each class
@@ -220,7 +222,7 @@ def _alphas(sizes: np.ndarray, theta: float, most: int = 4) -> list[float]:
     return [theta / 3, theta / 4] + [float(theta - g) * (1 + 1e-9) for g in big]
 
 
-def _warm_start(items: list[_Item], table: CostTable, start: Groups, upper: float,
+def _warm_start(items: list[Item], table: CostTable, start: Groups, upper: float,
                 x: dict, beta: dict, cap_v: dict, delta: dict, busy: pulp.LpVariable,
                 zeta: dict) -> dict[pulp.LpVariable, float] | None:
     """Variable values of the incumbent; None if it does not map onto the program."""
@@ -251,7 +253,7 @@ def _warm_start(items: list[_Item], table: CostTable, start: Groups, upper: floa
     return init
 
 
-def _extract(items: list[_Item], table: CostTable, res: SolveResult, x: dict, beta: dict,
+def _extract(items: list[Item], table: CostTable, res: SolveResult, x: dict, beta: dict,
              num_gpus: int, upper: float) -> ClassSolution:
     val = res.values
     counts = {j: 0 for j in range(len(table.sizes))}

@@ -1,0 +1,195 @@
+"""The configuration program at one busy-time level theta: can every group run within theta?
+
+The aggregated program (`ilp_model`) bounds each class's large samples with counting cuts, which
+miss how a handful of large videos actually combine in groups. Here the large samples of each
+class are packed exactly, as patterns (Gilmore-Gomory configurations): a pattern of size p is a
+multiset of large types whose loads sum to at most theta. Smaller samples stay counts and
+fractions per class, filling the room the patterns leave (`ilp_model.program_items`: exact types and
+fluid buckets; large means load above theta / `PARTS` at that size).
+
+    find z[p,q] >= 0 integer (groups of size p with pattern q), c[t,p] (integer), y[b,p] in [0, 1]
+    (P1) sum_{p,q} a[q,t] z[p,q] + sum_p c[t,p] = |t|;  sum_p y[b,p] = 1      every sample placed
+    (P2) sum_t g[t,p] c[t,p] + sum_b G[b,p] y[b,p] <= sum_q (theta - g_q) z[p,q]  room per class
+    (P3) sum_{p,q} p z[p,q] <= N                                             groups fit the cluster
+
+with a[q,t] the copies of type t in pattern q and g_q its load. A plan whose every group runs
+within theta gives a solution (each group's large samples form one of its class's patterns, its
+other samples fit the rest), so an infeasible program proves busy time > theta, and a feasible
+one is a packable class assignment to turn into groups.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pulp
+
+from dcp.planner.ilp_costs import CostTable
+from dcp.planner.ilp_model import Item, program_items
+from dcp.planner.ilp_pack import Groups
+from dcp.planner.ilp_solvers import new_var, run_solver
+
+PARTS = 8
+"""A sample is large at a size when its load there exceeds theta / PARTS."""
+MAX_PATTERNS = 3000
+"""Patterns per program at most; past it, fewer samples count as large (PARTS halves)."""
+PATTERN_NODES = 50
+"""Branch-and-bound node limit per solve (deterministic)."""
+_HIGHS_OPTIONS: dict[str, float | int] = {
+    "presolve": "off", "mip_heuristic_run_rins": False, "mip_heuristic_run_rens": False}
+"""Measured on the 64-GPU video batches: presolve and the sub-MIP heuristics cost more than they
+find on these programs (a few dozen rows, a thousand columns); the bound is unaffected."""
+
+
+@dataclass
+class PatternResult:
+    """`groups` (sample indices per group) when the program is feasible; `infeasible` when it
+    is proven infeasible (no plan runs within theta); neither when the solver gave up."""
+
+    groups: Groups | None
+    infeasible: bool
+    status: str
+    patterns: int
+
+
+def _patterns(items: list[Item], big: list[int], j: int, theta: float, most: int) -> list[dict[int, int]] | None:
+    """Every multiset of the large items `big` at size index j with load at most theta (the
+    empty one included); None when there are more than `most`."""
+    order = sorted(big, key=lambda t: (-items[t].coef[j], t))
+    out: list[dict[int, int]] = []
+    pat: dict[int, int] = {}
+
+    def grow(start: int, used: float) -> bool:
+        out.append(dict(pat))
+        if len(out) > most:
+            return False
+        for q in range(start, len(order)):
+            t = order[q]
+            g = items[t].coef[j]
+            if used + g <= theta * (1 + 1e-12) and pat.get(t, 0) < len(items[t].members):
+                pat[t] = pat.get(t, 0) + 1
+                ok = grow(q, used + g)
+                pat[t] -= 1
+                if not pat[t]:
+                    del pat[t]
+                if not ok:
+                    return False
+        return True
+
+    return out if grow(0, 0.0) else None
+
+
+def solve_patterns(table: CostTable, num_gpus: int, upper: float, theta: float, solver: str,
+                   deadline: float) -> PatternResult | None:
+    """The program at level `theta` (at most `upper`, the incumbent's busy time, at which the
+    items are built); None when it is too large to pose. An exact type may only go where it runs
+    alone within theta; a fluid bucket keeps all its sizes (a relaxation either way)."""
+    sizes = table.sizes
+    items = program_items(table, upper)
+    usable = {(t, j) for t, it in enumerate(items) for j in it.options
+              if not it.exact or table.solo[it.members[0], j] <= theta * (1 + 1e-9)}
+    for t, it in enumerate(items):
+        if not any((t, j) in usable for j in it.options):
+            return PatternResult(None, True, "a sample runs alone longer than theta", 0)
+    parts = PARTS
+    while True:
+        big = {j: [t for t, it in enumerate(items) if it.exact and (t, j) in usable and it.coef[j] > theta / parts]
+               for j in range(len(sizes))}
+        pats: dict[int, list[dict[int, int]]] = {}
+        left = MAX_PATTERNS
+        for j in range(len(sizes)):
+            found = _patterns(items, big[j], j, theta, left)
+            if found is None:
+                break
+            pats[j], left = found, left - len(found)
+        else:
+            break
+        if parts <= 2:
+            return None
+        parts //= 2
+    prob = pulp.LpProblem("dcp_ilp_patterns", pulp.LpMinimize)
+    z: dict[tuple[int, int], pulp.LpVariable] = {}
+    for j, p in enumerate(sizes):
+        for q in range(len(pats[j])):
+            z[j, q] = new_var(prob, f"z_{j}_{q}", 0, num_gpus // p, pulp.LpInteger)
+    small: dict[tuple[int, int], pulp.LpVariable] = {}
+    for t, it in enumerate(items):
+        for j in it.options:
+            if (t, j) in usable and t not in big[j]:
+                small[t, j] = (new_var(prob, f"c_{t}_{j}", 0, len(it.members), pulp.LpInteger) if it.exact
+                               else new_var(prob, f"y_{t}_{j}", 0, 1))
+    work = []
+    for j, p in enumerate(sizes):
+        work += [(z[j, q], p * sum(items[t].coef[j] * k for t, k in pat.items())) for q, pat in enumerate(pats[j])]
+        work += [(v, p * items[t].coef[j]) for (t, jj), v in small.items() if jj == j]
+    prob += pulp.LpAffineExpression(work)  # least GPU-seconds: the most room left to balance
+    for t, it in enumerate(items):
+        terms = [(z[j, q], float(pat[t])) for j in range(len(sizes)) for q, pat in enumerate(pats[j]) if t in pat]
+        terms += [(v, 1.0) for (tt, _), v in small.items() if tt == t]
+        # (P1) every sample placed: in a pattern or among its class's smaller samples
+        prob += pulp.LpAffineExpression(terms) == (len(it.members) if it.exact else 1), f"P1_{t}"
+    for j in range(len(sizes)):
+        room = [(z[j, q], theta - sum(items[t].coef[j] * k for t, k in pat.items())) for q, pat in enumerate(pats[j])]
+        fill = [(v, -items[t].coef[j]) for (t, jj), v in small.items() if jj == j]
+        # (P2) a class's smaller samples fit the room its patterns leave below theta
+        prob += pulp.LpAffineExpression(room + fill) >= 0, f"P2_{j}"
+    # (P3) groups cover at most N GPUs
+    prob += pulp.lpSum(p * z[j, q] for j, p in enumerate(sizes) for q in range(len(pats[j]))) <= num_gpus, "P3"
+    npat = sum(len(v) for v in pats.values())
+    res = run_solver(prob, solver, deadline - time.perf_counter(), 0.01, None, max_nodes=PATTERN_NODES,
+                     highs_options=_HIGHS_OPTIONS)
+    if res.values is None:
+        return PatternResult(None, res.status == "infeasible", res.status, npat)
+    return PatternResult(_groups(items, table, pats, z, small, res.values), False, res.status, npat)
+
+
+def _groups(items: list[Item], table: CostTable, pats: dict[int, list[dict[int, int]]], z: dict,
+            small: dict, val: dict) -> Groups:
+    """Groups from a solution: one per pattern copy with its large samples, then each class's
+    smaller samples, largest first, to its least-loaded group (by the additive estimate)."""
+    pool = {t: list(it.members) for t, it in enumerate(items)}
+    populated = {j for (j, _), var in z.items() if int(round(val[var])) > 0}
+    groups: Groups = []
+    for (j, q), var in z.items():
+        for _ in range(int(round(val[var]))):
+            ids: list[int] = []
+            for t, k in sorted(pats[j][q].items()):
+                ids += pool[t][:k]
+                pool[t] = pool[t][k:]
+            groups.append((j, ids))
+    rest: dict[int, list[int]] = {}
+    for t, it in enumerate(items):
+        opts = [j for j in it.options if (t, j) in small]
+        if it.exact:
+            for j in opts:
+                k = int(round(val[small[t, j]]))
+                rest.setdefault(j, []).extend(pool[t][:k])
+                pool[t] = pool[t][k:]
+        else:  # fluid: largest samples to the largest sizes, each class up to its share
+            ref = it.options[0]
+            total = float(table.load[it.members, ref].sum())
+            members = sorted(pool[t], key=lambda i: (-table.tokens[i], i))
+            pool[t] = []
+            for j in reversed(opts):
+                target, got = val[small[t, j]] * total, 0.0
+                while members and got + table.load[members[0], ref] / 2 <= target:
+                    got += table.load[members[0], ref]
+                    rest.setdefault(j, []).append(members.pop(0))
+            pool[t] = members
+        if pool[t]:  # rounding left some: the populated size where they are cheapest to add
+            where = [j for j in it.options if j in populated] or it.options
+            j = min(where, key=lambda j: (table.sizes[j] * table.add[it.members[0], j], j))
+            rest.setdefault(j, []).extend(pool[t])
+    for j, ids in sorted(rest.items()):
+        mine = [g for g, (jj, _) in enumerate(groups) if jj == j]
+        if not mine:
+            groups.append((j, []))
+            mine = [len(groups) - 1]
+        loads = np.array([float(table.add[groups[g][1], j].sum()) for g in mine])
+        for i in sorted(ids, key=lambda i: (-table.add[i, j], i)):
+            k = int(np.argmin(loads))
+            groups[mine[k]][1].append(i)
+            loads[k] += table.add[i, j]
+    return [(j, ids) for j, ids in groups if ids]
