@@ -10,28 +10,10 @@ from pathlib import Path
 import click
 import pandas as pd
 import pytest
-from click.testing import CliRunner, Result
+from cli_helpers import FAST, run, run_bad
 
 from dcp.cli import main
 from dcp.planner import STRATEGIES, Plan
-
-FAST = ["--steps", "2", "--global-batch", "128"]
-
-
-def run(*args: str, ok: bool = True) -> Result:
-    # catch_exceptions=False: an error that escapes as a traceback fails the test outright.
-    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
-    if ok:
-        assert result.exit_code == 0, result.output
-    return result
-
-
-def run_bad(*args: str) -> str:
-    result = run(*args, ok=False)
-    assert result.exit_code in (1, 2), result.output
-    assert "Traceback" not in result.output
-    assert "Error:" in result.output
-    return result.output
 
 
 def test_presets() -> None:

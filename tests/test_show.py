@@ -8,10 +8,9 @@ import struct
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_helpers import FAST, run, run_bad
 from matplotlib.collections import PolyCollection
 
-from dcp.cli import main
 from dcp.planner.report import (
     group_rows,
     kind_shares,
@@ -23,23 +22,6 @@ from dcp.planner.simulate import simulate
 from dcp.viz import plan_gantt
 
 NOTEBOOK_PROFILE = Path(__file__).resolve().parents[1] / "notebooks" / "data" / "cpu-tiny-llama.json"
-FAST = ["--steps", "2", "--global-batch", "128"]
-
-
-def run(*args: str, ok: bool = True) -> Result:
-    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
-    if ok:
-        assert result.exit_code == 0, result.output
-    return result
-
-
-def run_bad(*args: str) -> str:
-    result = run(*args, ok=False)
-    assert result.exit_code in (1, 2), result.output
-    assert "Traceback" not in result.output
-    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
-    assert len(errors) == 1, result.output
-    return errors[0]
 
 
 def png_size(path: Path) -> tuple[int, int]:
