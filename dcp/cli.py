@@ -183,7 +183,7 @@ def plan(strategy: str, **o: Any) -> None:
 @main.command(name="compare")
 @planning_options
 @click.option("--strategies", default=None,
-              help="Comma-separated strategies. Default: every strategy that imports here.")
+              help="Comma-separated strategies. Default: all of them.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also draw bars per strategy, the lower bound marked (PNG, SVG or PDF by extension).")
 @click.option("--plot-metric", type=click.Choice(["step-time", "throughput"]), default="step-time",
