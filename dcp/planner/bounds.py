@@ -14,12 +14,18 @@ def lower_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] 
     Why it holds: a micro-batch holding a sample has at least its tokens, so needs at least the
     sample's own fewest checkpointed layers r_i(p), and every cost coefficient grows with r; its
     time is at least the sample's solo time (all coefficients are non-negative), and the GPU-seconds
-    it adds are at least p times its marginal (per-token and per-pair) cost at r_i(p). Groups cover
-    at most N GPUs, so the slowest one runs at least the total GPU-seconds / N.
+    it adds are at least p times its marginal (per-token and per-pair) cost at r_i(p). A micro-batch
+    at p also pays its fixed cost, at least fixed(p, 0), on p GPUs, and holds at most
+    max_tokens(p, K) tokens, so each of its tokens carries at least p * fixed(p, 0) / max_tokens(p, K)
+    GPU-seconds of it (this matters under ZeRO-3, whose parameter gathers are per micro-batch).
+    Groups cover at most N GPUs, so the slowest one runs at least the total GPU-seconds / N.
     """
     from dcp.planner.common import allowed_sp_sizes  # common imports this module
 
     sizes = allowed_sp_sizes(cm, sp_sizes)
+    k = cm.model.num_layers
+    capacity = {p: cm.max_tokens(p, k) for p in sizes}
+    fixed_per_token = {p: p * cm.linear_time(p, 0).fixed / capacity[p] for p in sizes if capacity[p] > 0}
     work = 0.0
     longest = 0.0
     for s in batch:
@@ -29,7 +35,8 @@ def lower_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] 
             if r is None:
                 continue
             lin = cm.linear_time(p, r)
-            best_work = min(best_work, p * (lin.per_token * s.tokens + lin.per_pair * s.attn_pairs))
+            marginal = p * (lin.per_token * s.tokens + lin.per_pair * s.attn_pairs)
+            best_work = min(best_work, marginal + fixed_per_token[p] * s.tokens)
             best_time = min(best_time, lin(s.tokens, s.attn_pairs))
         work += best_work
         longest = max(longest, best_time)
