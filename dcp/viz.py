@@ -43,10 +43,6 @@ def _save(fig: Any, path: str | Path | None) -> Any:
     return fig
 
 
-def _ranks(ranks: Sequence[int]) -> str:
-    return f"ranks {ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else f"rank {ranks[0]}"
-
-
 def plan_gantt(plan: Plan, timeline: Timeline, path: str | Path | None = None, title: str = "") -> Any:
     """Every rank's step (dcp.planner.simulate.gantt), with the plan drawn over it: a line
     between SP groups, a white tick where a micro-batch ends, and each group's SP size,

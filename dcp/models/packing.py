@@ -85,10 +85,6 @@ class PackedSeqs:
         return out
 
     # -- per-token tensors of the local shard ----------------------------------------------------
-    def segment_ids(self) -> torch.Tensor:
-        """Segment index of every local token (the pad segment is the last index)."""
-        return self.segment_ids_full()[self.start:self.end]
-
     def positions(self) -> torch.Tensor:
         """Position of every local token inside its sample (RoPE needs the global position)."""
         if "positions" not in self._cache:

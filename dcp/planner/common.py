@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from dcp.costmodel import CostModel
 from dcp.data.workloads import Sample
@@ -32,25 +31,6 @@ def allowed_sp_sizes(cm: CostModel, requested: Sequence[int] | None = None) -> l
     if not sizes:
         raise InfeasibleError("no SP size is allowed")
     return sizes
-
-
-@dataclass(frozen=True)
-class SoloCost:
-    """A sample run alone: its fastest SP size, with the fewest checkpointed layers that fit."""
-
-    sp: int
-    ckpt_layers: int
-    time_s: float
-
-
-def solo_options(sample: Sample, cm: CostModel, sizes: Sequence[int]) -> dict[int, SoloCost]:
-    """Every SP size at which the sample fits alone, with its time there."""
-    out = {}
-    for p in sizes:
-        r = cm.min_ckpt_layers(sample.tokens, p)
-        if r is not None:
-            out[p] = SoloCost(p, r, cm.time_s(sample.tokens, sample.attn_pairs, p, r))
-    return out
 
 
 def check_feasible(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int]) -> None:

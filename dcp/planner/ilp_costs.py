@@ -17,7 +17,6 @@ max_tokens(p, 0) tokens, so they need no checkpointing at all.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -134,12 +133,3 @@ def form_microbatches(ids: Sequence[int], j: int, table: CostTable, cm: CostMode
             return None
         mbs = [merged] + mbs[2:]
     return mbs
-
-
-def microbatch_time(ids: Sequence[int], j: int, table: CostTable, cm: CostModel) -> float:
-    """Exact time of one micro-batch with its fewest checkpointed layers (inf if it does not fit)."""
-    p = table.sizes[j]
-    t = int(sum(int(table.tokens[i]) for i in ids))
-    a = float(sum(table.pairs[i] for i in ids))
-    r = cm.min_ckpt_layers(t, p)
-    return math.inf if r is None else table.linear(cm, p, r)(t, a)
