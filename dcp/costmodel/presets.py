@@ -26,30 +26,28 @@ def _load_json(path: Any, what: str) -> Any:
         raise CostModelError(f"{what} {path}: not valid JSON ({e.msg} at line {e.lineno})") from e
 
 
-def load_model(name_or_path: str) -> ModelSpec:
-    """A model preset by name (see `dcp presets`) or a JSON file path."""
+def _read(name_or_path: str, kind: Literal["models", "hardware"], file_what: str) -> Any:
+    """The JSON of a preset by name, or of a file when given a path (or a name ending in .json)."""
     if name_or_path.endswith(".json") or Path(name_or_path).is_file():
         path = Path(name_or_path)
         if not path.is_file():
-            raise CostModelError(f"model file {name_or_path} does not exist")
-        return ModelSpec.from_dict(_load_json(path, "model file"))
-    if name_or_path not in preset_names("models"):
-        raise CostModelError(f"unknown model preset {name_or_path!r}; known: {', '.join(preset_names('models'))}")
-    return ModelSpec.from_dict(_load_json(_preset_dir("models") / f"{name_or_path}.json", "model preset"))
+            raise CostModelError(f"{file_what} {name_or_path} does not exist")
+        return _load_json(path, file_what)
+    what = "model preset" if kind == "models" else "hardware preset"
+    known = preset_names(kind)
+    if name_or_path not in known:
+        raise CostModelError(f"unknown {what} {name_or_path!r}; known: {', '.join(known)}")
+    return _load_json(_preset_dir(kind) / f"{name_or_path}.json", what)
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    """A model preset by name (see `dcp presets`) or a JSON file path."""
+    return ModelSpec.from_dict(_read(name_or_path, "models", "model file"))
 
 
 def load_hardware(name_or_path: str) -> HardwareProfile:
     """A hardware preset by name (see `dcp presets`) or a profile JSON path from `dcp profile`."""
-    if name_or_path.endswith(".json") or Path(name_or_path).is_file():
-        path = Path(name_or_path)
-        if not path.is_file():
-            raise CostModelError(f"hardware profile {name_or_path} does not exist")
-        return HardwareProfile.from_dict(_load_json(path, "hardware profile"))
-    if name_or_path not in preset_names("hardware"):
-        raise CostModelError(
-            f"unknown hardware preset {name_or_path!r}; known: {', '.join(preset_names('hardware'))}"
-        )
-    return HardwareProfile.from_dict(_load_json(_preset_dir("hardware") / f"{name_or_path}.json", "hardware preset"))
+    return HardwareProfile.from_dict(_read(name_or_path, "hardware", "hardware profile"))
 
 
 def save_hardware(profile: HardwareProfile, path: str | Path) -> None:
