@@ -128,9 +128,8 @@ def layer_points(profile: HardwareProfile, model: str) -> Any:
 def _layer_s(cm: CostModel, phase: str, tokens: int, pairs: int) -> float:
     """One layer's time at SP size 1 as the cost model splits it (CostModel.layer_times)."""
     lt = cm.layer_times(tokens, pairs, 1)
-    rec = lt.fwd_compute_s if lt.rec_compute_s is None else lt.rec_compute_s
     return {"forward": lt.fwd_compute_s, "backward": lt.bwd_compute_s, "train": lt.fwd_compute_s + lt.bwd_compute_s,
-            "checkpointed": lt.fwd_compute_s + rec + lt.bwd_compute_s}[phase]
+            "checkpointed": lt.fwd_compute_s + lt.rec_compute_s + lt.bwd_compute_s}[phase]
 
 
 def model_points(profile: HardwareProfile, model: str) -> Any:

@@ -44,8 +44,8 @@ class LayerTimes:
     bwd_compute_s: float
     comm_s: float
     """All-to-alls of one direction (forward or backward; they move the same bytes)."""
-    rec_compute_s: float | None = None
-    """Recompute when the layer is checkpointed (its all-to-alls are another comm_s); None: fwd_compute_s."""
+    rec_compute_s: float
+    """Recompute when the layer is checkpointed (its all-to-alls are another comm_s)."""
 
 
 class CostModel:
@@ -59,7 +59,6 @@ class CostModel:
         self.training = training or TrainingSetup()
         self.fit = hardware.fits.get(model.name) or self._derive_fit()
         self.static_bytes = self.training.static_bytes(model.param_count(), cluster.num_gpus)
-        self._cache: dict[tuple[int, int], tuple[LinearCost, LinearCost]] = {}
         self._linear: dict[tuple[int, int], LinearCost] = {}
 
     # -- coefficients --------------------------------------------------------------------
@@ -93,12 +92,18 @@ class CostModel:
 
     def layer_times(self, tokens: float, pairs: float, sp_size: int) -> LayerTimes:
         """Per-GPU time of one layer for a micro-batch of `tokens`, `pairs` at SP size p."""
-        f, p = self.fit, sp_size
-        fwd = f.fwd_fixed_s + f.fwd_per_token_s * tokens / p + f.fwd_per_pair_s * pairs / p
-        bwd = f.bwd_fixed_s + f.bwd_per_token_s * tokens / p + f.bwd_per_pair_s * pairs / p
-        rc = f.recompute_coefficients()
-        rec = rc[0] + rc[1] * tokens / p + rc[2] * pairs / p
-        return LayerTimes(fwd, bwd, self._comm_linear(sp_size)(tokens, 0.0), rec)
+        fwd, bwd, rec = self._compute_linear(sp_size)
+        return LayerTimes(fwd(tokens, pairs), bwd(tokens, pairs), self._comm_linear(sp_size)(tokens, 0.0),
+                          rec(tokens, pairs))
+
+    def _compute_linear(self, p: int) -> tuple[LinearCost, LinearCost, LinearCost]:
+        """Forward, backward and recompute compute of one layer at SP size p (SP divides tokens
+        and pairs); recompute is measured apart when the profile has it, else the forward's."""
+        f = self.fit
+        rec_fixed, rec_tok, rec_pair = f.recompute_coefficients()
+        return (LinearCost(f.fwd_fixed_s, f.fwd_per_token_s / p, f.fwd_per_pair_s / p),
+                LinearCost(f.bwd_fixed_s, f.bwd_per_token_s / p, f.bwd_per_pair_s / p),
+                LinearCost(rec_fixed, rec_tok / p, rec_pair / p))
 
     def _comm_linear(self, p: int) -> LinearCost:
         """One direction's all-to-alls of one layer: each moves (p-1)/p of the rank's T/p tokens."""
@@ -114,33 +119,20 @@ class CostModel:
         # A pure function of (p, r) that planners ask thousands of times per batch: cache it.
         key = (sp_size, ckpt_layers)
         if key not in self._linear:
-            fwd, bwd = self._fwd_bwd(sp_size)
-            rec = self._recompute(sp_size)
+            fwd, bwd, rec = self._compute_linear(sp_size)
+            # Forward and backward each run the layer's all-to-alls; a recompute re-runs the
+            # forward's (DeepSpeed-Ulysses, REFERENCES.md).
+            comm = self._comm_linear(sp_size)
             k, r = self.model.num_layers, ckpt_layers
             head = self.fit.head_per_token_s / sp_size
             self._linear[key] = LinearCost(
-                k * (fwd.fixed + bwd.fixed) + r * rec.fixed + self.fit.microbatch_fixed_s
-                + (2 + r / k) * self.param_gather_s(),
-                k * (fwd.per_token + bwd.per_token) + r * rec.per_token + head,
+                k * (fwd.fixed + bwd.fixed + 2 * comm.fixed) + r * (rec.fixed + comm.fixed)
+                + self.fit.microbatch_fixed_s + (2 + r / k) * self.param_gather_s(),
+                k * (fwd.per_token + bwd.per_token + 2 * comm.per_token) + r * (rec.per_token + comm.per_token)
+                + head,
                 k * (fwd.per_pair + bwd.per_pair) + r * rec.per_pair,
             )
         return self._linear[key]
-
-    def _recompute(self, p: int) -> LinearCost:
-        """Recompute of one checkpointed layer: its measured compute (the forward's when not
-        measured) plus the forward's all-to-alls, which it re-runs (REFERENCES.md, Ulysses)."""
-        fixed, per_tok, per_pair = self.fit.recompute_coefficients()
-        comm = self._comm_linear(p)
-        return LinearCost(fixed + comm.fixed, per_tok / p + comm.per_token, per_pair / p)
-
-    def _fwd_bwd(self, p: int) -> tuple[LinearCost, LinearCost]:
-        """Forward and backward of one layer (compute + all-to-alls) as linear costs."""
-        if (p, 0) not in self._cache:
-            f, comm = self.fit, self._comm_linear(p)
-            fwd = LinearCost(f.fwd_fixed_s + comm.fixed, f.fwd_per_token_s / p + comm.per_token, f.fwd_per_pair_s / p)
-            bwd = LinearCost(f.bwd_fixed_s + comm.fixed, f.bwd_per_token_s / p + comm.per_token, f.bwd_per_pair_s / p)
-            self._cache[(p, 0)] = (fwd, bwd)
-        return self._cache[(p, 0)]
 
     def param_gather_s(self) -> float:
         """ZeRO-3: all-gather of every layer's parameters once per pass (forward, backward, and the
@@ -191,9 +183,9 @@ class CostModel:
             return None
         k = self.model.num_layers
         room = self.cluster.memory_bytes - self.static_bytes
-        f = self.fit
-        base = (f.act_full_bytes_per_token * (k + 1) + f.head_bytes_per_token) * tokens / sp_size
-        saved = (f.act_full_bytes_per_token - f.act_ckpt_bytes_per_token) * tokens / sp_size
+        base = self.activation_bytes_per_token(sp_size, 0) * tokens
+        # Memory falls linearly in r: each checkpointed layer saves the same bytes per token.
+        saved = (self.activation_bytes_per_token(sp_size, 0) - self.activation_bytes_per_token(sp_size, 1)) * tokens
         if base <= room:
             return 0
         if saved <= 0:

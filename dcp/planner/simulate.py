@@ -86,10 +86,9 @@ def microbatch_phases(cm: CostModel, tokens: int, pairs: int, sp_size: int,
     lt = cm.layer_times(tokens, pairs, p)
     head = f.head_per_token_s * tokens / p + f.microbatch_fixed_s
     gather = cm.param_gather_s()
-    recompute = lt.fwd_compute_s if lt.rec_compute_s is None else lt.rec_compute_s
     phases: list[tuple[EventKind, float]] = [
         ("param_gather", gather), ("forward", k * lt.fwd_compute_s + head), ("all_to_all", k * lt.comm_s),
-        ("param_gather", r / k * gather), ("recompute", r * recompute), ("all_to_all", r * lt.comm_s),
+        ("param_gather", r / k * gather), ("recompute", r * lt.rec_compute_s), ("all_to_all", r * lt.comm_s),
         ("param_gather", gather), ("backward", k * lt.bwd_compute_s), ("all_to_all", k * lt.comm_s),
     ]
     # The split is derived independently of linear_time; they must agree.
