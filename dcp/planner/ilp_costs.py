@@ -43,10 +43,6 @@ class CostTable:
     """max_tokens(p, 0): tokens a micro-batch may hold without checkpointing."""
     lin: dict[tuple[int, int], LinearCost]
 
-    @property
-    def fits(self) -> np.ndarray:
-        return self.ckpt >= 0
-
     def linear(self, cm: CostModel, p: int, r: int) -> LinearCost:
         if (p, r) not in self.lin:
             self.lin[(p, r)] = cm.linear_time(p, r)

@@ -167,7 +167,7 @@ def solve_classes(table: CostTable, num_gpus: int, upper: float, lower: float, s
     res: SolveResult = run_solver(prob, solver, deadline - time.perf_counter(), gap, init)
     if res.values is None:
         return None
-    return _extract(items, table, res, x, beta, num_gpus, upper)
+    return _extract(items, table, res, x, beta, upper)
 
 
 def _level_cuts(prob: pulp.LpProblem, items: list[Item], x: dict, n_groups: dict, busy: pulp.LpVariable,
@@ -254,7 +254,7 @@ def _warm_start(items: list[Item], table: CostTable, start: Groups, upper: float
 
 
 def _extract(items: list[Item], table: CostTable, res: SolveResult, x: dict, beta: dict,
-             num_gpus: int, upper: float) -> ClassSolution:
+             upper: float) -> ClassSolution:
     val = res.values
     counts = {j: 0 for j in range(len(table.sizes))}
     for (j, k), var in beta.items():

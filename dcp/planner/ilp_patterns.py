@@ -51,7 +51,6 @@ class PatternResult:
     groups: Groups | None
     infeasible: bool
     status: str
-    patterns: int
 
 
 def _patterns(items: list[Item], big: list[int], j: int, theta: float, most: int) -> list[dict[int, int]] | None:
@@ -92,7 +91,7 @@ def solve_patterns(table: CostTable, num_gpus: int, upper: float, theta: float, 
               if not it.exact or table.solo[it.members[0], j] <= theta * (1 + 1e-9)}
     for t, it in enumerate(items):
         if not any((t, j) in usable for j in it.options):
-            return PatternResult(None, True, "a sample runs alone longer than theta", 0)
+            return PatternResult(None, True, "a sample runs alone longer than theta")
     parts = PARTS
     while True:
         big = {j: [t for t, it in enumerate(items) if it.exact and (t, j) in usable and it.coef[j] > theta / parts]
@@ -137,12 +136,11 @@ def solve_patterns(table: CostTable, num_gpus: int, upper: float, theta: float, 
         prob += pulp.LpAffineExpression(room + fill) >= 0, f"P2_{j}"
     # (P3) groups cover at most N GPUs
     prob += pulp.lpSum(p * z[j, q] for j, p in enumerate(sizes) for q in range(len(pats[j]))) <= num_gpus, "P3"
-    npat = sum(len(v) for v in pats.values())
     res = run_solver(prob, solver, deadline - time.perf_counter(), 0.01, None, max_nodes=PATTERN_NODES,
                      highs_options=_HIGHS_OPTIONS)
     if res.values is None:
-        return PatternResult(None, res.status == "infeasible", res.status, npat)
-    return PatternResult(_groups(items, table, pats, z, small, res.values), False, res.status, npat)
+        return PatternResult(None, res.status == "infeasible", res.status)
+    return PatternResult(_groups(items, table, pats, z, small, res.values), False, res.status)
 
 
 def _groups(items: list[Item], table: CostTable, pats: dict[int, list[dict[int, int]]], z: dict,

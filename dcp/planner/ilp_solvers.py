@@ -31,8 +31,6 @@ class SolveResult:
     bound: float | None
     """Proven lower bound on the objective (minimization); None when unknown."""
     status: str
-    nodes: int = 0
-    """Branch-and-bound nodes explored (HiGHS; 0 when unknown)."""
 
 
 def new_var(prob: pulp.LpProblem, name: str, low: float | None = None, up: float | None = None,
@@ -121,8 +119,7 @@ def run_solver(prob: pulp.LpProblem, solver: str, time_limit_s: float, gap: floa
         has_sol = info.primal_solution_status == 2  # kSolutionStatusFeasible
         bound = info.mip_dual_bound if status != "infeasible" else None
         values = {v: float(v.varValue) for v in prob.variables()} if has_sol else None
-        return SolveResult(values, bound if bound is not None and bound > -1e30 else None, status,
-                           int(info.mip_node_count))
+        return SolveResult(values, bound if bound is not None and bound > -1e30 else None, status)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # PuLP 3.3 prefers COIN_CMD + pulp[cbc]
         cbc = pulp.PULP_CBC_CMD()
