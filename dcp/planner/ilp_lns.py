@@ -31,12 +31,12 @@ LNS_SOLUTIONS = 3
 """Stop a neighbourhood solve at its third improving solution (the start counts): many quick
 rounds beat a few long ones."""
 LNS_GAP = 0.002
+"""Relative gap at which a neighbourhood solve stops: any clear improvement will do."""
 _HIGHS_OPTIONS: dict[str, float | int] = {
     "mip_max_improving_sols": LNS_SOLUTIONS,
     # Sub-MIP heuristics cost more than they find on these small, warm-started problems.
     "mip_heuristic_run_rins": False, "mip_heuristic_run_rens": False,
 }
-"""Relative gap at which a neighbourhood solve stops: any clear improvement will do."""
 
 
 def _neighbourhood(loads: np.ndarray, gj: np.ndarray, sizes: np.ndarray, c: int, variant: int) -> list[int]:
