@@ -13,7 +13,15 @@ from typing import Any
 
 import click
 
-from dcp.costmodel import CostModel, CostModelError, load_hardware, load_model, preset_names
+from dcp.costmodel import (
+    DEFAULT_HARDWARE,
+    DEFAULT_MODEL,
+    CostModel,
+    CostModelError,
+    load_hardware,
+    load_model,
+    preset_names,
+)
 from dcp.data.workloads import Sample, WorkloadError
 from dcp.planner import STRATEGIES
 from dcp.planner.plan import InfeasibleError, PlanError
@@ -65,9 +73,9 @@ def planning_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="wikipedia, lognormal[:mean=1024,...], opensora[:short|balanced|long] or a lengths "
                           "file (.txt, .txt.gz, .csv, .parquet, .jsonl)."),
         click.option("--model", default=None,
-                     help="Model preset or JSON file (see `dcp presets`). Default: llama-7b, "
+                     help="Model preset or JSON file (see `dcp presets`). Default: " + DEFAULT_MODEL + ", "
                           "opensora-stdit-1.1b for opensora workloads."),
-        click.option("--hardware", default="h200-sxm", show_default=True,
+        click.option("--hardware", default=DEFAULT_HARDWARE, show_default=True,
                      help="Hardware preset or a profile JSON from `dcp profile`."),
         click.option("--gpus", type=click.IntRange(min=1), default=32, show_default=True, help="GPUs in the job."),
         click.option("--gpus-per-node", type=click.IntRange(min=1), default=None,

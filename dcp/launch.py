@@ -21,7 +21,14 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from dcp.costmodel import Cluster, CostModel, ModelSpec, TrainingSetup, load_hardware
+from dcp.costmodel import (
+    DEFAULT_HARDWARE,
+    Cluster,
+    CostModel,
+    ModelSpec,
+    TrainingSetup,
+    load_hardware,
+)
 from dcp.data import GlobalBatchSampler, load_workload
 from dcp.executor import ParallelState, StepStats
 from dcp.planner.plan import Plan
@@ -99,7 +106,7 @@ def planned_batches(spec: ModelSpec, state: ParallelState, options: RunOptions) 
     """Global batches of the workload, each planned for this job's ranks with a cost model of
     `spec` on the hardware (bf16 on GPUs, fp32 on CPU; ZeRO-1 as `sharded_optimizer`)."""
     cuda = state.device.type == "cuda"
-    hw = load_hardware(options.hardware or ("h200-sxm" if cuda else "cpu"))
+    hw = load_hardware(options.hardware or (DEFAULT_HARDWARE if cuda else "cpu"))
     cluster = Cluster(num_gpus=state.world_size, gpus_per_node=state.gpus_per_node,
                       memory_bytes=options.memory_mb * 1e6 if options.memory_mb else hw.memory_bytes)
     cm = CostModel(spec, hw, cluster, TrainingSetup(precision="bf16" if cuda else "fp32", zero_stage=1))

@@ -16,7 +16,14 @@ from dcp.costmodel.hardware import (
     TrainingSetup,
 )
 from dcp.costmodel.model import CostModel, LayerTimes, LinearCost
-from dcp.costmodel.presets import load_hardware, load_model, preset_names, save_hardware
+from dcp.costmodel.presets import (
+    DEFAULT_HARDWARE,
+    DEFAULT_MODEL,
+    load_hardware,
+    load_model,
+    preset_names,
+    save_hardware,
+)
 from dcp.costmodel.spec import (
     ATTENTION_KINDS,
     AttentionKind,
@@ -26,7 +33,7 @@ from dcp.costmodel.spec import (
 )
 
 __all__ = [
-    "ATTENTION_KINDS", "PROFILE_SCHEMA_VERSION", "AttentionKind", "Cluster", "CostModel", "CostModelError",
+    "ATTENTION_KINDS", "DEFAULT_HARDWARE", "DEFAULT_MODEL", "PROFILE_SCHEMA_VERSION", "AttentionKind", "Cluster", "CostModel", "CostModelError",
     "HardwareProfile", "LayerFit", "LayerTimes", "LinearCost", "ModelSpec", "TrainingSetup",
     "attention_pairs", "load_hardware", "load_model", "preset_names", "save_hardware",
 ]

@@ -10,6 +10,12 @@ from typing import Any, Literal
 from dcp.costmodel.hardware import HardwareProfile
 from dcp.costmodel.spec import CostModelError, ModelSpec
 
+DEFAULT_MODEL = "llama-7b"
+"""The model dcp plans for when none is named."""
+DEFAULT_HARDWARE = "h200-sxm"
+"""The hardware dcp plans for when none is named: the best H200 profile shipped (datasheet until
+`benchmarks/gpu/run.sh` commits a measured one)."""
+
 
 def _preset_dir(kind: str) -> Any:
     return resources.files("dcp.presets") / kind

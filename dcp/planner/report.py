@@ -17,15 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dcp.costmodel import CostModel
+from dcp.costmodel import DEFAULT_HARDWARE, DEFAULT_MODEL, CostModel
 from dcp.planner.plan import Plan, PlanError
 from dcp.planner.run import build_cost_model
 from dcp.planner.simulate import EVENT_KINDS, Timeline
 
 # The `dcp plan` config keys a cost model is rebuilt from.
 COST_MODEL_KEYS = ("model", "hardware", "gpus", "gpus_per_node", "memory_gb", "zero_stage")
-# What `dcp plan` uses when nothing says otherwise: the guess for a bare plan without config.
-DEFAULT_MODEL, DEFAULT_HARDWARE = "llama-7b", "h200-sxm"
 
 
 @dataclass

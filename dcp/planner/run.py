@@ -14,7 +14,14 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from dcp.costmodel import Cluster, CostModel, TrainingSetup, load_hardware, load_model
+from dcp.costmodel import (
+    DEFAULT_MODEL,
+    Cluster,
+    CostModel,
+    TrainingSetup,
+    load_hardware,
+    load_model,
+)
 from dcp.data.workloads import Sample, global_batches, load_workload
 from dcp.planner import STRATEGIES, solve, strategy_options
 from dcp.planner.options import IlpOptions, StrategyOptions
@@ -28,7 +35,7 @@ REFERENCE_STRATEGY = "bucket"
 def default_model(workload: str) -> str:
     """The model a workload is usually trained with: the Open-Sora STDiT for the video workload
     (the DCP paper's 2D setting), a Llama 7B otherwise."""
-    return "opensora-stdit-1.1b" if workload.startswith("opensora") else "llama-7b"
+    return "opensora-stdit-1.1b" if workload.startswith("opensora") else DEFAULT_MODEL
 
 
 def build_cost_model(model: str, hardware: str, gpus: int, gpus_per_node: int | None = None,
@@ -62,9 +69,9 @@ def resolve_options(name: str, time_limit_s: float | None = None) -> StrategyOpt
 
 def plan_steps(batches: Sequence[Sequence[Sample]], cm: CostModel, strategy: str = "ilp",
                time_limit_s: float | None = None) -> list[Plan]:
-    """One plan per global batch, each validated."""
+    """One plan per global batch (every strategy returns validated plans)."""
     options = resolve_options(strategy, time_limit_s)
-    return [solve(batch, cm.cluster, cm, options).validate() for batch in batches]
+    return [solve(batch, cm.cluster, cm, options) for batch in batches]
 
 
 def gap(plan: Plan) -> float:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dcp.costmodel import CostModel, CostModelError
+from dcp.costmodel import DEFAULT_HARDWARE, DEFAULT_MODEL, CostModel, CostModelError
 from dcp.data.workloads import Sample
 from dcp.planner.plan import InfeasibleError, Plan
 from dcp.planner.report import checkpoint_share, memory_headroom
@@ -31,9 +31,9 @@ BASELINES = ("bucket", "packed")
 class Scenario:
     """One what-if point: a model trained on a workload on a cluster."""
 
-    model: str = "llama-7b"
+    model: str = DEFAULT_MODEL
     """Model preset name or JSON path (see `dcp presets`)."""
-    hardware: str = "h200-sxm"
+    hardware: str = DEFAULT_HARDWARE
     """Hardware preset name or a profile JSON from `dcp profile`."""
     gpus: int = 32
     workload: str = "wikipedia"

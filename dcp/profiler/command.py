@@ -13,10 +13,11 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from dcp import costmodel
 from dcp.costmodel import load_hardware, load_model, save_hardware
 
-DEFAULT_MODEL = {"cpu": "tiny-llama", "cuda": "llama-7b"}
-DEFAULT_BASE = {"cpu": "cpu", "cuda": "h200-sxm"}
+DEFAULT_MODEL = {"cpu": "tiny-llama", "cuda": costmodel.DEFAULT_MODEL}
+DEFAULT_BASE = {"cpu": "cpu", "cuda": costmodel.DEFAULT_HARDWARE}
 
 
 def _progress(console: Console) -> Progress:
