@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dcp.costmodel import CostModel, LinearCost
+from dcp.costmodel import CostModel
 from dcp.data.workloads import Sample
 
 
@@ -41,24 +41,18 @@ class CostTable:
     """fixed(p, 0): the cost of one micro-batch that checkpoints nothing."""
     cap0: np.ndarray
     """max_tokens(p, 0): tokens a micro-batch may hold without checkpointing."""
-    lin: dict[tuple[int, int], LinearCost]
-
-    def linear(self, cm: CostModel, p: int, r: int) -> LinearCost:
-        if (p, r) not in self.lin:
-            self.lin[(p, r)] = cm.linear_time(p, r)
-        return self.lin[(p, r)]
 
 
-def _load_lower_bound(cm: CostModel, table: CostTable, p: int, r: int, t: int, a: int) -> float:
+def _load_lower_bound(cm: CostModel, p: int, r: int, t: int, a: int) -> float:
     """g_ip: a micro-batch at (p, r') holding sample i (so r' >= r) costs at least
     sum over its samples of [marginal(p, r') + fixed(p, r') * T_j / cap(p, r')], because its
     tokens are at most cap(p, r'). Either r' = r, or r' > r and the marginal alone at r + 1
     is already a lower bound (all coefficients grow with r)."""
-    lin = table.linear(cm, p, r)
+    lin = cm.linear_time(p, r)
     marginal = lin.per_token * t + lin.per_pair * a
     share = marginal + lin.fixed * t / max(cm.max_tokens(p, r), 1)
     if r < cm.model.num_layers:
-        nxt = table.linear(cm, p, r + 1)
+        nxt = cm.linear_time(p, r + 1)
         share = min(share, nxt.per_token * t + nxt.per_pair * a)
     return share
 
@@ -70,9 +64,9 @@ def cost_table(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int]) -> 
     pairs = np.array([s.attn_pairs for s in batch], dtype=np.float64)
     table = CostTable(list(sizes), tokens, pairs, np.full((n, m), -1, dtype=np.int64),
                       np.full((n, m), np.inf), np.full((n, m), np.inf), np.full((n, m), np.inf),
-                      np.zeros(m), np.zeros(m), {})
+                      np.zeros(m), np.zeros(m))
     for j, p in enumerate(sizes):
-        lin0 = table.linear(cm, p, 0)
+        lin0 = cm.linear_time(p, 0)
         cap0 = cm.max_tokens(p, 0)
         table.fixed0[j], table.cap0[j] = lin0.fixed, cap0
         short = tokens <= cap0
@@ -81,7 +75,7 @@ def cost_table(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int]) -> 
         table.ckpt[short, j] = 0
         table.solo[short, j] = (lin0.fixed + marg)[short]
         table.add[short, j] = (marg + lin0.fixed * tokens / max(cap0, 1))[short]
-        nxt = table.linear(cm, p, 1) if cm.model.num_layers >= 1 else lin0
+        nxt = cm.linear_time(p, 1) if cm.model.num_layers >= 1 else lin0
         g0 = np.minimum(marg + lin0.fixed * tokens / max(cap0, 1), nxt.per_token * tokens + nxt.per_pair * pairs)
         table.load[short, j] = g0[short]
         for i in np.flatnonzero(~short):
@@ -89,11 +83,11 @@ def cost_table(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int]) -> 
             r = cm.min_ckpt_layers(t, p)
             if r is None:
                 continue
-            lin = table.linear(cm, p, r)
+            lin = cm.linear_time(p, r)
             table.ckpt[i, j] = r
             table.solo[i, j] = lin(t, a)
             table.add[i, j] = lin(t, a)
-            table.load[i, j] = _load_lower_bound(cm, table, p, r, t, a)
+            table.load[i, j] = _load_lower_bound(cm, p, r, t, a)
     return table
 
 

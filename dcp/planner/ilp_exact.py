@@ -75,7 +75,7 @@ def solve_exact(batch: Sequence[Sample], cm: CostModel, table: CostTable, option
             q = {r: new_var(prob, f"q_{b}_{m}_{r}", cat=pulp.LpBinary) for r in levels}
             # (X4) a running micro-batch has exactly one checkpoint level
             prob += pulp.lpSum(q.values()) == on, f"X4_{b}_{m}"
-            time_terms = [(q[r], table.linear(cm, p, r).fixed) for r in levels]
+            time_terms = [(q[r], cm.linear_time(p, r).fixed) for r in levels]
             at_level: dict[int, dict[int, pulp.LpVariable]] = {}
             for i in members:
                 x[i, b, m] = new_var(prob, f"x_{i}_{b}_{m}", cat=pulp.LpBinary)
@@ -84,7 +84,7 @@ def solve_exact(batch: Sequence[Sample], cm: CostModel, table: CostTable, option
                 prob += pulp.lpSum(v.values()) == x[i, b, m], f"X3_{i}_{b}_{m}"
                 for r in levels:
                     prob += v[r] <= q[r], f"X3q_{i}_{b}_{m}_{r}"
-                    lin = table.linear(cm, p, r)
+                    lin = cm.linear_time(p, r)
                     time_terms.append((v[r], lin.per_token * int(table.tokens[i]) + lin.per_pair * float(table.pairs[i])))
             for r in levels:
                 # (X5) memory at level r: sum_i T_i v[i,r] <= max_tokens(p, r) q[r]

@@ -18,6 +18,7 @@ import numpy as np
 
 from dcp.costmodel import CostModel
 from dcp.data.workloads import Sample
+from dcp.planner.baselines import lpt_assign
 from dcp.planner.common import aligned_layout, assemble
 from dcp.planner.ilp_costs import CostTable, form_microbatches
 from dcp.planner.plan import Plan
@@ -120,17 +121,11 @@ def improve(groups: Groups, table: CostTable, deadline: float, max_iter: int = 2
 
 
 def lpt(ids: Sequence[int], n_groups: int, j: int, table: CostTable) -> list[list[int]]:
-    """Longest processing time first: each sample, largest estimate first, to the group with
-    the smallest estimated load so far."""
-    bins: list[list[int]] = [[] for _ in range(n_groups)]
+    """`lpt_assign` of the samples by their additive estimates at size index j (ties by index)."""
     if n_groups == 0:
-        return bins
-    loads = np.zeros(n_groups)
-    for i in sorted(ids, key=lambda i: (-table.add[i, j], i)):
-        b = int(np.argmin(loads))
-        bins[b].append(i)
-        loads[b] += table.add[i, j]
-    return bins
+        return []
+    order = sorted(ids)
+    return [[order[k] for k in b] for b in lpt_assign([float(table.add[i, j]) for i in order], n_groups)]
 
 
 def multifit(ids: Sequence[int], n_groups: int, j: int, table: CostTable, rounds: int = 20) -> list[list[int]]:
