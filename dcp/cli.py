@@ -218,7 +218,7 @@ def compare_cmd(strategies: str | None, plot: Path | None, plot_metric: str, **o
     else:
         table = _table(frame, {
             "strategy": ("strategy", str), "mean_step_time_s": ("step (s)", _secs),
-            "speedup_vs_bucket": ("vs bucket", "{:.2f}x".format), "idle_fraction": ("idle", _pct),
+            "speedup_vs_bucket": ("vs bucket", lambda x: "-" if x != x else f"{x:.2f}x"), "idle_fraction": ("idle", _pct),
             "comm_fraction": ("comm", _pct), "gap_to_lower_bound": ("gap to bound", _pct),
             "mean_solve_time_s": ("solve (s)", _secs)})
         text = (f"{len(batches)} steps of {config['workload']} on {cm.cluster.num_gpus} x {cm.hardware.name}, "

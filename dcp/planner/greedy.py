@@ -75,7 +75,7 @@ def profile_bucket(longest: Sample, count: int, cm: CostModel, sizes: Sequence[i
 
 def _mb_time(cm: CostModel, mb: Sequence[Sample], p: int, pyramid: bool) -> float:
     tokens = sum(s.tokens for s in mb)
-    r = cm.min_ckpt_layers(tokens, p) if pyramid else cm.model.num_layers
+    r = _ckpt(cm, tokens, p, pyramid)
     assert r is not None, "micro-batches are cut to fit at their class's SP size or a larger one"
     return cm.time_s(tokens, sum(s.attn_pairs for s in mb), p, r)
 
