@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dcp.data.local import local_samples
 from dcp.executor.batch import PackedBatch, SampleTensors, check_sample_tensors, pack_microbatch
 from dcp.executor.checkpoint import CheckpointSwitches
 from dcp.executor.comm import GradBuffer, broadcast_params
@@ -112,10 +113,9 @@ class Executor:
         start = time.perf_counter()
         state = self.state
         check_plan(plan, state, len(self.switches.layers), self.heads)
-        gi, group = next(((i, g) for i, g in enumerate(plan.groups) if state.rank in g.ranks), (-1, None))
+        group = plan.group_of_rank(state.rank)
         specs = plan.sample_map()
-        mine = [i for mb in group.microbatches for i in mb.samples] if group else []
-        error = check_sample_tensors(mine, specs, samples, self.per_sample_keys)
+        error = check_sample_tensors(local_samples(plan, state.rank), specs, samples, self.per_sample_keys)
         if self.check_agreement:
             agree_on_plan(plan, state, error)
         elif error:
@@ -146,6 +146,7 @@ class Executor:
         sync_start = time.perf_counter()
         total_loss, total_tokens = self.grads.reduce(loss_sum, loss_tokens)
         now = time.perf_counter()
+        gi = plan.groups.index(group) if group else -1
         # Read the timers only now: on CUDA that waits for the events, which must not delay
         # launching the all-reduce.
         stats = [MicroBatchStats(gi, mi, group.sp, len(mb.samples), sum(specs[i].tokens for i in mb.samples),

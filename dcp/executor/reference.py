@@ -14,15 +14,13 @@ import torch
 from torch import nn
 
 from dcp.data.workloads import Sample
-from dcp.executor.batch import PackedBatch, SampleTensors, pack_microbatch
+from dcp.executor.batch import SampleTensors, pack_microbatch
+from dcp.executor.executor import ForwardFn, LossFn
 from dcp.planner.plan import Group, MicroBatch, Plan
-
-LossFn = Callable[[torch.Tensor, PackedBatch], tuple[torch.Tensor, torch.Tensor]]
 
 
 def reference_step(model: nn.Module, batch: Sequence[Sample], samples: Mapping[int, SampleTensors],
-                   loss_fn: LossFn, forward_fn: Callable[[nn.Module, PackedBatch], torch.Tensor],
-                   device: torch.device | str = "cpu") -> float:
+                   loss_fn: LossFn, forward_fn: ForwardFn, device: torch.device | str = "cpu") -> float:
     """Accumulate into `.grad` the gradient of (sum of per-token losses) / (loss tokens) over the
     batch, one sample at a time; returns the mean loss. Gradients are zeroed first."""
     model.zero_grad(set_to_none=True)
