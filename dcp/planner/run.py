@@ -125,6 +125,15 @@ def simulate_all(plans: Sequence[Plan], cm: CostModel) -> list[Timeline]:
     return [simulate(p, cm) for p in plans]
 
 
+def strategy_metrics(plans: Sequence[Plan], cm: CostModel) -> dict[str, float]:
+    """What `dcp compare` reports for one strategy's plans of the same batches."""
+    s = summarize(plans, simulate_all(plans, cm))
+    return {"mean_step_time_s": s["mean_step_time_s"], "idle_fraction": s["idle_fraction"],
+            "comm_fraction": s["comm_fraction"], "gap_to_lower_bound": s["mean_gap"],
+            "mean_solve_time_s": s["mean_solve_time_s"], "throughput_tokens_per_s": s["throughput_tokens_per_s"],
+            "mean_lower_bound_s": sum(p.lower_bound_s for p in plans) / len(plans)}
+
+
 def compare(batches: Sequence[Sequence[Sample]], cm: CostModel, strategies: Sequence[str] | None = None,
             time_limit_s: float | None = None) -> Any:
     """The same batches through every strategy: one row per strategy (pandas DataFrame).
@@ -137,13 +146,7 @@ def compare(batches: Sequence[Sequence[Sample]], cm: CostModel, strategies: Sequ
         resolve_options(name, time_limit_s)  # fail on a bad name before any solving
     rows = []
     for name in names:
-        plans = plan_steps(batches, cm, name, time_limit_s)
-        s = summarize(plans, simulate_all(plans, cm))
-        rows.append({"strategy": name, "mean_step_time_s": s["mean_step_time_s"],
-                     "idle_fraction": s["idle_fraction"], "comm_fraction": s["comm_fraction"],
-                     "gap_to_lower_bound": s["mean_gap"], "mean_solve_time_s": s["mean_solve_time_s"],
-                     "throughput_tokens_per_s": s["throughput_tokens_per_s"],
-                     "mean_lower_bound_s": sum(p.lower_bound_s for p in plans) / len(plans)})
+        rows.append({"strategy": name, **strategy_metrics(plan_steps(batches, cm, name, time_limit_s), cm)})
     frame = pd.DataFrame(rows)
     ref = frame.loc[frame["strategy"] == REFERENCE_STRATEGY, "mean_step_time_s"]
     frame.insert(2, "speedup_vs_bucket", ref.iloc[0] / frame["mean_step_time_s"] if len(ref) else float("nan"))

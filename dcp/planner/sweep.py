@@ -21,7 +21,7 @@ from dcp.costmodel import DEFAULT_HARDWARE, DEFAULT_MODEL, CostModel, CostModelE
 from dcp.data.workloads import Sample
 from dcp.planner.plan import InfeasibleError, Plan
 from dcp.planner.report import checkpoint_share, memory_headroom
-from dcp.planner.run import build_cost_model, make_batches, plan_steps, simulate_all, summarize
+from dcp.planner.run import build_cost_model, make_batches, plan_steps, strategy_metrics
 
 SWEEP_STRATEGIES = ("ilp", "dcp-greedy", "bucket", "packed")
 BASELINES = ("bucket", "packed")
@@ -76,12 +76,8 @@ def grid(base: Scenario, **axes: Sequence[Any]) -> list[Scenario]:
 
 
 def _metrics(plans: Sequence[Plan], cm: CostModel) -> dict[str, float]:
-    s = summarize(plans, simulate_all(plans, cm))
     return {
-        "mean_step_time_s": s["mean_step_time_s"], "throughput_tokens_per_s": s["throughput_tokens_per_s"],
-        "idle_fraction": s["idle_fraction"], "comm_fraction": s["comm_fraction"],
-        "gap_to_lower_bound": s["mean_gap"], "mean_lower_bound_s": sum(p.lower_bound_s for p in plans) / len(plans),
-        "mean_solve_time_s": s["mean_solve_time_s"],
+        **strategy_metrics(plans, cm),
         # The worst step is the one that runs out of memory: report its headroom.
         "memory_headroom": min(memory_headroom(p) for p in plans),
         "checkpoint_share": sum(checkpoint_share(p) for p in plans) / len(plans),
