@@ -9,6 +9,7 @@ t2 = M + 2L give M = 2 t1 - t2 (the DCP paper's dual-layer profile).
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ from dcp.profiler.timing import (
     compute_clock,
     count_saved_bytes,
     cuda_memory,
+    median_time,
     synchronize,
 )
 
@@ -111,8 +113,8 @@ def measure_layer(layer: torch.nn.Module, bench: LayerBench, samples: Sequence[S
         ck.append(ckpt())
     return LayerPoint(
         tokens=sum(s.tokens for s in samples), attn_pairs=bench.pairs(samples), num_samples=len(samples),
-        fwd_s=_median(fwd), bwd_s=_median(bwd), ckpt_s=_median(ck), act_bytes=_layer_act_bytes(layer, call, dev),
-        ckpt_act_bytes=_layer_act_bytes(layer, call, dev, ckpt=True),
+        fwd_s=statistics.median(fwd), bwd_s=statistics.median(bwd), ckpt_s=statistics.median(ck),
+        act_bytes=_layer_act_bytes(layer, call, dev), ckpt_act_bytes=_layer_act_bytes(layer, call, dev, ckpt=True),
     )
 
 
@@ -148,7 +150,6 @@ def measure_model(model: torch.nn.Module, bench: LayerBench, samples: Sequence[S
     `layers` and `ckpt_layers` describe the model as built, for the record."""
     assert bench.model_inputs is not None
     dev, call = bench.device, bench.model_inputs(samples)
-    watch = Stopwatch(dev, compute_clock())
 
     def step() -> None:
         x = _leaf(call)
@@ -156,15 +157,7 @@ def measure_model(model: torch.nn.Module, bench: LayerBench, samples: Sequence[S
 
     # The first step allocates .grad of every parameter; later ones accumulate into them, as
     # gradient accumulation does, so the measured peak is activations and not grad buffers.
-    for _ in range(max(1, reps.warmup)):
-        step()
-    synchronize(dev)
-    times = []
-    for _ in range(reps.repeats):
-        watch.start()
-        step()
-        watch.stop()
-        times.append(watch.seconds())
+    seconds = median_time(step, dev, warmup=max(1, reps.warmup), repeats=reps.repeats)
     if dev.type == "cuda":
         with cuda_memory(dev) as mem:
             step()
@@ -175,10 +168,5 @@ def measure_model(model: torch.nn.Module, bench: LayerBench, samples: Sequence[S
         loss.backward()
         act = saved.total
     return ModelPoint(tokens=sum(s.tokens for s in samples), attn_pairs=bench.pairs(samples), layers=layers,
-                      ckpt_layers=ckpt_layers, seconds=_median(times), act_bytes=act)
+                      ckpt_layers=ckpt_layers, seconds=seconds, act_bytes=act)
 
-
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
