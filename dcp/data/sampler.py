@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from dcp.costmodel import CostModel, CostModelError, attention_pairs
+from dcp.costmodel import CostModel, attention_pairs
 from dcp.data.local import LocalBatch, local_samples
 from dcp.data.prefetch import PlanAhead, Planner, SolvePlanner
 from dcp.data.workloads import Sample, Workload
@@ -66,16 +66,8 @@ def unfittable_ids(tokens: np.ndarray, cm: CostModel, sp_sizes: Sequence[int] | 
     layer checkpointed (the planner's own feasibility rule), or beyond the cost model's range."""
     p = max(allowed_sp_sizes(cm, sp_sizes))
     check_feasible([], cm, [p])  # model states alone must leave room
-    bad = []
-    for t in np.unique(tokens).tolist():
-        r = cm.min_ckpt_layers(t, p)
-        try:
-            if r is not None:
-                cm.memory_bytes(t, p, r)  # raises beyond the profile's fitted range
-        except CostModelError:
-            r = None
-        if r is None:
-            bad.append(t)
+    # min_ckpt_layers is None both when memory is short and beyond the profile's fitted range.
+    bad = [t for t in np.unique(tokens).tolist() if cm.min_ckpt_layers(t, p) is None]
     return np.flatnonzero(np.isin(tokens, bad))
 
 
