@@ -147,6 +147,14 @@ def _table(frame: Any, columns: dict[str, tuple[str, Callable[[Any], str]]]) -> 
     return "\n".join(lines)
 
 
+# The per-step columns `plan` and `show` both print (then each adds its own).
+_STEP_COLUMNS: dict[str, tuple[str, Callable[[Any], str]]] = {
+    "step": ("step", str), "samples": ("samples", str), "tokens": ("tokens", str),
+    "groups": ("groups (n x sp)", str), "microbatches": ("micro-batches", str),
+    "step_time_s": ("step (s)", _secs),
+}
+
+
 @main.command()
 @planning_options
 @click.option("--strategy", default="ilp", show_default=True,
@@ -176,9 +184,7 @@ def plan(strategy: str, **o: Any) -> None:
         text = frame[["step", *[c for c in frame.columns if c != "step"]]].to_csv(index=False)
     else:
         table = _table(step_rows(plans, timelines), {
-            "step": ("step", str), "samples": ("samples", str), "tokens": ("tokens", str),
-            "groups": ("groups (n x sp)", str), "microbatches": ("micro-batches", str),
-            "step_time_s": ("step (s)", _secs), "lower_bound_s": ("bound (s)", _secs), "gap": ("gap", _pct),
+            **_STEP_COLUMNS, "lower_bound_s": ("bound (s)", _secs), "gap": ("gap", _pct),
             "solve_time_s": ("solve (s)", _secs)})
         text = (f"{strategy} on {cm.cluster.num_gpus} x {cm.hardware.name}, {cm.model.name}, "
                 f"{config['workload']}\n{table}\n"
@@ -280,9 +286,7 @@ def show(plan_file: Path, step_index: int, gantt_path: Path | None, model: str |
     lines = [f"{plan_file}: {doc.describe()}"]
     if len(doc.plans) > 1:
         lines.append(_table(step_rows(doc.plans, timelines), {
-            "step": ("step", str), "samples": ("samples", str), "tokens": ("tokens", str),
-            "groups": ("groups (n x sp)", str), "microbatches": ("micro-batches", str),
-            "step_time_s": ("step (s)", _secs), "gap": ("gap", _pct), "idle_fraction": ("idle", _pct),
+            **_STEP_COLUMNS, "gap": ("gap", _pct), "idle_fraction": ("idle", _pct),
             "comm_fraction": ("comm", _pct)}))
     tl = timelines[step_index]
     tokens = sum(s.tokens for s in the_plan.samples)
