@@ -15,8 +15,8 @@ import pulp
 
 from dcp.costmodel import CostModel
 from dcp.data.workloads import Sample
-from dcp.planner.common import aligned_layout
 from dcp.planner.ilp_costs import CostTable
+from dcp.planner.ilp_pack import place
 from dcp.planner.ilp_solvers import new_var, run_solver
 from dcp.planner.options import IlpOptions
 
@@ -27,7 +27,7 @@ EXACT_MAX_NODES = 200_000
 
 def group_slots(sizes: Sequence[int], num_gpus: int) -> list[tuple[int, int]]:
     """(SP size, index) of every group a plan could have: N/p slots of each size p. Any multiset
-    of sizes summing to at most N has an aligned placement (`aligned_layout`)."""
+    of sizes summing to at most N has an aligned placement (`ilp_pack.place`)."""
     return [(p, k) for p in sizes for k in range(num_gpus // p)]
 
 
@@ -111,10 +111,4 @@ def solve_exact(batch: Sequence[Sample], cm: CostModel, table: CostTable, option
         mbs = [mb for mb in mbs if mb]
         if res.values[use[b]] > 0.5 and mbs:
             groups.append((p, mbs))
-    counts: dict[int, int] = {}
-    for p, _ in groups:
-        counts[p] = counts.get(p, 0) + 1
-    starts = aligned_layout(counts, cm.cluster.num_gpus, cm.cluster.gpus_per_node)
-    ordered = sorted(groups, key=lambda g: -g[0])
-    layout: Layout = [(start, p, mbs) for (start, p), (_, mbs) in zip(starts, ordered, strict=True)]
-    return layout, min(res.bound if res.bound is not None else 0.0, upper), res.status
+    return place(groups, cm.cluster), min(res.bound if res.bound is not None else 0.0, upper), res.status

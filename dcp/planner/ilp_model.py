@@ -253,6 +253,23 @@ def _warm_start(items: list[Item], table: CostTable, start: Groups, upper: float
     return init
 
 
+def split_fluid(it: Item, table: CostTable, share: dict[int, float]) -> tuple[list[tuple[int, list[int]]], list[int]]:
+    """A fluid bucket's samples over its classes, `share[j]` the fraction of the bucket's load
+    at class j: largest samples to the largest sizes, each class up to its share. Returns the
+    (class, samples) taken and the samples rounding left over."""
+    ref = it.options[0]
+    total = float(table.load[it.members, ref].sum())
+    members = sorted(it.members, key=lambda i: (-table.tokens[i], i))
+    out: list[tuple[int, list[int]]] = []
+    for j in sorted(share, reverse=True):
+        target, got, ids = share[j] * total, 0.0, []
+        while members and got + table.load[members[0], ref] / 2 <= target:
+            got += table.load[members[0], ref]
+            ids.append(members.pop(0))
+        out.append((j, ids))
+    return out, members
+
+
 def _extract(items: list[Item], table: CostTable, res: SolveResult, x: dict, beta: dict,
              upper: float) -> ClassSolution:
     val = res.values
@@ -269,15 +286,9 @@ def _extract(items: list[Item], table: CostTable, res: SolveResult, x: dict, bet
                 members = members[c:]
             classes[it.options[-1]] += members
             continue
-        # Fluid: largest samples to the largest sizes, each class up to its share of the load.
-        ref = it.options[0]
-        total = float(table.load[it.members, ref].sum())
-        members = sorted(it.members, key=lambda i: (-table.tokens[i], i))
-        for j in reversed(it.options):
-            target, got = val[x[t, j]] * total, 0.0
-            while members and got + table.load[members[0], ref] / 2 <= target:
-                got += table.load[members[0], ref]
-                classes[j].append(members.pop(0))
-        classes[it.options[0]] += members
+        shares, rest = split_fluid(it, table, {j: val[x[t, j]] for j in it.options})
+        for j, ids in shares:
+            classes[j] += ids
+        classes[it.options[0]] += rest
     bound = min(res.bound, upper) if res.bound is not None else 0.0
     return ClassSolution(counts, classes, bound, res.status)

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Sequence
+from typing import TypeVar
 
 import numpy as np
 
-from dcp.costmodel import CostModel
+from dcp.costmodel import Cluster, CostModel
 from dcp.data.workloads import Sample
 from dcp.planner.baselines import lpt_assign
 from dcp.planner.common import aligned_layout, assemble
@@ -24,6 +26,7 @@ from dcp.planner.ilp_costs import CostTable, form_microbatches
 from dcp.planner.plan import Plan
 
 Groups = list[tuple[int, list[int]]]
+T = TypeVar("T")
 _TOL = 1e-9
 _SWAP_TOP = 24
 """Swaps try this many of the slowest group's largest samples."""
@@ -174,20 +177,20 @@ def groups_of_plan(plan: Plan, table: CostTable, index: dict[int, int]) -> Group
     return out
 
 
+def place(groups: Sequence[tuple[int, T]], cluster: Cluster) -> list[tuple[int, int, T]]:
+    """(first rank, SP size, payload) for groups given as (SP size, payload): `aligned_layout`'s
+    blocks, largest sizes first (groups of one size keep their order)."""
+    ordered = sorted(groups, key=lambda g: -g[0])
+    starts = aligned_layout(Counter(p for p, _ in ordered), cluster.num_gpus, cluster.gpus_per_node)
+    return [(start, p, payload) for (start, p), (_, payload) in zip(starts, ordered, strict=True)]
+
+
 def to_plan(groups: Groups, batch: Sequence[Sample], cm: CostModel, table: CostTable,
             max_microbatches: int | None, **kw: object) -> Plan | None:
     """Aligned ranks, canonical micro-batches, exact prices (assemble validates). None when a
     group cannot meet the micro-batch cap."""
-    groups = [(j, ids) for j, ids in groups if ids]
-    order = sorted(range(len(groups)), key=lambda g: (-table.sizes[groups[g][0]], g))
-    counts: dict[int, int] = {}
-    for j, _ in groups:
-        counts[table.sizes[j]] = counts.get(table.sizes[j], 0) + 1
-    starts = aligned_layout(counts, cm.cluster.num_gpus, cm.cluster.gpus_per_node)
     layout = []
-    for (start, p), g in zip(starts, order, strict=True):
-        j, ids = groups[g]
-        assert table.sizes[j] == p
+    for start, p, (j, ids) in place([(table.sizes[j], (j, ids)) for j, ids in groups if ids], cm.cluster):
         mbs = form_microbatches(ids, j, table, cm, max_microbatches)
         if mbs is None:
             return None

@@ -27,7 +27,7 @@ import numpy as np
 import pulp
 
 from dcp.planner.ilp_costs import CostTable
-from dcp.planner.ilp_model import Item, program_items
+from dcp.planner.ilp_model import Item, program_items, split_fluid
 from dcp.planner.ilp_pack import Groups
 from dcp.planner.ilp_solvers import new_var, run_solver
 
@@ -165,17 +165,11 @@ def _groups(items: list[Item], table: CostTable, pats: dict[int, list[dict[int, 
                 k = int(round(val[small[t, j]]))
                 rest.setdefault(j, []).extend(pool[t][:k])
                 pool[t] = pool[t][k:]
-        else:  # fluid: largest samples to the largest sizes, each class up to its share
-            ref = it.options[0]
-            total = float(table.load[it.members, ref].sum())
-            members = sorted(pool[t], key=lambda i: (-table.tokens[i], i))
-            pool[t] = []
-            for j in reversed(opts):
-                target, got = val[small[t, j]] * total, 0.0
-                while members and got + table.load[members[0], ref] / 2 <= target:
-                    got += table.load[members[0], ref]
-                    rest.setdefault(j, []).append(members.pop(0))
-            pool[t] = members
+        else:  # fluid buckets hold no large samples, so none went into a pattern
+            shares, pool[t] = split_fluid(it, table, {j: val[small[t, j]] for j in opts})
+            for j, ids in shares:
+                if ids:
+                    rest.setdefault(j, []).extend(ids)
         if pool[t]:  # rounding left some: the populated size where they are cheapest to add
             where = [j for j in it.options if j in populated] or it.options
             j = min(where, key=lambda j: (table.sizes[j] * table.add[it.members[0], j], j))
