@@ -25,7 +25,6 @@ class PackedBatch:
 
     tensors: dict[str, torch.Tensor]
     seqs: PackedSeqs
-    sample_ids: list[int]
 
     def __getitem__(self, key: str) -> torch.Tensor:
         return self.tensors[key]
@@ -77,4 +76,4 @@ def pack_microbatch(ids: Sequence[int], specs: Mapping[int, Sample], samples: Ma
             parts.append(pad)
         # Only the shard's rows are copied to the device.
         tensors[key] = torch.cat(parts)[seqs.start:seqs.end].to(device, non_blocking=True)
-    return PackedBatch(tensors, seqs, list(ids))
+    return PackedBatch(tensors, seqs)

@@ -40,9 +40,3 @@ class CheckpointSwitches:
         if not 0 <= ckpt_layers <= len(self.layers):
             raise ValueError(f"{ckpt_layers} checkpointed layers outside 0..{len(self.layers)}")
         self.enabled = [i < ckpt_layers for i in range(len(self.layers))]
-
-    def remove(self) -> None:
-        """Restore the layers' own forward methods."""
-        for layer in self.layers:
-            if "forward" in vars(layer):
-                del layer.forward
