@@ -22,7 +22,7 @@ import numpy as np
 from dcp.costmodel import CostModel, attention_pairs
 from dcp.data.local import LocalBatch, local_samples
 from dcp.data.prefetch import PlanAhead, Planner, SolvePlanner
-from dcp.data.workloads import Sample, Workload
+from dcp.data.workloads import Sample, Workload, cut_batches
 from dcp.planner.common import allowed_sp_sizes, check_feasible
 from dcp.planner.options import StrategyOptions
 from dcp.planner.plan import InfeasibleError, Plan
@@ -77,16 +77,7 @@ def epoch_batches(tokens: np.ndarray, ids: np.ndarray, *, seed: int, epoch: int,
     samples or of at most `token_budget` tokens (a longer sample gets a batch of its own).
     Nothing is dropped or repeated: the last batch may be partial."""
     order = ids[np.random.default_rng(seed + epoch).permutation(len(ids))]
-    if batch_size is not None:
-        return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-    assert token_budget is not None
-    cuts, used = [], 0
-    for i, t in enumerate(tokens[order].tolist()):
-        if used and used + t > token_budget:
-            cuts.append(i)
-            used = 0
-        used += t
-    return [b for b in np.split(order, cuts) if len(b)]
+    return cut_batches(order, tokens[order], batch_size=batch_size, token_budget=token_budget)
 
 
 @dataclass(frozen=True)

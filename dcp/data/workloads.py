@@ -269,22 +269,22 @@ def global_batches(workload: Workload, attention: str, *, batch_size: int | None
     if steps is not None and steps <= 0:
         raise WorkloadError(f"steps must be positive, got {steps}")
     order = np.random.default_rng(seed).permutation(len(workload))
-    batches: list[np.ndarray] = []
+    batches = cut_batches(order, workload.tokens[order], batch_size=batch_size, token_budget=token_budget)
+    return [workload.samples(attention, ids) for ids in batches[:steps]]
+
+
+def cut_batches(order: np.ndarray, tokens: np.ndarray, *, batch_size: int | None = None,
+                token_budget: int | None = None) -> list[np.ndarray]:
+    """Consecutive global batches of `order` (sample ids; `tokens` their lengths, in that order):
+    `batch_size` samples each, or at most `token_budget` tokens each (a longer sample gets a batch
+    of its own). Nothing is dropped or repeated: the last batch may be partial."""
     if batch_size is not None:
-        limit = len(order) if steps is None else min(len(order), steps * batch_size)
-        batches = [order[i:i + batch_size] for i in range(0, limit, batch_size)]
-    else:
-        start, used = 0, 0
-        for i, idx in enumerate(order):
-            t = int(workload.tokens[idx])
-            if i > start and used + t > token_budget:
-                batches.append(order[start:i])
-                if steps is not None and len(batches) == steps:
-                    break
-                start, used = i, 0
-            used += t
-        else:
-            batches.append(order[start:])
-    if steps is not None:
-        batches = batches[:steps]
-    return [workload.samples(attention, ids) for ids in batches]
+        return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    assert token_budget is not None
+    cuts, used = [], 0
+    for i, t in enumerate(tokens.tolist()):
+        if used and used + t > token_budget:
+            cuts.append(i)
+            used = 0
+        used += t
+    return [b for b in np.split(order, cuts) if len(b)]
