@@ -75,7 +75,7 @@ def cost_table(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int]) -> 
         table.ckpt[short, j] = 0
         table.solo[short, j] = (lin0.fixed + marg)[short]
         table.add[short, j] = (marg + lin0.fixed * tokens / max(cap0, 1))[short]
-        nxt = cm.linear_time(p, 1) if cm.model.num_layers >= 1 else lin0
+        nxt = cm.linear_time(p, 1)  # ModelSpec has at least one layer
         g0 = np.minimum(marg + lin0.fixed * tokens / max(cap0, 1), nxt.per_token * tokens + nxt.per_pair * pairs)
         table.load[short, j] = g0[short]
         for i in np.flatnonzero(~short):
