@@ -42,7 +42,7 @@ from dcp.planner.baselines import smallest_fitting_sp  # noqa: E402
 from dcp.planner.common import allowed_sp_sizes  # noqa: E402
 from dcp.planner.options import StrategyOptions  # noqa: E402
 from dcp.planner.plan import InfeasibleError, Plan  # noqa: E402
-from dcp.planner.run import build_cost_model, gap, groups_label, make_batches  # noqa: E402
+from dcp.planner.run import build_cost_model, gap, groups_label, make_batches, plan_steps  # noqa: E402
 from dcp.planner.simulate import EVENT_KINDS, Timeline, simulate  # noqa: E402
 
 MODEL_1D, MODEL_2D = "llama-7b", "opensora-stdit-1.1b"
@@ -118,12 +118,8 @@ def _metrics(plans: Sequence[Plan], timelines: Sequence[Timeline]) -> dict[str, 
     }
 
 
-def _plan_all(batches: Sequence[Sequence[Sample]], cm: CostModel, options: StrategyOptions) -> list[Plan]:
-    return [solve(b, cm.cluster, cm, options).validate() for b in batches]
-
-
 def _evaluate(batches: Sequence[Sequence[Sample]], cm: CostModel, options: StrategyOptions) -> dict[str, Any]:
-    plans = _plan_all(batches, cm, options)
+    plans = plan_steps(batches, cm, options)
     return _metrics(plans, [simulate(p, cm) for p in plans])
 
 

@@ -59,15 +59,16 @@ def make_batches(workload: str, cm: CostModel, *, global_batch: int | None = Non
                           token_budget=global_tokens, steps=steps, seed=seed)
 
 
-def resolve_options(name: str, time_limit_s: float | None = None) -> StrategyOptions:
-    """Options for a strategy name; `time_limit_s` applies to the ILP only."""
-    options = strategy_options(name)  # raises ValueError naming an unknown strategy
+def resolve_options(name: str | StrategyOptions, time_limit_s: float | None = None) -> StrategyOptions:
+    """Options for a strategy name (or the options themselves); `time_limit_s` applies to the ILP only."""
+    # strategy_options raises ValueError naming an unknown strategy.
+    options = name if isinstance(name, StrategyOptions) else strategy_options(name)
     if time_limit_s is not None and isinstance(options, IlpOptions):
         options = dataclasses.replace(options, time_limit_s=time_limit_s)
     return options
 
 
-def plan_steps(batches: Sequence[Sequence[Sample]], cm: CostModel, strategy: str = "ilp",
+def plan_steps(batches: Sequence[Sequence[Sample]], cm: CostModel, strategy: str | StrategyOptions = "ilp",
                time_limit_s: float | None = None) -> list[Plan]:
     """One plan per global batch (every strategy returns validated plans)."""
     options = resolve_options(strategy, time_limit_s)
