@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import pulp
 
-SOLVERS = ("highs", "cbc")
+from dcp.planner.options import SOLVERS
+
 MAX_NODES = 1000
 """Branch-and-bound node limit: a deterministic stop (the time limit is the safety net)."""
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+SOLVERS = ("highs", "cbc")
+"""MILP solvers the ILP planner can use through PuLP."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class StrategyOptions:
@@ -70,3 +73,13 @@ class IlpOptions(StrategyOptions):
     max_microbatches: int | None = None
     """Cap on micro-batches per group; None: no cap."""
     name = "ilp"
+
+    def __post_init__(self) -> None:
+        if self.solver not in SOLVERS:
+            raise ValueError(f"unknown MILP solver {self.solver!r}; expected one of {SOLVERS}")
+        if not self.time_limit_s > 0:
+            raise ValueError(f"ILP time limit must be positive, got {self.time_limit_s}")
+        if not self.mip_rel_gap >= 0:
+            raise ValueError(f"mip_rel_gap must be >= 0, got {self.mip_rel_gap}")
+        if self.max_microbatches is not None and self.max_microbatches < 1:
+            raise ValueError(f"max_microbatches must be at least 1, got {self.max_microbatches}")
