@@ -11,10 +11,11 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
+import random
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -106,3 +107,25 @@ def check_grads(results: list[list[GradResult]], tolerance: float, reference: st
     assert worst <= tolerance, results[0]
     for rank_results in results[1:]:
         assert [r[3] for r in rank_results] == [r[3] for r in results[0]]
+
+
+def random_groups(rng: random.Random, ids: Sequence[int], layout: Sequence[tuple[int, int]], num_layers: int,
+                  microbatches: Sequence[int] | None = None) -> list[tuple[int, int, list[tuple[list[int], int]]]]:
+    """`manual_plan` groups over `layout` ((first rank, SP size) per group) for the samples `ids`:
+    shuffled, at least `microbatches[g]` samples in group g (default one: no group without work),
+    the rest spread at random; `microbatches[g]` micro-batches in group g (default 1-3 at random),
+    random checkpointed layers."""
+    ids = list(ids)
+    rng.shuffle(ids)
+    least = list(microbatches or [1] * len(layout))
+    bounds = [sum(least[:g]) for g in range(len(layout) + 1)]
+    per_group = [ids[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    for i in ids[bounds[-1]:]:
+        per_group[rng.randrange(len(layout))].append(i)
+    groups = []
+    for g, ((start, sp), members) in enumerate(zip(layout, per_group, strict=True)):
+        n_cuts = rng.randint(0, 2) if microbatches is None else microbatches[g] - 1
+        cuts = sorted(rng.sample(range(1, len(members)), min(n_cuts, len(members) - 1)))
+        chunks = [members[a:b] for a, b in zip([0, *cuts], [*cuts, len(members)], strict=True)]
+        groups.append((start, sp, [(c, rng.randint(0, num_layers)) for c in chunks]))
+    return groups

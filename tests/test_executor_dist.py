@@ -10,7 +10,7 @@ import random
 from collections.abc import Sequence
 
 import torch
-from dist_helpers import check_grads, run_ranks, run_ranks_raw
+from dist_helpers import check_grads, random_groups, run_ranks, run_ranks_raw
 
 from dcp.costmodel import ModelSpec, attention_pairs, load_model
 from dcp.data import Sample
@@ -54,18 +54,7 @@ def random_case(spec: ModelSpec, seed: int, layout: Sequence[tuple[int, int]], n
         else:
             frames, tokens = 1, rng.randint(1, 23)
         batch.append(Sample(100 * seed + i, tokens, attention_pairs(spec.attention, tokens, frames), frames))
-    ids = [s.id for s in batch]
-    rng.shuffle(ids)
-    bounds = [sum(least[:g]) for g in range(len(layout) + 1)]
-    per_group = [ids[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
-    for i in ids[bounds[-1]:]:
-        per_group[rng.randrange(len(layout))].append(i)
-    groups = []
-    for g, ((start, sp), members) in enumerate(zip(layout, per_group, strict=True)):
-        n_cuts = rng.randint(0, 2) if microbatches is None else microbatches[g] - 1
-        cuts = sorted(rng.sample(range(1, len(members)), min(n_cuts, len(members) - 1)))
-        chunks = [members[a:b] for a, b in zip([0, *cuts], [*cuts, len(members)], strict=True)]
-        groups.append((start, sp, [(c, rng.randint(0, spec.num_layers)) for c in chunks]))
+    groups = random_groups(rng, [s.id for s in batch], layout, spec.num_layers, microbatches)
     return manual_plan(batch, num_gpus, spec.num_layers, groups, gpus_per_node=gpus_per_node), batch
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from dist_helpers import check_grads, run_ranks
+from dist_helpers import check_grads, random_groups, run_ranks
 
 from dcp.data import Sample
 from dcp.executor.batch import PackedBatch
@@ -58,17 +58,7 @@ def random_case(world: int, step: int, num_layers: int) -> tuple[Plan, list[Samp
     rng = random.Random(step)
     layout = LAYOUTS[world][step % len(LAYOUTS[world])]
     batch = [Sample(100 * step + i, rng.randint(1, 19), 0) for i in range(rng.randint(2 * len(layout), 8))]
-    ids = [s.id for s in batch]
-    rng.shuffle(ids)
-    members = [[ids[g]] for g in range(len(layout))]
-    for i in ids[len(layout):]:
-        members[rng.randrange(len(layout))].append(i)
-    groups = []
-    for (start, sp), mine in zip(layout, members, strict=True):
-        cuts = sorted(rng.sample(range(1, len(mine)), min(rng.randint(0, 2), len(mine) - 1)))
-        chunks = [mine[a:b] for a, b in zip([0, *cuts], [*cuts, len(mine)], strict=True)]
-        groups.append((start, sp, [(c, rng.randint(0, num_layers)) for c in chunks]))
-    return manual_plan(batch, world, num_layers, groups), batch
+    return manual_plan(batch, world, num_layers, random_groups(rng, [s.id for s in batch], layout, num_layers)), batch
 
 
 # -- one process ----------------------------------------------------------------------------------
