@@ -78,13 +78,10 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: Pack
     if rep > 1:  # GQA: each KV head serves `rep` consecutive query heads
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     out = []
-    offsets = seqs.offsets()
-    sizes = [offsets[i + 1] - offsets[i] for i in range(len(seqs.frames))]
-    if q.shape[0] > offsets[-1]:
-        sizes.append(q.shape[0] - offsets[-1])
+    sizes = list(seqs.lengths)
     # split, not q[a:b]: a slice's backward zero-fills a full-size gradient per sample, which made
     # backward grow with samples x tokens (the profiler saw 273 vs 109 ms for 128 short samples).
-    parts = zip(q.split(sizes), k.split(sizes), v.split(sizes), seqs.frames, strict=False)
+    parts = zip(q.split(sizes), k.split(sizes), v.split(sizes), seqs.frames, strict=True)
     for qi, ki, vi, frames in parts:
         o = F.scaled_dot_product_attention(
             _blocks(qi, frames, kind), _blocks(ki, frames, kind), _blocks(vi, frames, kind),
@@ -135,9 +132,7 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: Pa
 
 def attention_mask(seqs: PackedSeqs, kind: str) -> torch.Tensor:
     """[N, N] bool, True where query i may attend to key j (the definition the fast paths follow)."""
-    seg = seqs.segment_ids_full()
-    starts = torch.tensor(seqs.offsets()[:-1], device=seg.device)[seg]
-    pos = torch.arange(seqs.total, device=seg.device) - starts
+    seg, pos = seqs.segment_ids_full(), seqs.full().positions()
     per_frame = (torch.tensor(seqs.lengths) // torch.tensor(seqs.frames)).to(seg.device)[seg]
     allow = seg.unsqueeze(1) == seg.unsqueeze(0)
     if kind == "causal":
