@@ -69,8 +69,9 @@ def main() -> None:
     worst = 0.0
     for step, planned in zip(range(options.steps), sampler, strict=False):
         plan = planned.plan
-        wanted = plan.sample_map() if reference is not None else planned.local_samples(rank)
-        ids = {i: sample_tensors(spec, plan.sample_map()[i], seed=options.seed)["inputs"] for i in wanted}
+        specs = plan.sample_map()
+        wanted = specs if reference is not None else planned.local_samples(rank)  # reference needs all
+        ids = {i: sample_tensors(spec, specs[i], seed=options.seed)["inputs"] for i in wanted}
         if reference is not None:
             reference.load_state_dict(model.state_dict())
         stats = executor.step(plan, {i: lm_sample(x) for i, x in ids.items()}, causal_lm_loss)
