@@ -16,9 +16,12 @@ Imports only dcp's torch side and numpy/scipy/rich (no planner ILP: no pulp/high
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -31,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from rich.console import Console  # noqa: E402
 
 from dcp.costmodel import (  # noqa: E402
+    DATASHEET_H200,
     Cluster,
     CostModel,
     HardwareProfile,
@@ -66,8 +70,9 @@ def microbatches(cap_tokens: int, count: int, seed: int) -> list[list[int]]:
 
 
 def checkpoint_speedup(profile: HardwareProfile, model_name: str, *, device: str, layers: int,
-                       cap_tokens: int, count: int, reps: Repeats) -> dict:
-    """Measured time of each micro-batch at r = fewest layers that fit and at r = K."""
+                       cap_tokens: int, count: int, reps: Repeats, deadline: float | None = None) -> dict:
+    """Measured time of each micro-batch at r = fewest layers that fit and at r = K. No
+    micro-batch starts when the last one's duration would carry it past `deadline`."""
     spec = replace(load_model(model_name), num_layers=layers)
     dtype = "fp32" if device == "cpu" else "bf16"
     # Single-GPU training of this K-layer model: bf16 weights, fp32 grads and Adam (18 B/param).
@@ -76,7 +81,12 @@ def checkpoint_speedup(profile: HardwareProfile, model_name: str, *, device: str
     bench = reference_bench(spec, torch_device(device), dtype)
     model = bench.build_model(layers)  # type: ignore[misc]
     rows = []
+    truncated, last_s = False, 0.0
     for mb in microbatches(cap_tokens, count, seed=0):
+        if deadline is not None and time.monotonic() + last_s >= deadline:
+            truncated = True
+            break
+        started = time.monotonic()
         tokens = sum(mb)
         r_min = cm.min_ckpt_layers(tokens, 1)
         if r_min is None:
@@ -101,15 +111,30 @@ def checkpoint_speedup(profile: HardwareProfile, model_name: str, *, device: str
             rows.append(row)
             continue
         rows.append(row)
+        last_s = time.monotonic() - started
         console.print(f"  {tokens:>7,} tokens {len(mb):>4} samples  r={r_min}: {row['planned_s']:.3f} s   "
                       f"r={layers}: {row['full_s']:.3f} s")
     done = [r for r in rows if "full_s" in r]
     planned = sum(r["planned_s"] for r in done)
     full = sum(r["full_s"] for r in done)
-    predicted = sum(r["full_predicted_s"] for r in done) / max(1e-12, sum(r["planned_predicted_s"] for r in done))
+    predicted_planned = sum(r["planned_predicted_s"] for r in done)
+    predicted = sum(r["full_predicted_s"] for r in done) / predicted_planned if predicted_planned else None
     return {"model": model_name, "layers": layers, "cap_tokens": cap_tokens, "memory_bytes": profile.memory_bytes,
             "static_bytes": cm.static_bytes, "rows": rows, "measured_speedup": full / planned if planned else None,
-            "predicted_speedup": predicted, "out_of_memory": len(rows) - len(done)}
+            "predicted_speedup": predicted, "out_of_memory": len(rows) - len(done), "truncated": truncated}
+
+
+def environment(device: str) -> dict:
+    """What the numbers were measured on: date, device, memory and software versions."""
+    env = {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
+           "python": platform.python_version(), "numpy": np.__version__}
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        env.update(device_name=props.name, device_memory_bytes=props.total_memory, cuda=torch.version.cuda,
+                   cudnn=torch.backends.cudnn.version(), capability=f"{props.major}.{props.minor}")
+    else:
+        env.update(device_name=f"{platform.machine()} CPU")
+    return env
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--tiny", action="store_true", help="tiny sizes (CPU check of this script)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--budget-s", type=float, default=400.0,
+                    help="seconds for all three phases: validation stops starting micro-batches at 70%% "
+                         "of it, the checkpointing check at 100%% (the profile itself always completes)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -126,18 +154,31 @@ def main(argv: list[str] | None = None) -> int:
         val = dict(layers=2, count=1, max_tokens=512)
         ck = dict(layers=2, cap_tokens=512, count=2, reps=Repeats(warmup=1, repeats=1))
     else:
-        model, base = "llama-7b", "h200-sxm"
+        model, base = "llama-7b", DATASHEET_H200
         opts = ProfileOptions(device=args.device, min_tokens=1024, max_tokens=131072, heldout=8)
         val = dict(layers=4, count=3, max_tokens=65536)
         ck = dict(layers=8, cap_tokens=65536, count=6, reps=Repeats(warmup=1, repeats=2))
     spec = load_model(model)
     suffix = "tiny" if args.tiny else "h200"
-    results: dict = {"device": args.device, "torch": torch.__version__, "model": model}
+    results: dict = {"device": args.device, "model": model, "budget_s": args.budget_s,
+                     "environment": environment(args.device)}
     path = args.out / f"gpu-calibration-{suffix}.json"
+    failed: list[str] = []
 
     def save() -> None:
         """After every phase: a run cut short by its time limit still leaves what it measured."""
         path.write_text(json.dumps(results, indent=1) + "\n")
+
+    def phase(key: str, run: Callable[[], dict]) -> None:
+        """Run one phase; a phase that fails is recorded (and fails the script) but does not cost
+        the phases after it, since the device is lent for one call."""
+        try:
+            results[key] = {**run(), "elapsed_s": time.monotonic() - t0}
+        except Exception as e:  # noqa: BLE001 - recorded and reported, exit status 1
+            results[key] = {"error": f"{type(e).__name__}: {e}", "elapsed_s": time.monotonic() - t0}
+            failed.append(key)
+            console.print(f"[bold red]{key} failed: {type(e).__name__}: {e}[/bold red]")
+        save()
 
     console.rule(f"1. profile {model} ({opts.device})")
     prof = profile_model(spec, load_hardware(base), opts)
@@ -147,21 +188,23 @@ def main(argv: list[str] | None = None) -> int:
                           "elapsed_s": time.monotonic() - t0}
     save()
 
-    console.rule("2. validate whole micro-batches")
-    report = validate_profile(prof, spec, device=args.device, quick=True, **val)
-    console.print(validation_table(report), mape_panel("validation", report.mape))
-    results["validation"] = {"mape": report.mape, "rows": [asdict(r) for r in report.rows],
-                             "elapsed_s": time.monotonic() - t0}
-    save()
+    def validation() -> dict:
+        report = validate_profile(prof, spec, device=args.device, quick=True, deadline=t0 + 0.7 * args.budget_s, **val)
+        console.print(validation_table(report), mape_panel("validation", report.mape))
+        return {"mape": report.mape, "truncated": report.truncated, "rows": [asdict(r) for r in report.rows]}
 
+    def checkpointing() -> dict:
+        speed = checkpoint_speedup(prof, model, device=args.device, deadline=t0 + args.budget_s, **ck)
+        console.print(f"measured speedup {speed['measured_speedup'] or 0:.3f}x (cost model predicted "
+                      f"{speed['predicted_speedup'] or 0:.3f}x)")
+        return speed
+
+    console.rule("2. validate whole micro-batches")
+    phase("validation", validation)
     console.rule("3. planned vs full checkpointing on Wikipedia lengths")
-    speed = checkpoint_speedup(prof, model, device=args.device, **ck)
-    console.print(f"measured speedup {speed['measured_speedup'] or 0:.3f}x (cost model predicted "
-                  f"{speed['predicted_speedup']:.3f}x)")
-    results["checkpointing"] = {**speed, "elapsed_s": time.monotonic() - t0}
-    save()
+    phase("checkpointing", checkpointing)
     console.print(f"wrote {path} and {args.out / f'profile-{suffix}.json'} in {time.monotonic() - t0:.0f} s")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ measured time with `CostModel.time_s` at SP size 1 (SP-free: no all-to-alls in t
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -45,12 +46,18 @@ class ValidationReport:
     model: str
     rows: list[ValidationRow]
     mape: float
+    truncated: bool = False
+    """The deadline came before every planned micro-batch was measured."""
 
 
 def validate_profile(profile: HardwareProfile, spec: ModelSpec, *, device: str = "cpu", dtype: str | None = None,
                      layers: int | None = None, count: int = 4, seed: int = 7, quick: bool = True,
-                     max_tokens: int | None = None, progress: Any = None) -> ValidationReport:
-    """Measured vs predicted time of `count` random micro-batches for each of r = 0, n/2, n."""
+                     max_tokens: int | None = None, progress: Any = None,
+                     deadline: float | None = None) -> ValidationReport:
+    """Measured vs predicted time of `count` random micro-batches for each of r = 0, n/2, n.
+
+    `deadline` (a `time.monotonic()` reading): no micro-batch starts after it, so a run under a
+    hard time limit keeps what it measured; the report then says `truncated`."""
     fit = fit_of(profile, spec.name)
     fit_meta = profile.meta.get("fits", {}).get(spec.name, {})
     dtype = dtype or fit_meta.get("dtype") or ("bf16" if device == "cuda" else "fp32")
@@ -62,6 +69,7 @@ def validate_profile(profile: HardwareProfile, spec: ModelSpec, *, device: str =
     lo, hi = fit_meta.get("tokens_range") or [min(256, fit.max_fitted_tokens), fit.max_fitted_tokens]
     reps = Repeats(warmup=1, repeats=3) if quick else Repeats(warmup=2, repeats=5)
     rows = []
+    truncated = False
     bench = reference_bench(sub, dev, dtype, seed=seed)
     # Time the way the profile was timed (see dcp.profiler.timing.compute_clock).
     with cpu_threads(dev, profile.meta.get("threads") or 1):
@@ -72,10 +80,14 @@ def validate_profile(profile: HardwareProfile, spec: ModelSpec, *, device: str =
             # batch of a 7B-wide model does not fit unrecomputed).
             top = min(hi, max_tokens or hi, max(lo, cm.max_tokens(1, r)))
             for samples in track(progress, heldout_batches(bench, lo, top, count, seed=seed + r), f"validate r={r}"):
+                if deadline is not None and time.monotonic() >= deadline:
+                    truncated = True
+                    break
                 point = measure_model(model, bench, samples, n, reps, ckpt_layers=r)
                 rows.append(ValidationRow(point.tokens, point.attn_pairs, len(samples), n, r,
                                           cm.time_s(point.tokens, point.attn_pairs, 1, r), point.seconds))
     del model
     if dev.type == "cuda":
         torch.cuda.empty_cache()
-    return ValidationReport(spec.name, rows, mape([r.measured_s for r in rows], [r.predicted_s for r in rows]))
+    error = mape([r.measured_s for r in rows], [r.predicted_s for r in rows]) if rows else float("nan")
+    return ValidationReport(spec.name, rows, error, truncated=truncated)
