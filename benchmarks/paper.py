@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dcp.costmodel import CostModel, CostModelError, preset_names  # noqa: E402
+from dcp.costmodel import DEFAULT_HARDWARE, MEASURED_H200, CostModel, CostModelError  # noqa: E402
 from dcp.data.workloads import Sample, load_workload  # noqa: E402
 from dcp.planner import BucketOptions, GreedyOptions, IlpOptions, PackedOptions, solve  # noqa: E402
 from dcp.planner.baselines import smallest_fitting_sp  # noqa: E402
@@ -96,9 +96,6 @@ def scaling_cases() -> list[Case]:
     return gpus + models
 
 
-def hardware_profile() -> str:
-    """The best H200 profile committed: measured if present, else the datasheet preset."""
-    return "h200-measured" if "h200-measured" in preset_names("hardware") else "h200-sxm"
 
 
 def _metrics(plans: Sequence[Plan], timelines: Sequence[Timeline]) -> dict[str, Any]:
@@ -198,9 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=5, help="global batches per 32-GPU case")
     ap.add_argument("--scaling-steps", type=int, default=3, help="global batches per scaling case")
     ap.add_argument("--time-limit", type=float, default=1.0, help="ILP time limit per global batch (s)")
-    ap.add_argument("--hardware", default=None, help="hardware profile (default: h200-measured if present, else h200-sxm)")
+    ap.add_argument("--hardware", default=DEFAULT_HARDWARE,
+                    help=f"hardware profile (default: {MEASURED_H200} if committed, else the datasheet preset)")
     args = ap.parse_args(argv)
-    hardware = args.hardware or hardware_profile()
+    hardware = args.hardware
     started = time.perf_counter()
     cases = [(c, args.steps) for c in paper_cases()]
     cases += [] if args.quick else [(c, args.scaling_steps) for c in scaling_cases()]
@@ -211,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         speed = " ".join(f"{k}={v['speedup_vs_bucket']:.2f}" for k, v in r.get("strategies", {}).items())
         print(f"[{i + 1}/{len(cases)}] {case.section} {case.model} {case.workload} {case.gpus} GPUs "
               f"({r['wall_s']:.1f} s): {speed or r['status']}", flush=True)
-    doc = {"meta": {"hardware": hardware, "hardware_kind": "measured" if hardware == "h200-measured" else "preset",
+    doc = {"meta": {"hardware": hardware, "hardware_kind": "measured" if hardware == MEASURED_H200 else "preset",
                     "steps": args.steps, "scaling_steps": args.scaling_steps, "ilp_time_limit_s": args.time_limit,
                     "samples_per_gpu": SAMPLES_PER_GPU, "zero_stage": ZERO_STAGE, "paper_range": PAPER_RANGE,
                     "gpus_per_node": GPUS_PER_NODE, "quick": args.quick, "argv": sys.argv[1:],

@@ -171,11 +171,20 @@ def measured_section(results_dir: Path = ROOT / "benchmarks" / "results") -> str
                 "simulated. When they are, this section reports them (fit and validation error, measured "
                 "planned-vs-full checkpointing speedup).\n")
     r = json.loads(path.read_text())
-    lines = [f"From `{path.relative_to(ROOT)}` ({r.get('device')}, torch {r.get('torch')}, {r.get('model')}):"]
+    env = r.get("environment", {})
+    where = f"{env.get('device_name', r.get('device'))}, torch {env.get('torch')}, CUDA {env.get('cuda')}"
+    lines = [f"From `benchmarks/results/{path.name}` ({where}, {env.get('date')}, {r.get('model')}):"]
     if "profile" in r:
         lines.append(f"- profile fit, held-out MAPE: {r['profile']['heldout_mape']:.1%}")
-    if "validation" in r:
-        lines.append(f"- whole micro-batches, prediction MAPE: {r['validation']['mape']:.1%}")
+    for key, what in (("validation", "whole micro-batches"), ("checkpointing", "planned vs full checkpointing")):
+        part = r.get(key, {})
+        if "error" in part:
+            lines.append(f"- {what}: failed ({part['error']})")
+        elif part.get("truncated"):
+            lines.append(f"- {what}: cut short by the time budget after {len(part['rows'])} micro-batches")
+    if r.get("validation", {}).get("rows"):
+        lines.append(f"- whole micro-batches, prediction MAPE: {r['validation']['mape']:.1%} "
+                     f"over {len(r['validation']['rows'])} micro-batches")
     if r.get("checkpointing", {}).get("measured_speedup"):
         ck = r["checkpointing"]
         lines.append(f"- planned vs full checkpointing on Wikipedia lengths: measured {fmt_x(ck['measured_speedup'])}, "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -35,7 +36,7 @@ from dcp.profiler import (
     refit,
 )
 from dcp.profiler.comm import A2APoint, fit_all_to_all
-from dcp.profiler.compute import LayerPoint, ModelPoint
+from dcp.profiler.compute import LayerPoint, ModelPoint, Repeats
 from dcp.profiler.layer_fit import fit_layer
 from dcp.profiler.timing import count_saved_bytes
 
@@ -292,13 +293,76 @@ def test_cli_reports_a_corrupt_profile_in_one_line(tmp_path: Path) -> None:
     assert result.exit_code == 1 and "not valid JSON" in result.output
 
 
-def test_gpu_calibration_script_runs_on_cpu_tiny(tmp_path: Path) -> None:
+def _gpu_script(name: str):  # noqa: ANN202
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "gpu"))
     try:
-        import calibrate
+        return __import__(name)
     finally:
         sys.path.pop(0)
-    assert calibrate.main(["--device", "cpu", "--tiny", "--out", str(tmp_path)]) == 0
-    res = json.loads((tmp_path / "gpu-calibration-tiny.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def tiny_calibration(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One run of benchmarks/gpu/calibrate.py in its CPU --tiny mode (what run.sh runs on the H200)."""
+    out = tmp_path_factory.mktemp("calibration")
+    assert _gpu_script("calibrate").main(["--device", "cpu", "--tiny", "--out", str(out)]) == 0
+    return out
+
+
+def test_gpu_calibration_script_runs_on_cpu_tiny(tiny_calibration: Path) -> None:
+    res = json.loads((tiny_calibration / "gpu-calibration-tiny.json").read_text())
     assert res["profile"]["heldout_mape"] is not None and res["validation"]["rows"]
     assert res["checkpointing"]["measured_speedup"] > 0
+    assert not res["validation"]["truncated"] and not res["checkpointing"]["truncated"]
+    assert res["environment"]["torch"] == torch.__version__ and res["environment"]["date"]
+    assert load_hardware(str(tiny_calibration / "profile-tiny.json")).fits["tiny-llama"].heldout_mape is not None
+
+
+def test_calibration_phases_stop_at_their_deadline(tiny_calibration: Path) -> None:
+    """Under run.sh's hard time limit, a phase whose deadline has passed starts no micro-batch."""
+    from dcp.profiler.validate import validate_profile
+
+    prof = load_hardware(str(tiny_calibration / "profile-tiny.json"))
+    report = validate_profile(prof, load_model("tiny-llama"), layers=1, count=1, deadline=time.monotonic())
+    assert report.truncated and report.rows == [] and report.mape != report.mape  # NaN: nothing measured
+    speed = _gpu_script("calibrate").checkpoint_speedup(
+        prof, "tiny-llama", device="cpu", layers=1, cap_tokens=256, count=2, deadline=time.monotonic(),
+        reps=Repeats(warmup=0, repeats=1))
+    assert speed["truncated"] and speed["rows"] == [] and speed["measured_speedup"] is None
+
+
+def test_adopt_makes_the_run_a_preset_with_its_provenance(tiny_calibration: Path, tmp_path: Path) -> None:
+    adopt = _gpu_script("adopt")
+    presets, results = tmp_path / "presets", tmp_path / "results"
+    args = [str(tiny_calibration), "--suffix", "tiny", "--name", "tiny-measured",
+            "--presets-dir", str(presets), "--results-dir", str(results)]
+    assert adopt.main(args) == 1 and not presets.exists()  # a CPU run is no GPU preset
+    assert adopt.main([*args, "--allow-cpu"]) == 0
+    preset = load_hardware(str(presets / "tiny-measured.json"))
+    run = json.loads((tiny_calibration / "gpu-calibration-tiny.json").read_text())
+    assert preset.name == "tiny-measured" and preset.fits == load_hardware(str(tiny_calibration / "profile-tiny.json")).fits
+    adopted = preset.meta["adopted"]
+    assert adopted["environment"] == run["environment"] and adopted["heldout_mape"] == run["profile"]["heldout_mape"]
+    assert adopted["meets_target"] == (adopted["heldout_mape"] <= 0.05)
+    assert adopted["validation"]["mape"] == run["validation"]["mape"] and "rows" not in adopted["validation"]
+    assert json.loads((results / "gpu-calibration-tiny.json").read_text()) == run
+
+
+def test_adopt_refuses_a_folder_without_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _gpu_script("adopt").main([str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("Error:") and "profile-h200.json" in err[0]
+
+
+def test_results_page_reports_a_committed_gpu_run(tiny_calibration: Path, tmp_path: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        from paper_tables import measured_section
+    finally:
+        sys.path.pop(0)
+    assert "None yet" in measured_section(tmp_path)
+    (tmp_path / "gpu-calibration-h200.json").write_bytes((tiny_calibration / "gpu-calibration-tiny.json").read_bytes())
+    run = json.loads((tmp_path / "gpu-calibration-h200.json").read_text())
+    text = measured_section(tmp_path)
+    assert f"held-out MAPE: {run['profile']['heldout_mape']:.1%}" in text
+    assert f"over {len(run['validation']['rows'])} micro-batches" in text and "measured" in text

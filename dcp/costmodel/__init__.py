@@ -17,8 +17,10 @@ from dcp.costmodel.hardware import (
 )
 from dcp.costmodel.model import CostModel, LayerTimes, LinearCost
 from dcp.costmodel.presets import (
+    DATASHEET_H200,
     DEFAULT_HARDWARE,
     DEFAULT_MODEL,
+    MEASURED_H200,
     load_hardware,
     load_model,
     preset_names,
@@ -33,7 +35,8 @@ from dcp.costmodel.spec import (
 )
 
 __all__ = [
-    "ATTENTION_KINDS", "DEFAULT_HARDWARE", "DEFAULT_MODEL", "PROFILE_SCHEMA_VERSION", "AttentionKind", "Cluster", "CostModel", "CostModelError",
+    "ATTENTION_KINDS", "DATASHEET_H200", "DEFAULT_HARDWARE", "DEFAULT_MODEL", "MEASURED_H200", "PROFILE_SCHEMA_VERSION",
+    "AttentionKind", "Cluster", "CostModel", "CostModelError",
     "HardwareProfile", "LayerFit", "LayerTimes", "LinearCost", "ModelSpec", "TrainingSetup",
     "attention_pairs", "load_hardware", "load_model", "preset_names", "save_hardware",
 ]

@@ -12,13 +12,18 @@ from dcp.costmodel.spec import CostModelError, ModelSpec
 
 DEFAULT_MODEL = "llama-7b"
 """The model dcp plans for when none is named."""
-DEFAULT_HARDWARE = "h200-sxm"
-"""The hardware dcp plans for when none is named: the best H200 profile shipped (datasheet until
-`benchmarks/gpu/run.sh` commits a measured one)."""
+MEASURED_H200 = "h200-measured"
+"""The H200 profile measured by `benchmarks/gpu/run.sh` and committed by `benchmarks/gpu/adopt.py`."""
+DATASHEET_H200 = "h200-sxm"
 
 
 def _preset_dir(kind: str) -> Any:
     return resources.files("dcp.presets") / kind
+
+
+DEFAULT_HARDWARE = MEASURED_H200 if (_preset_dir("hardware") / f"{MEASURED_H200}.json").is_file() else DATASHEET_H200
+"""The hardware dcp plans for when none is named: the best H200 profile shipped, measured once
+one is committed, else the datasheet preset."""
 
 
 def preset_names(kind: Literal["models", "hardware"]) -> list[str]:

@@ -32,7 +32,7 @@ def _progress(console: Console) -> Progress:
               help="Default: bf16 on cuda, fp32 on cpu.")
 @click.option("--quick", is_flag=True, help="Smaller grid, fewer repeats.")
 @click.option("--base", default=None, help="Preset or profile JSON for the numbers not measured "
-              "(default: cpu / h200-sxm). A previous profile keeps its other models' fits.")
+              f"(default: cpu / {costmodel.DEFAULT_HARDWARE}). A previous profile keeps its other models' fits.")
 @click.option("--min-tokens", type=click.IntRange(min=16), default=None)
 @click.option("--max-tokens", type=click.IntRange(min=16), default=None)
 @click.option("--heldout", type=click.IntRange(min=0), default=None, help="Held-out micro-batches.")
