@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import itertools
-import math
 import subprocess
 import sys
 import time
@@ -16,74 +12,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dcp.costmodel import Cluster, CostModel, ModelSpec, load_hardware
 from dcp.planner import IlpOptions, InfeasibleError, lower_bound, solve
 from dcp.planner import ilp as ilp_module
 from dcp.planner.common import allowed_sp_sizes
 from dcp.planner.ilp import baseline_plans
 from dcp.planner.ilp_costs import cost_table
 from dcp.planner.ilp_patterns import solve_patterns
+from tests.brute_helpers import brute_force, tiny_cm
 from tests.conftest import cost_model, make_batch
-
-TINY_MODEL = ModelSpec(name="brute", num_layers=4, hidden=64, heads=4, kv_heads=4, ffn_hidden=256, vocab=0,
-                       source="test model: a few hundred tokens fill the memory")
-
-
-@functools.cache
-def tiny_cm(gpus: int = 4, gpus_per_node: int = 2, cap_tokens: int = 600) -> CostModel:
-    """A slow, small-memory cluster: micro-batch fixed costs, all-to-alls and checkpointing all
-    matter at a few hundred tokens; `cap_tokens` fit one GPU without checkpointing."""
-    hw = dataclasses.replace(
-        load_hardware("h200-sxm"), matmul_flops=1e9, attention_flops=1e9, memory_bw_bytes_per_s=1e12,
-        kernel_overhead_s=1e-2, a2a_latency_intra_s=5e-3, a2a_latency_inter_s=1.5e-2,
-        a2a_bw_intra_bytes_per_s={2: 2e8, 4: 2e8}, a2a_bw_inter_bytes_per_s={2: 5e7, 4: 5e7})
-    probe = CostModel(TINY_MODEL, hw, Cluster(num_gpus=gpus, gpus_per_node=gpus_per_node, memory_bytes=1e12))
-    memory = probe.static_bytes + cap_tokens * probe.activation_bytes_per_token(1, 0)
-    return CostModel(TINY_MODEL, hw, Cluster(num_gpus=gpus, gpus_per_node=gpus_per_node, memory_bytes=memory))
-
-
-def brute_force(batch: list, cm: CostModel) -> float:
-    """Optimal step time by enumeration: every multiset of group sizes that fits the cluster,
-    every assignment of samples to groups, every micro-batch partition of each group's samples,
-    each micro-batch with its fewest checkpointed layers."""
-    sizes = allowed_sp_sizes(cm)
-    n = len(batch)
-
-    @functools.cache
-    def mb_time(p: int, members: frozenset) -> float:
-        tokens = sum(batch[i].tokens for i in members)
-        r = cm.min_ckpt_layers(tokens, p)
-        return math.inf if r is None else cm.time_s(tokens, sum(batch[i].attn_pairs for i in members), p, r)
-
-    @functools.cache
-    def group_time(p: int, members: frozenset) -> float:
-        """Best split of `members` into micro-batches run one after another."""
-        if not members:
-            return 0.0
-        first, rest = min(members), sorted(members - {min(members)})
-        best = math.inf
-        for k in range(len(rest) + 1):
-            for combo in itertools.combinations(rest, k):
-                mb = frozenset((first, *combo))
-                best = min(best, mb_time(p, mb) + group_time(p, members - mb))
-        return best
-
-    def layouts(left: int, smallest_allowed: int) -> list[tuple[int, ...]]:
-        out = [()]
-        for p in sizes:
-            if p <= left and p >= smallest_allowed:
-                out += [(p, *rest) for rest in layouts(left - p, p)]
-        return out
-
-    best = math.inf
-    for layout in layouts(cm.cluster.num_gpus, 1):
-        if not layout:
-            continue
-        for assign in itertools.product(range(len(layout)), repeat=n):
-            busy = max(group_time(p, frozenset(i for i in range(n) if assign[i] == g)) for g, p in enumerate(layout))
-            best = min(best, busy)
-    return best + cm.grad_sync_s()
-
 
 TINY_CASES = [
     ([100, 200, 300], 2, 2),
