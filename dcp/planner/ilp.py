@@ -4,7 +4,8 @@ layers, minimizing the step time under the memory limit.
 
 Pipeline, all inside `IlpOptions.time_limit_s`:
 1. warm start: the best of the baseline plans (dcp-greedy, bucket, packed, re-priced with the
-   fewest checkpointed layers) and of a quick heuristic, each improved by local search
+   fewest checkpointed layers), of few large micro-batches balanced on exact prices where
+   fixed costs are heavy (ZeRO-3, `ilp_fill`) and of a quick heuristic, each improved by local search
    (`ilp_pack`); it is the program's MIP start and incumbent;
 2. tiny batches (a few samples, a few GPUs): the exact program over every group, micro-batch
    and checkpoint level (`ilp_exact`), proven optimal;
@@ -32,6 +33,7 @@ from dcp.data.workloads import Sample
 from dcp.planner.bounds import lower_bound
 from dcp.planner.common import allowed_sp_sizes, assemble, check_feasible
 from dcp.planner.ilp_costs import CostTable, cost_table
+from dcp.planner.ilp_fill import fill_plans
 from dcp.planner.ilp_lns import lns
 from dcp.planner.ilp_model import solve_classes
 from dcp.planner.ilp_pack import (
@@ -166,7 +168,8 @@ class _Run:
                        lower_bound_s=self.proven + self.sync)
 
     def warm_start(self) -> None:
-        """Baselines (re-priced with the fewest checkpointed layers), the heuristic, local search."""
+        """Baselines (re-priced with the fewest checkpointed layers), few large micro-batches where
+        fixed costs are heavy (`ilp_fill`), the heuristic, local search."""
         cap, index = self.options.max_microbatches, {s.id: k for k, s in enumerate(self.batch)}
         for plan in baseline_plans(self.batch, self.cm, self.sizes, self.notes):
             groups = groups_of_plan(plan, self.table, index)
@@ -175,6 +178,9 @@ class _Run:
             layout = [(g.ranks[0], g.sp, [mb.samples for mb in g.microbatches]) for g in plan.groups]
             repriced = assemble("ilp", self.batch, self.cm, layout, lower_bound_s=self.proven + self.sync)
             self.best.offer(repriced, groups, plan.strategy)
+        for plan in fill_plans(self.batch, self.cm, self.sizes, self.proven + self.sync, self.deadline):
+            if cap is None or all(len(g.microbatches) <= cap for g in plan.groups):
+                self.best.offer(plan, groups_of_plan(plan, self.table, index), "fill")
         first = heuristic(self.table, self.cm.cluster.num_gpus, self.proven)
         for name, groups in [("heuristic", first), ("incumbent", self.best.groups)]:
             if groups is not None:
