@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from dcp.planner import IlpOptions, InfeasibleError, lower_bound, solve
 from dcp.planner import ilp as ilp_module
+from dcp.planner.bounds import capacity_bound
 from dcp.planner.common import allowed_sp_sizes
 from dcp.planner.ilp import baseline_plans
 from dcp.planner.ilp_costs import cost_table
@@ -60,8 +61,8 @@ def test_aggregated_program_bound_is_valid(lengths: list[int], gpus: int, per_no
 @pytest.mark.parametrize("lengths,gpus,per_node", TINY_CASES)
 def test_configuration_program_never_cuts_off_the_optimum(lengths: list[int], gpus: int, per_node: int) -> None:
     """At a level theta just above the optimal busy time the configuration program must not be
-    infeasible (its infeasibility raises the proven bound to theta); well below the optimum it
-    must be (not tied to `lower_bound`, which can be tighter than the program's relaxation)."""
+    infeasible (its infeasibility raises the proven bound to theta); well below the bound the
+    search starts from (`capacity_bound`) it must be."""
     cm = tiny_cm(gpus, per_node)
     batch = make_batch(lengths)
     busy = brute_force(batch, cm) - cm.grad_sync_s()
@@ -71,7 +72,7 @@ def test_configuration_program_never_cuts_off_the_optimum(lengths: list[int], gp
         res = solve_patterns(table, gpus, busy * scale, busy * scale, "highs", time.perf_counter() + 10)
         assert res is not None and not res.infeasible and res.groups is not None
         assert sorted(i for _, ids in res.groups for i in ids) == list(range(len(lengths)))
-    floor = busy * 0.7
+    floor = (capacity_bound(batch, cm, sizes) - cm.grad_sync_s()) * 0.9
     res = solve_patterns(table, gpus, busy, floor, "highs", time.perf_counter() + 10)
     assert res is not None and res.infeasible
 

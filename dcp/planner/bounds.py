@@ -38,6 +38,40 @@ def lower_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] 
     return _makespan_bound(work, cm.cluster.num_gpus) + cm.grad_sync_s()
 
 
+def capacity_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | None = None) -> float:
+    """max(total minimal GPU-seconds / N, the longest sample's best time alone) + gradient sync,
+    each micro-batch's fixed cost spread over the most tokens that fit memory: weaker than
+    `lower_bound` when fixed costs are heavy (ZeRO-3), and the floor the ILP's search is tuned on.
+
+    Why it holds: a micro-batch holding a sample has at least its tokens, so needs at least the
+    sample's own fewest checkpointed layers r_i(p), and every cost coefficient grows with r; its
+    time is at least the sample's solo time, and the GPU-seconds it adds are at least p times its
+    marginal cost at r_i(p), plus its tokens' share p * fixed(p, 0) / max_tokens(p, K) of the
+    micro-batch's fixed cost (it holds at most max_tokens(p, K) tokens).
+    """
+    from dcp.planner.common import allowed_sp_sizes  # common imports this module
+
+    sizes = allowed_sp_sizes(cm, sp_sizes)
+    k = cm.model.num_layers
+    capacity = {p: cm.max_tokens(p, k) for p in sizes}
+    fixed_per_token = {p: p * cm.linear_time(p, 0).fixed / capacity[p] for p in sizes if capacity[p] > 0}
+    work = 0.0
+    longest = 0.0
+    for s in batch:
+        best_work, best_time = math.inf, math.inf
+        for p in sizes:
+            r = cm.min_ckpt_layers(s.tokens, p)
+            if r is None:
+                continue
+            lin = cm.linear_time(p, r)
+            marginal = p * (lin.per_token * s.tokens + lin.per_pair * s.attn_pairs)
+            best_work = min(best_work, marginal + fixed_per_token[p] * s.tokens)
+            best_time = min(best_time, lin(s.tokens, s.attn_pairs))
+        work += best_work
+        longest = max(longest, best_time)
+    return max(work / cm.cluster.num_gpus, longest) + cm.grad_sync_s()
+
+
 def _makespan_bound(work: _Work, n: int) -> float:
     """The largest M proven below every plan's busy time: max(longest sample, work(inf) / N),
     raised while work(M) > N * M by regula falsi (Illinois) on that decreasing function; one
