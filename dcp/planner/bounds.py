@@ -90,6 +90,8 @@ def _makespan_bound(work: _Work, n: int) -> float:
         if hi - lo <= _RTOL * hi:
             break
         mid = (lo * f_hi - hi * f_lo) / (f_hi - f_lo)
+        if not math.isfinite(mid):
+            mid = (lo + hi) / 2
         mid = min(max(mid, lo + 0.01 * (hi - lo)), hi - 0.01 * (hi - lo))  # stay strictly inside
         f_mid = work(mid) - n * mid
         if f_mid > 0:
@@ -141,7 +143,8 @@ class _Work:
             cost = self.marginal + self.gpu_tokens * self.memory_share
         else:
             open_ = self.solo <= makespan
-            with np.errstate(divide="ignore", invalid="ignore"):
-                share = np.maximum(self.memory_share, self.time_share / (makespan - self.busy))
+            left = makespan - self.busy  # > 0 wherever open_ and per_token > 0
+            timed = np.divide(self.time_share, left, out=np.zeros_like(left), where=left > 0)
+            share = np.maximum(self.memory_share, timed)
             cost = np.where(open_, self.marginal + self.gpu_tokens * share, np.inf)
         return float(cost.min(axis=0).sum())
