@@ -79,3 +79,15 @@ def test_zero3_70b_bound_charges_the_parameter_gathers() -> None:
     assert bound <= best * (1 + 1e-9)
     assert bound >= 0.8 * best
     assert capacity_bound(batch, cm) < 0.75 * best
+
+
+def test_bound_memo_tells_batches_and_cost_models_apart() -> None:
+    """The memo (every baseline plan of a batch reports its bound) keys on what the bound reads."""
+    cm = tiny_cm(4, 2, zero_stage=3)
+    batch = make_batch([100, 200, 300])
+    first = lower_bound(batch, cm)
+    assert lower_bound(make_batch([100, 200, 1300]), cm) > first
+    assert lower_bound(batch, tiny_cm(2, 2, zero_stage=3)) != first  # half the GPUs
+    assert lower_bound(batch, tiny_cm(4, 2, zero_stage=3)) == first  # a twin, computed anew
+    assert lower_bound(batch, cm, [1]) >= first  # fewer SP sizes
+    assert lower_bound(batch, cm) == first
