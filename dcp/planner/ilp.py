@@ -5,8 +5,8 @@ layers, minimizing the step time under the memory limit.
 Pipeline, all inside `IlpOptions.time_limit_s`:
 1. warm start: the best of the baseline plans (dcp-greedy, bucket, packed, re-priced with the
    fewest checkpointed layers), of few large micro-batches balanced on exact prices where
-   fixed costs are heavy (ZeRO-3, `ilp_fill`) and of a quick heuristic, each improved by local search
-   (`ilp_pack`); it is the program's MIP start and incumbent;
+   fixed costs are heavy (ZeRO-3, `ilp_fill`) and of a quick heuristic, each improved by local
+   search (`ilp_pack`); it is the program's MIP start and incumbent;
 2. tiny batches (a few samples, a few GPUs): the exact program over every group, micro-batch
    and checkpoint level (`ilp_exact`), proven optimal;
 3. otherwise the aggregated program (`ilp_model`: count variables per SP size, not per group),
@@ -17,9 +17,10 @@ Pipeline, all inside `IlpOptions.time_limit_s`:
    (`ilp_lns`), priced exactly by `assemble`; configuration rounds repeat while they improve.
 The better of the program's plan and the warm start is returned (never worse than dcp-greedy),
 with the gap to the best proven bound: max(`lower_bound`, the solver's dual bound + gradient
-sync); the search itself runs on `capacity_bound`, see `_Run`. On solver failure the warm start is returned with a warning. No randomness, and work
-budgets are counts (nodes, rounds, steps), so the same inputs give the same plan unless the
-wall-clock limit cuts a phase short, which the status then reports.
+sync); the search itself runs on `capacity_bound`, see `_Run`. On solver failure the warm
+start is returned with a warning. No randomness, and work budgets are counts (nodes, rounds,
+steps), so the same inputs give the same plan unless the wall-clock limit cuts a phase short,
+which the status then reports.
 """
 
 from __future__ import annotations
