@@ -274,6 +274,7 @@ def test_dcp_profile_cli_writes_a_profile_that_plan_and_validate_use(tmp_path: P
     raw = json.loads(out.read_text())
     assert "tiny-llama" in raw["fits"] and isinstance(raw["heldout_mape"], float)
     assert "kernel_overhead_s" in raw["meta"]["measured"] and "measured" in raw["sources"]["matmul_flops"]
+    assert raw["meta"]["attention_kernel"] == "sdpa per sample"  # CPU: no varlen kernel
     plan = CliRunner().invoke(main, ["plan", "--hardware", str(out), "--model", "tiny-llama", "--gpus", "2",
                                      "--steps", "1", "--strategy", "bucket", "--workload",
                                      "lognormal:mean=128,min=16,max=512,size=64", "--global-batch", "16"],

@@ -44,6 +44,7 @@ from dcp.costmodel import (  # noqa: E402
     save_hardware,
 )
 from dcp.data.workloads import wikipedia  # noqa: E402
+from dcp.models.attention import attention_backend  # noqa: E402
 from dcp.profiler.compute import Repeats, measure_model  # noqa: E402
 from dcp.profiler.profile import ProfileOptions, profile_model, torch_device  # noqa: E402
 from dcp.profiler.reference import reference_bench  # noqa: E402
@@ -131,7 +132,8 @@ def environment(device: str) -> dict:
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
         env.update(device_name=props.name, device_memory_bytes=props.total_memory, cuda=torch.version.cuda,
-                   cudnn=torch.backends.cudnn.version(), capability=f"{props.major}.{props.minor}")
+                   cudnn=torch.backends.cudnn.version(), capability=f"{props.major}.{props.minor}",
+                   attention_kernel=attention_backend(torch.device("cuda"), torch.bfloat16)[0])
     else:
         env.update(device_name=f"{platform.machine()} CPU")
     return env

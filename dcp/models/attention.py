@@ -11,11 +11,19 @@ Every attention function has the `AttentionFn` signature: q [N, H, D], k and v [
 
 Layers call their attention through an attribute (`attn_fn`), so the executor can swap in
 Ulysses attention, which all-to-alls q, k, v to head shards and then calls one of these.
+
+The fast path (`varlen_attention`) runs one varlen kernel over the whole micro-batch on GPUs
+(flash-attn's when installed, else torch's own `varlen_attn`), each checked once against SDPA
+(`attention_backend`); elsewhere SDPA once per sample.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
+import warnings
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 import torch
@@ -25,10 +33,19 @@ from dcp.models.packing import PackedSeqs
 
 KINDS = ("causal", "full", "spatial", "temporal")
 
-try:  # flash-attn is optional (GPU only); SDPA covers CPU and GPUs without it
+try:  # flash-attn is optional (GPU only); torch's own varlen kernel or SDPA cover the rest
     from flash_attn import flash_attn_varlen_func
 except ImportError:  # pragma: no cover - depends on the machine
     flash_attn_varlen_func = None
+
+try:  # torch >= 2.9: flash-attention's varlen kernel shipped with torch itself (CUDA)
+    from torch.nn.attention.varlen import varlen_attn as torch_varlen_attn
+except ImportError:  # pragma: no cover - depends on the torch version
+    torch_varlen_attn = None
+
+VarlenKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, bool], torch.Tensor]
+"""kernel(q [N, H, D], k, v [N, Hkv, D], cu_seqlens int32 [S + 1], longest, causal) -> [N, H, D]:
+one launch over every segment of a packed sequence."""
 
 
 class AttentionFn(Protocol):
@@ -106,27 +123,118 @@ def _flash_layout(seqs: PackedSeqs, kind: str, device: torch.device) -> tuple[to
     return (torch.cat(perm).to(device) if kind == "temporal" else None), lengths
 
 
-def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: PackedSeqs,
-                    kind: str) -> torch.Tensor:
-    """flash-attn's varlen kernel (CUDA, fp16/bf16); GQA handled by the kernel."""
+def kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: PackedSeqs, kind: str,
+                     kernel: VarlenKernel) -> torch.Tensor:
+    """Attention through a varlen kernel: one launch for the whole micro-batch, whatever its number
+    of samples (a per-sample loop launches kernels per sample, a cost no token count explains)."""
     _check(q, k, seqs, kind)
     perm, lengths = _flash_layout(seqs, kind, q.device)
     if perm is not None:
         q, k, v = q[perm], k[perm], v[perm]
     cu = torch.zeros(len(lengths) + 1, dtype=torch.int32, device=q.device)
     cu[1:] = torch.tensor(lengths, device=q.device).cumsum(0)
-    longest = max(lengths)
-    o = flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=kind == "causal")
+    o = kernel(q, k, v, cu, max(lengths), kind == "causal")
     if perm is not None:
         o = torch.empty_like(o).index_copy_(0, perm, o)
     return o
 
 
+def flash_attn_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, longest: int,
+                      causal: bool) -> torch.Tensor:
+    """flash-attn's varlen kernel (CUDA, fp16/bf16); GQA handled by the kernel."""
+    return flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=causal)
+
+
+def torch_varlen_kernel(varlen_attn: Callable[..., torch.Tensor]) -> VarlenKernel:
+    """torch's `varlen_attn` as a `VarlenKernel`. Its keywords moved between releases: torch 2.9
+    and 2.10 take `is_causal`, later ones `window_size` ((-1, 0) is causal) and `enable_gqa`;
+    without `enable_gqa` KV heads are repeated here."""
+    params = inspect.signature(varlen_attn).parameters
+
+    def kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, longest: int,
+               causal: bool) -> torch.Tensor:
+        kw: dict[str, object] = {}
+        if "window_size" in params:
+            kw["window_size"] = (-1, 0) if causal else (-1, -1)
+        else:
+            kw["is_causal"] = causal
+        if q.shape[1] != k.shape[1]:
+            if "enable_gqa" in params:
+                kw["enable_gqa"] = True
+            else:
+                rep = q.shape[1] // k.shape[1]
+                k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
+        return varlen_attn(q, k, v, cu, cu, longest, longest, **kw)
+
+    return kernel
+
+
+_KERNELS: dict[tuple[str, torch.dtype], tuple[str, VarlenKernel | None]] = {}
+
+
+def attention_backend(device: torch.device, dtype: torch.dtype) -> tuple[str, VarlenKernel | None]:
+    """The fast path's kernel on (device, dtype) and its name: flash-attn when installed, else
+    torch's varlen kernel, else SDPA once per sample (CPU, fp32, old torch). Each kernel is
+    checked once against SDPA on a small packed batch, forward and backward; one that fails or
+    disagrees is skipped with a warning (the profiler records the name in its profile)."""
+    key = (str(device), dtype)
+    if key not in _KERNELS:
+        candidates: list[tuple[str, VarlenKernel]] = []
+        if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16):
+            if flash_attn_varlen_func is not None:
+                candidates.append(("flash-attn varlen", flash_attn_kernel))
+            if torch_varlen_attn is not None:
+                candidates.append(("torch varlen_attn", torch_varlen_kernel(torch_varlen_attn)))
+        _KERNELS[key] = first_working_kernel(candidates, device, dtype)
+    return _KERNELS[key]
+
+
+def first_working_kernel(candidates: list[tuple[str, VarlenKernel]], device: torch.device, dtype: torch.dtype
+                         ) -> tuple[str, VarlenKernel | None]:
+    """The first candidate that passes the self-check (a warning for each that does not), else SDPA."""
+    for name, kernel in candidates:
+        problem = _self_check(kernel, device, dtype)
+        if problem is None:
+            return name, kernel
+        warnings.warn(f"attention: {name} skipped on {device} {dtype}: {problem}", stacklevel=3)
+    return "sdpa per sample", None
+
+
+def _self_check(kernel: VarlenKernel, device: torch.device, dtype: torch.dtype) -> str | None:
+    """None if `kernel` matches SDPA (output and input gradients) on a small GQA batch of three
+    causal samples, else what went wrong. Runs in a thread of its own: the first call may come
+    from inside a forward under no_grad, autocast or a checkpoint's saved-tensor hooks, all of
+    them thread-local state that a fresh thread does not inherit."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(_compare_with_sdpa, kernel, device, dtype).result()
+
+
+def _compare_with_sdpa(kernel: VarlenKernel, device: torch.device, dtype: torch.dtype) -> str | None:
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    seqs = PackedSeqs.pack([40, 7, 81], device=device)
+    q, k, v = (torch.randn(seqs.total, h, 64, generator=gen).to(device, dtype).requires_grad_()
+               for h in (4, 2, 2))
+    try:
+        got = kernel_attention(q, k, v, seqs, "causal", kernel)
+        got_grads = torch.autograd.grad(got.float().square().sum(), (q, k, v))
+        want = sdpa_attention(q, k, v, seqs, "causal")
+        want_grads = torch.autograd.grad(want.float().square().sum(), (q, k, v))
+    except Exception as e:  # noqa: BLE001 - any failure means: do not use this kernel
+        return f"{type(e).__name__}: {e}"
+    for what, a, b in zip(("output", "dq", "dk", "dv"), (got, *got_grads), (want, *want_grads), strict=True):
+        err = (a.float() - b.float()).abs().max().item() / max(b.float().abs().max().item(), 1e-6)
+        if not err < 0.05:  # bf16 keeps ~3 significant digits; a wrong mask is off by O(1)
+            return f"{what} differs from SDPA by {err:.3g} (relative to its largest entry)"
+    return None
+
+
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: PackedSeqs,
                      kind: str) -> torch.Tensor:
-    """The fast path: flash-attn varlen when importable and applicable, else SDPA."""
-    if flash_attn_varlen_func is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
-        return flash_attention(q, k, v, seqs, kind)
+    """The fast path: a varlen kernel where one works (`attention_backend`), else SDPA."""
+    _, kernel = attention_backend(q.device, q.dtype)
+    if kernel is not None:
+        return kernel_attention(q, k, v, seqs, kind, kernel)
     return sdpa_attention(q, k, v, seqs, kind)
 
 

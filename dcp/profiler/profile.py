@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from dcp.costmodel import HardwareProfile, LayerFit, ModelSpec
+from dcp.models.attention import attention_backend
 from dcp.profiler import comm
 from dcp.profiler.bench import LayerBench, heldout_batches, packing_grid, split_tokens
 from dcp.profiler.compute import LayerPoint, ModelPoint, Repeats, measure_layer, measure_model
@@ -164,6 +165,8 @@ def build_profile(base: HardwareProfile, bench: LayerBench, report: LayerFitRepo
     meta = {
         "kind": "dcp profile", "created": datetime.datetime.now().isoformat(timespec="seconds"),
         "base": base.name, "device_name": where, "torch": torch.__version__,
+        # dcp.models' attention kernel: what the reference layer ran (a user's layer has its own).
+        "attention_kernel": attention_backend(bench.device, DTYPES[o.dtype])[0] if spec and o.dtype else None,
         "threads": torch.get_num_threads() if bench.device.type == "cpu" else None,
         "measured": measured,
         "from_preset": [f for f in all_fields if f not in measured and f not in ("device", "heldout_mape")],

@@ -1,8 +1,9 @@
 """dcp's reference models (dcp.models) as profiler benches.
 
 The layer is exactly what the executor runs: `LlamaLayer` / `STDiTLayer` over a packed varlen
-hidden state with its `PackedSeqs`, attention through the same fast path (flash-attn varlen
-on GPU when installed, per-sample SDPA otherwise). The model bench wraps the reference model
+hidden state with its `PackedSeqs`, attention through the same fast path (a varlen kernel on
+GPU, flash-attn's or torch's own, per-sample SDPA otherwise; the profile's
+`meta["attention_kernel"]` says which). The model bench wraps the reference model
 with its loss; `LossModel.set_ckpt_layers(r)` checkpoints its first r layers (validation).
 """
 
