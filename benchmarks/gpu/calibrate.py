@@ -183,12 +183,19 @@ def main(argv: list[str] | None = None) -> int:
         save()
 
     console.rule(f"1. profile {model} ({opts.device})")
-    prof = profile_model(spec, load_hardware(base), opts)
-    save_hardware(prof, args.out / f"profile-{suffix}.json")
-    console.print(fit_table(prof, spec.name), mape_panel(spec.name, prof.heldout_mape))
-    results["profile"] = {"heldout_mape": prof.heldout_mape, "fit": asdict(prof.fits[spec.name]),
-                          "elapsed_s": time.monotonic() - t0}
-    save()
+    profiles: list[HardwareProfile] = []
+
+    def profiling() -> dict:
+        prof = profile_model(spec, load_hardware(base), opts)
+        save_hardware(prof, args.out / f"profile-{suffix}.json")
+        console.print(fit_table(prof, spec.name), mape_panel(spec.name, prof.heldout_mape))
+        profiles.append(prof)
+        return {"heldout_mape": prof.heldout_mape, "fit": asdict(prof.fits[spec.name])}
+
+    phase("profile", profiling)
+    if not profiles:
+        return 1  # the other phases check the profile: nothing to check
+    prof = profiles[0]
 
     def validation() -> dict:
         report = validate_profile(prof, spec, device=args.device, quick=True, deadline=t0 + 0.7 * args.budget_s, **val)
