@@ -189,4 +189,9 @@ def measured_section(results_dir: Path = ROOT / "benchmarks" / "results") -> str
         ck = r["checkpointing"]
         lines.append(f"- planned vs full checkpointing on Wikipedia lengths: measured {fmt_x(ck['measured_speedup'])}, "
                      f"predicted {fmt_x(ck['predicted_speedup'])}")
+    smoke_path = results_dir / "executor-smoke.json"
+    if smoke_path.is_file():
+        smoke = json.loads(smoke_path.read_text())
+        lines.append(f"- executor on the device (`{smoke['command']}`): exit code {smoke['exit_code']}, "
+                     f"largest relative gradient difference from fp32 single-process training {smoke['max_grad_diff']}")
     return "\n".join(lines) + "\n"

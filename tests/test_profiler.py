@@ -4,6 +4,8 @@ all-to-all is measured over gloo, and a real (tiny) profile runs end to end and 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -302,12 +304,30 @@ def _gpu_script(name: str):  # noqa: ANN202
         sys.path.pop(0)
 
 
+DEVICE_MACHINE_LACKS = ("pulp", "highspy", "transformers", "pyarrow", "hypothesis")
+"""Installed here, absent on the GPU machine (its Python has torch, numpy, scipy, pandas, click,
+rich and matplotlib only): benchmarks/gpu/run.sh must not need them."""
+
+
 @pytest.fixture(scope="module")
 def tiny_calibration(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One run of benchmarks/gpu/calibrate.py in its CPU --tiny mode (what run.sh runs on the H200)."""
-    out = tmp_path_factory.mktemp("calibration")
-    assert _gpu_script("calibrate").main(["--device", "cpu", "--tiny", "--out", str(out)]) == 0
+    """One run of benchmarks/gpu/run.sh in its CPU --tiny mode, where every package the GPU
+    machine lacks fails to import."""
+    out, shim = tmp_path_factory.mktemp("calibration"), tmp_path_factory.mktemp("absent")
+    for name in DEVICE_MACHINE_LACKS:
+        (shim / name).mkdir()
+        (shim / name / "__init__.py").write_text(f"raise ImportError('{name} is not on the GPU machine')\n")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "PYTHONPATH": str(shim)}
+    run = subprocess.run(["bash", str(root / "benchmarks" / "gpu" / "run.sh"), "--device", "cpu", "--tiny"],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return out
+
+
+def test_gpu_run_script_checks_the_executor_too(tiny_calibration: Path) -> None:
+    smoke = json.loads((tiny_calibration / "executor-smoke.json").read_text())
+    assert smoke["exit_code"] == 0 and smoke["max_grad_diff"] < 1e-4  # fp32 on CPU: rounding only
 
 
 def test_gpu_calibration_script_runs_on_cpu_tiny(tiny_calibration: Path) -> None:
@@ -347,6 +367,9 @@ def test_adopt_makes_the_run_a_preset_with_its_provenance(tiny_calibration: Path
     assert adopted["meets_target"] == (adopted["heldout_mape"] <= 0.05)
     assert adopted["validation"]["mape"] == run["validation"]["mape"] and "rows" not in adopted["validation"]
     assert json.loads((results / "gpu-calibration-tiny.json").read_text()) == run
+    smoke = json.loads((tiny_calibration / "executor-smoke.json").read_text())
+    assert json.loads((results / "executor-smoke.json").read_text()) == smoke
+    assert adopted["executor_smoke"] == {"exit_code": 0, "max_grad_diff": smoke["max_grad_diff"]}
 
 
 def test_adopt_refuses_a_folder_without_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -367,3 +390,5 @@ def test_results_page_reports_a_committed_gpu_run(tiny_calibration: Path, tmp_pa
     text = measured_section(tmp_path)
     assert f"held-out MAPE: {run['profile']['heldout_mape']:.1%}" in text
     assert f"over {len(run['validation']['rows'])} micro-batches" in text and "measured" in text
+    (tmp_path / "executor-smoke.json").write_bytes((tiny_calibration / "executor-smoke.json").read_bytes())
+    assert "executor on the device" in measured_section(tmp_path)

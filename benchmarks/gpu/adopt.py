@@ -1,6 +1,7 @@
 """Adopt one run of benchmarks/gpu/run.sh: its profile becomes the `h200-measured` hardware preset
-(and so dcp's default hardware), its results go to benchmarks/results/. Run it here, on the
-folder the device tool brought back, then regenerate docs/results.md and commit:
+(and so dcp's default hardware), its results (calibration, executor check) go to
+benchmarks/results/. Run it here, on the folder the device tool brought back, then regenerate
+docs/results.md and commit:
 
     .venv/bin/python benchmarks/gpu/adopt.py /work/.device/<files_at>
     .venv/bin/python benchmarks/paper.py --out docs/
@@ -69,12 +70,17 @@ def adopt(run_dir: Path, *, suffix: str = "h200", name: str = MEASURED_H200,
         "validation": {k: v for k, v in results.get("validation", {}).items() if k != "rows"},
         "checkpointing": {k: v for k, v in results.get("checkpointing", {}).items() if k != "rows"},
     }
+    if (run_dir / "executor-smoke.json").is_file():
+        smoke = json.loads((run_dir / "executor-smoke.json").read_text())
+        adopted["executor_smoke"] = {k: smoke.get(k) for k in ("exit_code", "max_grad_diff")}
     preset = replace(profile, name=name, meta={**profile.meta, "adopted": adopted})
     presets_dir.mkdir(parents=True, exist_ok=True)
     results_dir.mkdir(parents=True, exist_ok=True)
     save_hardware(preset, presets_dir / f"{name}.json")
-    if results_path.resolve() != (results_dir / results_path.name).resolve():
-        shutil.copyfile(results_path, results_dir / results_path.name)
+    smoke = run_dir / "executor-smoke.json"  # run.sh's executor check, when it got that far
+    for path in (results_path, smoke):
+        if path.is_file() and path.resolve() != (results_dir / path.name).resolve():
+            shutil.copyfile(path, results_dir / path.name)
     return preset
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU calibration in one call (one H200, no network, PyTorch + numpy/scipy/pandas/click/rich only):
 # profile a llama-7b layer in bf16 over 1K..128K tokens, validate it on whole micro-batches, and
-# measure planned vs full checkpointing on Wikipedia lengths. Budget: under 8 minutes.
+# measure planned vs full checkpointing on Wikipedia lengths; then one executor smoke check
+# (NCCL, bf16, the varlen kernel). Budget: under 8 minutes.
 # Results: JSON under $OUT when the device tool sets it, else benchmarks/results/. Adopt them here
 # with `benchmarks/gpu/adopt.py DIR` (the h200-measured preset + benchmarks/results/), then commit.
 #
@@ -22,7 +23,25 @@ OUT_DIR="${OUT:-benchmarks/results}"
 mkdir -p "$OUT_DIR"
 "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available(),
   torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")'
-# The phases share 400 s (validation and the checkpointing check stop starting micro-batches
-# when their part is spent; every phase saves its JSON as it ends); the hard limit of 460 s
-# leaves the 8-minute budget's rest for interpreter and CUDA start-up.
-timeout 460 "$PY" benchmarks/gpu/calibrate.py --out "$OUT_DIR" --budget-s 400 "$@"
+# The phases share 360 s (validation and the checkpointing check stop starting micro-batches
+# when their part is spent; every phase saves its JSON as it ends); hard limit 420 s.
+rc=0
+timeout 420 "$PY" benchmarks/gpu/calibrate.py --out "$OUT_DIR" --budget-s 360 "$@" || rc=$?
+# Then, in at most 45 s, the executor on this device (NCCL, bf16 autocast, the varlen attention
+# kernel): 3 training steps of the tiny reference model, gradients against fp32 single-process
+# training. The 8-minute budget's rest is interpreter and CUDA start-up.
+smoke_rc=0
+timeout 45 "$PY" -m torch.distributed.run --nproc_per_node 1 examples/train_reference.py --steps 3 \
+  --check-grads > "$OUT_DIR/executor-smoke.log" 2>&1 || smoke_rc=$?
+"$PY" - "$OUT_DIR" "$smoke_rc" <<'PYEOF'
+import json, re, sys
+out, rc = sys.argv[1], int(sys.argv[2])
+log = open(f"{out}/executor-smoke.log").read()
+diff = re.findall(r"max_grad_diff=(\S+)", log)
+json.dump({"command": "torch.distributed.run --nproc_per_node 1 examples/train_reference.py --steps 3 --check-grads",
+           "exit_code": rc, "max_grad_diff": float(diff[-1]) if diff else None, "log_tail": log[-3000:]},
+          open(f"{out}/executor-smoke.json", "w"), indent=1)
+print(f"executor smoke: exit {rc}, max_grad_diff {diff[-1] if diff else None}")
+PYEOF
+rm -f "$OUT_DIR/executor-smoke.log"  # its tail is in the JSON
+exit $((rc != 0 ? rc : smoke_rc))
