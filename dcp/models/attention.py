@@ -211,6 +211,13 @@ def _self_check(kernel: VarlenKernel, device: torch.device, dtype: torch.dtype) 
 
 
 def _compare_with_sdpa(kernel: VarlenKernel, device: torch.device, dtype: torch.dtype) -> str | None:
+    if device.type == "cuda":  # a new thread starts on GPU 0, whatever device the caller's rank set
+        with torch.cuda.device(device):
+            return _compare_on_device(kernel, device, dtype)
+    return _compare_on_device(kernel, device, dtype)
+
+
+def _compare_on_device(kernel: VarlenKernel, device: torch.device, dtype: torch.dtype) -> str | None:
     gen = torch.Generator(device="cpu").manual_seed(0)
     seqs = PackedSeqs.pack([40, 7, 81], device=device)
     q, k, v = (torch.randn(seqs.total, h, 64, generator=gen).to(device, dtype).requires_grad_()
