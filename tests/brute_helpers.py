@@ -13,6 +13,15 @@ from dcp.planner.common import allowed_sp_sizes
 
 TINY_MODEL = ModelSpec(name="brute", num_layers=4, hidden=64, heads=4, kv_heads=4, ffn_hidden=256, vocab=0,
                        source="test model: a few hundred tokens fill the memory")
+TINY_CASES = [  # (sample lengths, GPUs, GPUs per node)
+    ([100, 200, 300], 2, 2),
+    ([50, 80, 120, 500, 900], 4, 2),
+    ([700, 650, 90, 60, 40, 30], 4, 2),
+    ([1500, 400, 300, 200, 100, 50], 4, 4),
+    ([2300, 1200, 600, 30, 20, 10], 4, 2),
+    ([590, 590, 590, 590], 2, 2),
+    ([1000, 999, 20, 21, 22, 23], 4, 4),
+]
 
 
 @functools.cache

@@ -19,18 +19,8 @@ from dcp.planner.common import allowed_sp_sizes
 from dcp.planner.ilp import baseline_plans
 from dcp.planner.ilp_costs import cost_table
 from dcp.planner.ilp_patterns import solve_patterns
-from tests.brute_helpers import brute_force, tiny_cm
+from tests.brute_helpers import TINY_CASES, brute_force, tiny_cm
 from tests.conftest import cost_model, make_batch
-
-TINY_CASES = [
-    ([100, 200, 300], 2, 2),
-    ([50, 80, 120, 500, 900], 4, 2),
-    ([700, 650, 90, 60, 40, 30], 4, 2),
-    ([1500, 400, 300, 200, 100, 50], 4, 4),
-    ([2300, 1200, 600, 30, 20, 10], 4, 2),
-    ([590, 590, 590, 590], 2, 2),
-    ([1000, 999, 20, 21, 22, 23], 4, 4),
-]
 
 
 @pytest.mark.parametrize("lengths,gpus,per_node", TINY_CASES)
