@@ -19,6 +19,7 @@ The fast path (`varlen_attention`) runs one varlen kernel over the whole micro-b
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import warnings
@@ -211,22 +212,18 @@ def _self_check(kernel: VarlenKernel, device: torch.device, dtype: torch.dtype) 
 
 
 def _compare_with_sdpa(kernel: VarlenKernel, device: torch.device, dtype: torch.dtype) -> str | None:
-    if device.type == "cuda":  # a new thread starts on GPU 0, whatever device the caller's rank set
-        with torch.cuda.device(device):
-            return _compare_on_device(kernel, device, dtype)
-    return _compare_on_device(kernel, device, dtype)
-
-
-def _compare_on_device(kernel: VarlenKernel, device: torch.device, dtype: torch.dtype) -> str | None:
     gen = torch.Generator(device="cpu").manual_seed(0)
     seqs = PackedSeqs.pack([40, 7, 81], device=device)
     q, k, v = (torch.randn(seqs.total, h, 64, generator=gen).to(device, dtype).requires_grad_()
                for h in (4, 2, 2))
+    # A new thread starts on GPU 0, whatever device the caller's rank set.
+    on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     try:
-        got = kernel_attention(q, k, v, seqs, "causal", kernel)
-        got_grads = torch.autograd.grad(got.float().square().sum(), (q, k, v))
-        want = sdpa_attention(q, k, v, seqs, "causal")
-        want_grads = torch.autograd.grad(want.float().square().sum(), (q, k, v))
+        with on_device:
+            got = kernel_attention(q, k, v, seqs, "causal", kernel)
+            got_grads = torch.autograd.grad(got.float().square().sum(), (q, k, v))
+            want = sdpa_attention(q, k, v, seqs, "causal")
+            want_grads = torch.autograd.grad(want.float().square().sum(), (q, k, v))
     except Exception as e:  # noqa: BLE001 - any failure means: do not use this kernel
         return f"{type(e).__name__}: {e}"
     for what, a, b in zip(("output", "dq", "dk", "dv"), (got, *got_grads), (want, *want_grads), strict=True):
