@@ -34,26 +34,21 @@ the shipped models; ZeRO-1: 0.01 to 0.03, where the canonical micro-batching is 
 
 class _Prices:
     """Exact time of a micro-batch at SP size p from its tokens and pairs, vectorized: the fewest
-    checkpointed layers that fit (`CostModel.min_ckpt_layers`), then `linear_time(p, r)`."""
+    checkpointed layers whose `CostModel.max_tokens` holds it (capacities grow with r), then
+    `linear_time(p, r)`."""
 
     def __init__(self, cm: CostModel, p: int) -> None:
         k = cm.model.num_layers
-        self.k = k
-        self.room = cm.cluster.memory_bytes - cm.static_bytes
-        self.act0 = cm.activation_bytes_per_token(p, 0)
-        self.saved = self.act0 - cm.activation_bytes_per_token(p, 1)
-        self.priceable = cm.priceable_tokens(p)
+        self.capacity = np.array([cm.max_tokens(p, r) for r in range(k + 1)], dtype=np.float64)
         lin = [cm.linear_time(p, r) for r in range(k + 1)]
+        # Level K + 1 stands for "fits nowhere": infinite time.
         self.fixed = np.array([c.fixed for c in lin] + [math.inf])
         self.per_token = np.array([c.per_token for c in lin] + [0.0])
         self.per_pair = np.array([c.per_pair for c in lin] + [0.0])
 
     def __call__(self, tokens: np.ndarray, pairs: np.ndarray) -> np.ndarray:
         """Times (inf where nothing fits; 0 for an empty micro-batch)."""
-        with np.errstate(divide="ignore", invalid="ignore"):
-            need = np.ceil((self.act0 * tokens - self.room) / (self.saved * tokens) - 1e-9)
-        r = np.where(self.act0 * tokens <= self.room, 0, need)
-        r = np.where((r > self.k) | ~(r >= 0) | (tokens > self.priceable), self.k + 1, r).astype(np.int64)
+        r = np.searchsorted(self.capacity, tokens, side="left")
         t = self.fixed[r] + self.per_token[r] * tokens + self.per_pair[r] * pairs
         return np.where(tokens > 0, t, 0.0)
 
