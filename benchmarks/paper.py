@@ -96,8 +96,6 @@ def scaling_cases() -> list[Case]:
     return gpus + models
 
 
-
-
 def _metrics(plans: Sequence[Plan], timelines: Sequence[Timeline]) -> dict[str, Any]:
     """Means over steps; shares of rank-seconds weighted by step time (as `dcp compare`)."""
     total = sum(t.step_time_s for t in timelines)
@@ -198,18 +196,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hardware", default=DEFAULT_HARDWARE,
                     help=f"hardware profile (default: {MEASURED_H200} if committed, else the datasheet preset)")
     args = ap.parse_args(argv)
-    hardware = args.hardware
     started = time.perf_counter()
     cases = [(c, args.steps) for c in paper_cases()]
     cases += [] if args.quick else [(c, args.scaling_steps) for c in scaling_cases()]
     results = []
     for i, (case, steps) in enumerate(cases):
-        r = run_case(case, hardware, steps, args.time_limit)
+        r = run_case(case, args.hardware, steps, args.time_limit)
         results.append(r)
         speed = " ".join(f"{k}={v['speedup_vs_bucket']:.2f}" for k, v in r.get("strategies", {}).items())
         print(f"[{i + 1}/{len(cases)}] {case.section} {case.model} {case.workload} {case.gpus} GPUs "
               f"({r['wall_s']:.1f} s): {speed or r['status']}", flush=True)
-    doc = {"meta": {"hardware": hardware, "hardware_kind": "measured" if hardware == MEASURED_H200 else "preset",
+    doc = {"meta": {"hardware": args.hardware, "hardware_kind": "measured" if args.hardware == MEASURED_H200 else "preset",
                     "steps": args.steps, "scaling_steps": args.scaling_steps, "ilp_time_limit_s": args.time_limit,
                     "samples_per_gpu": SAMPLES_PER_GPU, "zero_stage": ZERO_STAGE, "paper_range": PAPER_RANGE,
                     "gpus_per_node": GPUS_PER_NODE, "quick": args.quick, "argv": sys.argv[1:],
@@ -219,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         figures = args.out / "figures"
         figures.mkdir(parents=True, exist_ok=True)
         doc["meta"]["gantt"] = gantt_figures(Case("paper", MODEL_2D, "opensora:balanced", PAPER_GPUS),
-                                             hardware, figures, args.time_limit)
+                                             args.hardware, figures, args.time_limit)
     doc["meta"]["wall_s"] = time.perf_counter() - started
     path = args.json or ROOT / "benchmarks" / "results" / ("paper-quick.json" if args.quick else "paper.json")
     path.parent.mkdir(parents=True, exist_ok=True)
