@@ -33,6 +33,10 @@ def make_batch(lengths: list[int], attention: str = "causal") -> list[Sample]:
     return [Sample(i, t, attention_pairs(attention, t)) for i, t in enumerate(lengths)]
 
 
+ZERO3_LENGTHS = [200 + (97 * i) % 3000 for i in range(300)] + [20_000]
+"""Wikipedia-like: many short samples and one long one (the ZeRO-3 bound and warm-start tests)."""
+
+
 @pytest.fixture(scope="session")
 def llama_cm() -> CostModel:
     """Llama 7B on 32 H200 in nodes of 8: the DCP paper's 1D setting."""

@@ -12,7 +12,7 @@ from dcp.planner.bounds import capacity_bound
 from dcp.planner.common import allowed_sp_sizes
 from dcp.planner.ilp import baseline_plans
 from tests.brute_helpers import TINY_CASES, brute_force, tiny_cm
-from tests.conftest import cost_model, make_batch
+from tests.conftest import ZERO3_LENGTHS, cost_model, make_batch
 
 BOUND_CASES = [
     *TINY_CASES,
@@ -66,7 +66,7 @@ def test_zero3_70b_bound_charges_the_parameter_gathers() -> None:
     few micro-batches. The bound sees those gathers: within 20% of the best plan found (the
     memory-capacity argument alone stayed 38% below), and still below every plan."""
     cm = cost_model(model="llama-70b", gpus=32, zero_stage=3)
-    batch = make_batch([200 + (97 * i) % 3000 for i in range(300)] + [20_000])
+    batch = make_batch(ZERO3_LENGTHS)
     bound = lower_bound(batch, cm)
     plans = baseline_plans(batch, cm, allowed_sp_sizes(cm)) + [solve(batch, cm.cluster, cm)]
     best = min(p.step_time_s for p in plans)

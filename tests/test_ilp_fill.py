@@ -11,10 +11,7 @@ from dcp.planner import IlpOptions, lower_bound, solve
 from dcp.planner.common import allowed_sp_sizes
 from dcp.planner.ilp import baseline_plans
 from dcp.planner.ilp_fill import _Prices, fill_plans
-from tests.conftest import cost_model, make_batch
-
-ZERO3_BATCH = [200 + (97 * i) % 3000 for i in range(300)] + [20_000]
-"""Wikipedia-like: many short samples and one long one."""
+from tests.conftest import ZERO3_LENGTHS, cost_model, make_batch
 
 
 @pytest.mark.parametrize("model,zero_stage", [("llama-70b", 3), ("llama-7b", 1)])
@@ -36,7 +33,7 @@ def test_zero3_plans_few_large_microbatches_near_the_bound() -> None:
     ILP's plan runs few checkpointed micro-batches per group, within 3% of the lower bound and
     ahead of every baseline (static packing, the best of them, is about 17% slower)."""
     cm = cost_model(model="llama-70b", gpus=32, zero_stage=3)
-    batch = make_batch(ZERO3_BATCH)
+    batch = make_batch(ZERO3_LENGTHS)
     plan = solve(batch, cm.cluster, cm, IlpOptions())
     assert plan.step_time_s <= lower_bound(batch, cm) * 1.03
     best_baseline = min(p.step_time_s for p in baseline_plans(batch, cm, allowed_sp_sizes(cm)))
@@ -47,7 +44,7 @@ def test_zero3_plans_few_large_microbatches_near_the_bound() -> None:
 
 def test_fill_plans_are_valid_and_skip_cheap_fixed_costs() -> None:
     cm = cost_model(model="llama-70b", gpus=32, zero_stage=3)
-    batch = make_batch(ZERO3_BATCH)
+    batch = make_batch(ZERO3_LENGTHS)
     bound = lower_bound(batch, cm)
     plans = fill_plans(batch, cm, allowed_sp_sizes(cm), bound)
     assert plans

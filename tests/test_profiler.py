@@ -296,8 +296,9 @@ def test_cli_reports_a_corrupt_profile_in_one_line(tmp_path: Path) -> None:
     assert result.exit_code == 1 and "not valid JSON" in result.output
 
 
-def _gpu_script(name: str):  # noqa: ANN202
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "gpu"))
+def _benchmark_module(name: str, folder: str = "benchmarks/gpu"):  # noqa: ANN202
+    """A script module of the benchmarks (they are not a package)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / folder))
     try:
         return __import__(name)
     finally:
@@ -346,14 +347,14 @@ def test_calibration_phases_stop_at_their_deadline(tiny_calibration: Path) -> No
     prof = load_hardware(str(tiny_calibration / "profile-tiny.json"))
     report = validate_profile(prof, load_model("tiny-llama"), layers=1, count=1, deadline=time.monotonic())
     assert report.truncated and report.rows == [] and report.mape != report.mape  # NaN: nothing measured
-    speed = _gpu_script("calibrate").checkpoint_speedup(
+    speed = _benchmark_module("calibrate").checkpoint_speedup(
         prof, "tiny-llama", device="cpu", layers=1, cap_tokens=256, count=2, deadline=time.monotonic(),
         reps=Repeats(warmup=0, repeats=1))
     assert speed["truncated"] and speed["rows"] == [] and speed["measured_speedup"] is None
 
 
 def test_adopt_makes_the_run_a_preset_with_its_provenance(tiny_calibration: Path, tmp_path: Path) -> None:
-    adopt = _gpu_script("adopt")
+    adopt = _benchmark_module("adopt")
     presets, results = tmp_path / "presets", tmp_path / "results"
     args = [str(tiny_calibration), "--suffix", "tiny", "--name", "tiny-measured",
             "--presets-dir", str(presets), "--results-dir", str(results)]
@@ -373,17 +374,13 @@ def test_adopt_makes_the_run_a_preset_with_its_provenance(tiny_calibration: Path
 
 
 def test_adopt_refuses_a_folder_without_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert _gpu_script("adopt").main([str(tmp_path)]) == 1
+    assert _benchmark_module("adopt").main([str(tmp_path)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("Error:") and "profile-h200.json" in err[0]
 
 
 def test_results_page_reports_a_committed_gpu_run(tiny_calibration: Path, tmp_path: Path) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    try:
-        from paper_tables import measured_section
-    finally:
-        sys.path.pop(0)
+    measured_section = _benchmark_module("paper_tables", "benchmarks").measured_section
     assert "None yet" in measured_section(tmp_path)
     (tmp_path / "gpu-calibration-h200.json").write_bytes((tiny_calibration / "gpu-calibration-tiny.json").read_bytes())
     run = json.loads((tmp_path / "gpu-calibration-h200.json").read_text())
