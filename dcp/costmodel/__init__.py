@@ -1,6 +1,7 @@
 """The cost model: time and memory of one micro-batch, the contract between profiler and planner.
 
 spec.py      ModelSpec, attention_pairs: what is priced
+precision.py PrecisionRecipe, RECIPES: the dtypes training holds and computes in
 hardware.py  HardwareProfile, LayerFit, TrainingSetup, Cluster: what it runs on
 model.py     CostModel: time and memory of a micro-batch (the formulas, derived)
 presets.py   shipped presets and profile files
@@ -16,6 +17,7 @@ from dcp.costmodel.hardware import (
     TrainingSetup,
 )
 from dcp.costmodel.model import CostModel, LayerTimes, LinearCost
+from dcp.costmodel.precision import DTYPE_BYTES, RECIPES, PrecisionRecipe, get_recipe
 from dcp.costmodel.presets import (
     DATASHEET_H200,
     DEFAULT_HARDWARE,
@@ -35,8 +37,8 @@ from dcp.costmodel.spec import (
 )
 
 __all__ = [
-    "ATTENTION_KINDS", "DATASHEET_H200", "DEFAULT_HARDWARE", "DEFAULT_MODEL", "MEASURED_H200", "PROFILE_SCHEMA_VERSION",
+    "ATTENTION_KINDS", "DATASHEET_H200", "DTYPE_BYTES", "RECIPES", "DEFAULT_HARDWARE", "DEFAULT_MODEL", "MEASURED_H200", "PROFILE_SCHEMA_VERSION",
     "AttentionKind", "Cluster", "CostModel", "CostModelError",
-    "HardwareProfile", "LayerFit", "LayerTimes", "LinearCost", "ModelSpec", "TrainingSetup",
-    "attention_pairs", "load_hardware", "load_model", "preset_names", "save_hardware",
+    "HardwareProfile", "LayerFit", "LayerTimes", "LinearCost", "ModelSpec", "PrecisionRecipe", "TrainingSetup",
+    "attention_pairs", "get_recipe", "load_hardware", "load_model", "preset_names", "save_hardware",
 ]
