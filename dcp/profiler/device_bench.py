@@ -23,14 +23,10 @@ class DeviceNumbers:
     matmul_flops: float
     attention_flops: float
     memory_bw_bytes_per_s: float
-    memory_bytes: float | None
-    """CUDA: total device memory minus the reserve; None on CPU (the preset's value stays)."""
+    memory_capacity_bytes: float | None
+    """CUDA: the device's total memory (the profile keeps its base's reserve); None on CPU (the
+    preset's value stays)."""
     notes: dict[str, str]
-
-
-MEMORY_RESERVE = 0.10
-"""Fraction of device memory kept back for the CUDA context, allocator fragmentation and
-NCCL buffers (the same convention as the shipped presets)."""
 
 
 def measure_device(device: torch.device, dtype: torch.dtype, *, quick: bool) -> DeviceNumbers:
@@ -56,9 +52,7 @@ def measure_device(device: torch.device, dtype: torch.dtype, *, quick: bool) -> 
     copy_s = median_time(lambda: dst.copy_(src), device, **reps)
     bw = 2.0 * src.nelement() * 4 / copy_s  # a copy reads and writes every byte
 
-    memory = None
-    if cuda:
-        memory = torch.cuda.get_device_properties(device).total_memory * (1 - MEMORY_RESERVE)
+    memory = float(torch.cuda.get_device_properties(device).total_memory) if cuda else None
     name = str(dtype).replace("torch.", "")
     notes = {
         "matmul_flops": f"torch.matmul {n}^3 {name}: {matmul / 1e12:.3g} TFLOP/s",
@@ -67,6 +61,5 @@ def measure_device(device: torch.device, dtype: torch.dtype, *, quick: bool) -> 
         "memory_bw_bytes_per_s": f"{src.nelement() * 4 >> 20} MiB fp32 copy_: {bw / 1e9:.3g} GB/s (read + write)",
     }
     if memory is not None:
-        notes["memory_bytes"] = (f"device total {torch.cuda.get_device_properties(device).total_memory / 2**30:.1f} GiB "
-                                 f"minus {MEMORY_RESERVE:.0%} reserved (context, fragmentation, NCCL)")
+        notes["memory_capacity_bytes"] = f"torch.cuda.get_device_properties().total_memory: {memory / 2**30:.2f} GiB"
     return DeviceNumbers(matmul, attention, bw, memory, notes)
