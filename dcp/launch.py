@@ -23,10 +23,13 @@ import torch.distributed as dist
 
 from dcp.costmodel import (
     DEFAULT_HARDWARE,
+    RECIPES,
     Cluster,
     CostModel,
     ModelSpec,
+    PrecisionRecipe,
     TrainingSetup,
+    get_recipe,
     load_hardware,
 )
 from dcp.data import GlobalBatchSampler, load_workload
@@ -56,7 +59,13 @@ class RunOptions:
     seed: int = 0
     """Seed of the workload, the batches and the model's weights."""
     check_grads: bool = False
-    """Compare every step's gradients with single-process training on the same global batch."""
+    """Compare every step's gradients with single-process training on the same global batch
+    (in fp32: the recipe is fp32 whatever `precision` says)."""
+    precision: str | None = None
+    """Precision recipe (bf16, autocast-bf16, fp32) of the executor and the cost model; None:
+    autocast-bf16 on GPUs, fp32 on CPU."""
+    zero_stage: int = 1
+    """ZeRO stage of the optimizer (0 or 1: what the executor runs)."""
 
     def __post_init__(self) -> None:
         if self.global_batch <= 0:
@@ -65,6 +74,16 @@ class RunOptions:
             raise ValueError(f"steps must not be negative, got {self.steps}")
         if self.memory_mb is not None and self.memory_mb <= 0:
             raise ValueError(f"memory per rank must be positive, got {self.memory_mb} MB")
+        if self.precision is not None:
+            get_recipe(self.precision)  # a clear error naming the known recipes
+        if self.zero_stage not in (0, 1):
+            raise ValueError(f"the executor runs ZeRO stages 0 and 1, not {self.zero_stage}")
+
+    def recipe(self, cuda: bool) -> PrecisionRecipe:
+        """The run's precision recipe on a GPU (`cuda`) or CPU job."""
+        if self.check_grads:
+            return get_recipe("fp32")
+        return get_recipe(self.precision or ("autocast-bf16" if cuda else "fp32"))
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
@@ -83,7 +102,11 @@ class RunOptions:
         parser.add_argument("--lr", type=float, default=d.lr, help="learning rate")
         parser.add_argument("--seed", type=int, default=d.seed, help="seed of data, batches and weights")
         parser.add_argument("--check-grads", action="store_true",
-                            help="compare gradients with single-process training every step")
+                            help="compare gradients with single-process training every step (fp32)")
+        parser.add_argument("--precision", default=d.precision, choices=list(RECIPES),
+                            help="precision recipe (default: autocast-bf16 on GPUs, fp32 on CPU)")
+        parser.add_argument("--zero-stage", type=int, default=d.zero_stage, choices=[0, 1],
+                            help="ZeRO stage of the optimizer state")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RunOptions:
@@ -104,13 +127,14 @@ def init_distributed(timeout_s: float = 300.0) -> ParallelState:
 
 def planned_batches(spec: ModelSpec, state: ParallelState, options: RunOptions) -> GlobalBatchSampler:
     """Global batches of the workload, each planned for this job's ranks with a cost model of
-    `spec` on the hardware in the recipe the executor runs by default (autocast-bf16 on GPUs: fp32
-    parameters under bf16 autocast; fp32 on CPU) with ZeRO-1 as `sharded_optimizer`."""
+    `spec` on the hardware in the run's precision recipe and ZeRO stage (`options.recipe`), the
+    ones the training script gives its executor and `executor_optimizer`."""
     cuda = state.device.type == "cuda"
     hw = load_hardware(options.hardware or (DEFAULT_HARDWARE if cuda else "cpu"))
     cluster = Cluster(num_gpus=state.world_size, gpus_per_node=state.gpus_per_node,
                       memory_bytes=options.memory_mb * 1e6 if options.memory_mb else hw.memory_bytes)
-    cm = CostModel(spec, hw, cluster, TrainingSetup(precision="autocast-bf16" if cuda else "fp32", zero_stage=1))
+    training = TrainingSetup(precision=options.recipe(cuda), zero_stage=options.zero_stage)
+    cm = CostModel(spec, hw, cluster, training)
     # Planned inline (workers=0): on a CPU job the ranks already use every core.
     return GlobalBatchSampler.from_workload(load_workload(options.workload, seed=options.seed), cm,
                                             batch_size=options.global_batch, strategy=options.strategy,

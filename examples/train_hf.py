@@ -22,17 +22,13 @@ import torch
 import torch.distributed as dist
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from dcp.executor import sharded_optimizer
-from dcp.executor.hf import (
-    causal_lm_loss,
-    hf_executor,
-    lm_sample,
-    model_spec_from_hf_config,
-    plain_hf_step,
-)
+from dcp.executor import executor_optimizer
+from dcp.executor.hf import causal_lm_loss, hf_executor, lm_sample, plain_hf_step
+from dcp.executor.hf_memory import measured_model_spec
 from dcp.executor.reference import relative_grad_diff
 from dcp.launch import RunOptions, init_distributed, planned_batches, step_summary
 from dcp.models import sample_tensors
+from dcp.models.precision import param_dtype
 
 
 def parse_args() -> tuple[argparse.Namespace, RunOptions]:
@@ -56,13 +52,15 @@ def main() -> None:
     config = LlamaConfig(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=2 * shape.hidden,
                          num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
                          num_key_value_heads=shape.kv_heads, max_position_embeddings=4096)
+    recipe = options.recipe(cuda)  # the one the planner's cost model prices
     torch.manual_seed(options.seed)
-    model = LlamaForCausalLM(config).to(state.device)
+    model = LlamaForCausalLM(config).to(device=state.device, dtype=param_dtype(recipe))
     reference = copy.deepcopy(model) if options.check_grads and rank == 0 else None  # stays plain HF (sdpa)
-    executor = hf_executor(model, state, autocast_dtype=None if options.check_grads else "auto")
-    optimizer = sharded_optimizer(model.parameters(), lr=options.lr)
+    executor = hf_executor(model, state, recipe=recipe)
+    optimizer = executor_optimizer(executor, zero_stage=options.zero_stage, lr=options.lr)
 
-    spec = model_spec_from_hf_config(config, name="hf-llama", bytes_per_element=2 if cuda else 4)
+    # The planner's ModelSpec, with this model's memory measured in the run's recipe (fake tensors).
+    spec = measured_model_spec(config, recipe.name, name="hf-llama", bytes_per_element=recipe.compute_bytes)
     # Every rank draws and plans the same batches (dcp-greedy is deterministic; ilp is not, so
     # with ilp the executor's plan-digest check would flag ranks whose time-limited solves differ).
     sampler = planned_batches(spec, state, options)

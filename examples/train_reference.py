@@ -3,7 +3,8 @@
     .venv/bin/torchrun --nproc_per_node 4 examples/train_reference.py --steps 20
     .venv/bin/torchrun --nproc_per_node 4 examples/train_reference.py --steps 3 --check-grads
 
-CPU ranks use gloo, GPUs nccl (bf16 autocast). Every rank draws the same global batches from
+CPU ranks use gloo, GPUs nccl; the precision recipe (--precision: autocast-bf16 on GPUs, fp32 on
+CPU by default) and ZeRO stage (--zero-stage) are the ones the planner's cost model prices. Every rank draws the same global batches from
 dcp.data.GlobalBatchSampler and plans them (dcp-greedy is deterministic); with --strategy ilp,
 whose time limit can give ranks different incumbents, rank 0's plan is broadcast. Rank 0 logs
 each step's loss and predicted versus measured time. --check-grads compares every step's
@@ -20,10 +21,11 @@ import torch
 import torch.distributed as dist
 
 from dcp.costmodel import load_model
-from dcp.executor import Executor, broadcast_plan, default_forward, sharded_optimizer
+from dcp.executor import Executor, broadcast_plan, default_forward, executor_optimizer
 from dcp.executor.reference import reference_step, relative_grad_diff
 from dcp.launch import RunOptions, init_distributed, planned_batches, step_summary
 from dcp.models import build_model, lm_loss, mse_loss, sample_tensors
+from dcp.models.precision import param_dtype
 
 
 def parse_args() -> tuple[str, RunOptions]:
@@ -40,10 +42,12 @@ def main() -> None:
     rank = state.rank
 
     spec = load_model(model_name)
-    model = build_model(spec, seed=options.seed, device=state.device)
+    recipe = options.recipe(state.device.type == "cuda")  # the one the planner's cost model prices
+    model = build_model(spec, seed=options.seed, device=state.device, dtype=param_dtype(recipe))
     reference = copy.deepcopy(model) if options.check_grads and rank == 0 else None  # before the executor swaps
-    executor = Executor(model, state, autocast_dtype=None if options.check_grads else "auto")
-    optimizer = sharded_optimizer(model.parameters(), lr=options.lr)
+    executor = Executor(model, state, recipe=recipe)
+    optimizer = executor_optimizer(executor, zero_stage=options.zero_stage, lr=options.lr)
+    dtype = param_dtype(recipe)
 
     def loss_fn(out: torch.Tensor, batch) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
         if spec.attention == "spatial_temporal":
@@ -56,7 +60,7 @@ def main() -> None:
         plan = broadcast_plan(planned.plan, state) if options.strategy == "ilp" else planned.plan
         specs = plan.sample_map()
         wanted = specs if reference is not None else planned.local_samples(rank)  # reference needs all
-        tensors = {i: sample_tensors(spec, specs[i], seed=options.seed) for i in wanted}
+        tensors = {i: sample_tensors(spec, specs[i], seed=options.seed, dtype=dtype) for i in wanted}
         if reference is not None:
             reference.load_state_dict(model.state_dict())
         stats = executor.step(plan, tensors, loss_fn)

@@ -110,7 +110,7 @@ def test_bf16_autocast_keeps_fp32_gradients(state: ParallelState) -> None:
     batch, tensors = make_batch(LLAMA, [6, 7])
     model = build_model(LLAMA, seed=0)
     ref = copy.deepcopy(model)
-    executor = Executor(model, state, autocast_dtype=torch.bfloat16)
+    executor = Executor(model, state, recipe="autocast-bf16")
     executor.step(manual_plan(batch, 1, 2, [(0, 1, [([0, 1], 1)])]), tensors, loss_fn_for(LLAMA))
     reference_step(ref, batch, tensors, loss_fn_for(LLAMA), default_forward)
     assert all(p.grad.dtype == torch.float32 for p in model.parameters())

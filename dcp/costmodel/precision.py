@@ -23,8 +23,8 @@ from typing import Literal
 
 from dcp.costmodel.spec import CostModelError
 
-DtypeName = Literal["fp32", "bf16", "fp16"]
-DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
+DtypeName = Literal["fp64", "fp32", "bf16", "fp16"]
+DTYPE_BYTES: dict[str, int] = {"fp64": 8, "fp32": 4, "bf16": 2, "fp16": 2}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,7 +57,7 @@ class PrecisionRecipe:
                                      f"got {getattr(self, f)!r}")
         if self.optimizer_states < 0:
             raise CostModelError(f"recipe {self.name!r}: optimizer_states must be >= 0, got {self.optimizer_states}")
-        if self.master_weights and self.param_dtype == "fp32":
+        if self.master_weights and DTYPE_BYTES[self.param_dtype] >= 4:
             raise CostModelError(f"recipe {self.name!r}: fp32 parameters need no fp32 master copy")
 
     @property
@@ -89,6 +89,13 @@ class PrecisionRecipe:
     def master_weight_bytes_per_param(self) -> int:
         """The fp32 master copy per parameter; 0 when the parameters are themselves fp32."""
         return 4 if self.master_weights else 0
+
+    @classmethod
+    def uniform(cls, dtype: DtypeName) -> PrecisionRecipe:
+        """Everything in one dtype (named after it), e.g. fp64 for exact gradient checks."""
+        return RECIPES.get(dtype) or cls(name=dtype, param_dtype=dtype, grad_dtype=dtype, reduce_dtype=dtype,
+                                         compute_dtype=dtype, optimizer_state_dtype=dtype,
+                                         description=f"{dtype} everywhere")
 
     @property
     def autocast(self) -> bool:

@@ -4,13 +4,13 @@ switches, the step runner. Never solves: plans come from dcp.planner (or anywher
 from dcp.executor.batch import PackedBatch, pack_microbatch
 from dcp.executor.checkpoint import CheckpointSwitches
 from dcp.executor.executor import Executor, MicroBatchStats, StepStats, default_forward
-from dcp.executor.optim import sharded_optimizer
+from dcp.executor.optim import FlatShardOptimizer, executor_optimizer, held_bytes, sharded_optimizer
 from dcp.executor.parallel_state import ParallelState, aligned_blocks
 from dcp.executor.plan_check import ExecutorError, agree_on_plan, broadcast_plan, check_plan
 from dcp.executor.ulysses import SPContext, UlyssesAttention, install_ulysses
 
 __all__ = [
-    "CheckpointSwitches", "Executor", "ExecutorError", "MicroBatchStats", "PackedBatch", "ParallelState",
+    "CheckpointSwitches", "Executor", "ExecutorError", "FlatShardOptimizer", "MicroBatchStats", "PackedBatch", "ParallelState",
     "SPContext", "StepStats", "UlyssesAttention", "agree_on_plan", "aligned_blocks", "broadcast_plan",
-    "check_plan", "default_forward", "install_ulysses", "pack_microbatch", "sharded_optimizer",
+    "check_plan", "default_forward", "executor_optimizer", "held_bytes", "install_ulysses", "pack_microbatch", "sharded_optimizer",
 ]

@@ -3,7 +3,7 @@ parameter broadcast. Kept apart from the logic that decides when to call them.""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -74,31 +74,46 @@ def heads_to_seq(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
 
 
 class GradBuffer:
-    """One flat buffer for every parameter's gradient plus two scalars (loss sum, loss-token
-    count), reduced by the step's one SUM all-reduce over the world.
+    """One flat buffer for every parameter's gradient, in the precision recipe's gradient dtype,
+    plus two scalars (loss sum, loss-token count), reduced by the step's one SUM all-reduce.
 
-    When all parameters share a dtype, `.grad` of each is a view into the buffer before backward
-    (as DDP's gradient_as_bucket_view): autograd accumulates in place, parameters without a
-    gradient stay zero, and nothing is copied. Otherwise gradients are copied in and out (fp32)."""
+    Allocated once and zeroed in place every step. A parameter held in the buffer's dtype gets
+    `.grad` as a view into it before backward (as DDP's gradient_as_bucket_view): autograd
+    accumulates in place and nothing is copied. A parameter in another dtype (bf16 under the bf16
+    recipe, whose gradients accumulate in fp32) adds each backward's gradient into its slice of
+    the buffer and drops it (a post-accumulate-grad hook), as Megatron-LM's main_grad does."""
 
-    def __init__(self, params: Sequence[torch.nn.Parameter], device: torch.device) -> None:
+    def __init__(self, params: Sequence[torch.nn.Parameter], device: torch.device,
+                 dtype: torch.dtype = torch.float32) -> None:
         self.params = list(params)
-        dtypes = {p.dtype for p in self.params}
-        self.as_views = len(dtypes) == 1
-        # fp32 at least: the cost model keeps fp32 gradients under bf16 training.
-        self.dtype = dtypes.pop() if self.as_views else torch.float32
+        self.dtype = dtype
         self.sizes = [p.numel() for p in self.params]
         self.numel = sum(self.sizes)
         self.device = device
         self.flat: torch.Tensor | None = None
         self.views: list[torch.Tensor] = []
+        self.as_views = [p.dtype == dtype for p in self.params]
+        self.param_grads = True
+        """After reduce, give parameters held in another dtype a `.grad` in their own dtype (a
+        copy); an optimizer that reads the buffer itself (dcp.executor.optim) turns it off."""
+        self._hooks = [p.register_post_accumulate_grad_hook(self._accumulate(i))
+                       for i, (p, v) in enumerate(zip(self.params, self.as_views, strict=True)) if not v]
+
+    def _accumulate(self, i: int) -> Callable[[torch.Tensor], None]:
+        def hook(param: torch.Tensor) -> None:
+            self.views[i].add_(param.grad)
+            param.grad = None
+        return hook
 
     def attach(self) -> None:
-        """Zero the gradients for a new step (as views into a fresh buffer when possible)."""
-        self.flat = torch.zeros(self.numel + 2, dtype=self.dtype, device=self.device)
-        self.views = self._views()
-        for p, view in zip(self.params, self.views, strict=True):
-            p.grad = view if self.as_views else None
+        """Zero the gradients for a new step (views into the buffer where the dtype allows)."""
+        if self.flat is None:
+            self.flat = torch.zeros(self.numel + 2, dtype=self.dtype, device=self.device)
+            self.views = self._views()
+        else:
+            self.flat.zero_()
+        for p, view, as_view in zip(self.params, self.views, self.as_views, strict=True):
+            p.grad = view if as_view else None
 
     def _views(self) -> list[torch.Tensor]:
         assert self.flat is not None
@@ -108,6 +123,12 @@ class GradBuffer:
             offset += n
         return out
 
+    @property
+    def grads(self) -> torch.Tensor:
+        """The flat gradients (without the two scalars), after `reduce` reduced and normalized."""
+        assert self.flat is not None, "attach() before backward"
+        return self.flat[:-2]
+
     def reduce(self, loss_sum: torch.Tensor, loss_tokens: torch.Tensor) -> tuple[float, float]:
         """All-reduce gradients, loss sum and count; divide gradients by the global count.
 
@@ -116,12 +137,13 @@ class GradBuffer:
         a collective before the first backward."""
         assert self.flat is not None, "attach() before backward"
         views = self.views
-        for p, view in zip(self.params, views, strict=True):
-            # Copy unless autograd accumulated into our view (mixed dtypes, or a replaced .grad).
-            if p.grad is None:
-                view.zero_()
-            elif p.grad is not view:
-                view.copy_(p.grad)
+        for p, view, as_view in zip(self.params, views, self.as_views, strict=True):
+            # A view parameter whose .grad was replaced (or set to None) by someone else: copy it in.
+            if as_view and p.grad is not view:
+                if p.grad is None:
+                    view.zero_()
+                else:
+                    view.copy_(p.grad)
         self.flat[-2] = loss_sum
         self.flat[-1] = loss_tokens
         if dist.get_world_size() > 1:
@@ -130,8 +152,11 @@ class GradBuffer:
         if total_tokens <= 0:
             raise ValueError("the global batch has no loss tokens: nothing to normalize the gradient by")
         self.flat[:-2].div_(total_tokens)
-        for p, view in zip(self.params, views, strict=True):
-            p.grad = view if self.as_views else view.to(p.dtype)
+        for p, view, as_view in zip(self.params, views, self.as_views, strict=True):
+            if as_view:
+                p.grad = view
+            elif self.param_grads:
+                p.grad = view.to(p.dtype)
         return total_loss, total_tokens
 
 

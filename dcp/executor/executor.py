@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dcp.costmodel.precision import PrecisionRecipe, get_recipe
 from dcp.data.local import local_samples
 from dcp.executor.batch import PackedBatch, SampleTensors, check_sample_tensors, pack_microbatch
 from dcp.executor.checkpoint import CheckpointSwitches
@@ -30,6 +31,7 @@ from dcp.executor.parallel_state import ParallelState
 from dcp.executor.plan_check import agree_on_plan, check_plan
 from dcp.executor.ulysses import SPContext, install_ulysses
 from dcp.models.losses import IGNORE_INDEX
+from dcp.models.precision import check_param_dtypes, forward_autocast, recipe_for_model, torch_dtype
 from dcp.planner.plan import Plan
 
 LossFn = Callable[[torch.Tensor, PackedBatch], tuple[torch.Tensor, torch.Tensor]]
@@ -80,20 +82,22 @@ class Executor:
     def __init__(self, model: nn.Module, state: ParallelState, *, layers: Sequence[nn.Module] | None = None,
                  heads: tuple[int, int] | None = None, forward_fn: ForwardFn = default_forward,
                  per_sample_keys: Sequence[str] = ("cond",), pad_values: Mapping[str, float] | None = None,
-                 autocast_dtype: torch.dtype | None | str = "auto", sync_params: bool = True,
+                 recipe: str | PrecisionRecipe = "auto", sync_params: bool = True,
                  check_agreement: bool = True, gather_stats: bool = False) -> None:
         """`layers`: the transformer layers (default `model.layers`), whose first r are checkpointed;
         `heads`: (heads, kv_heads), read from the attention modules when None; `pad_values`: fill
         of pad tokens per tensor name (labels are padded with -100 so pads carry no loss);
-        `autocast_dtype`: "auto" is bf16 on CUDA and none on CPU."""
+        `recipe`: the precision recipe (dcp.costmodel.precision: bf16, autocast-bf16, fp32) the
+        cost model prices; the model's parameters must be in its parameter dtype. "auto" reads it
+        from them: bf16 -> bf16, fp32 -> autocast-bf16 on CUDA and fp32 elsewhere."""
         self.model, self.state = model, state
         self.forward_fn, self.per_sample_keys = forward_fn, tuple(per_sample_keys)
         self.pad_values = {"labels": IGNORE_INDEX, **(pad_values or {})}
-        if autocast_dtype == "auto":
-            autocast_dtype = torch.bfloat16 if state.device.type == "cuda" else None
-        self.autocast_dtype = autocast_dtype
+        self.recipe = recipe_for_model(model, state.device.type) if recipe == "auto" else get_recipe(recipe)
+        check_param_dtypes(model, self.recipe)
         self.check_agreement, self.gather_stats = check_agreement, gather_stats
-        self.grads = GradBuffer([p for p in model.parameters() if p.requires_grad], state.device)
+        self.grads = GradBuffer([p for p in model.parameters() if p.requires_grad], state.device,
+                                torch_dtype(self.recipe.grad_dtype))
         layers = list(layers if layers is not None else getattr(model, "layers", []))
         if not layers:
             raise ValueError("the model has no `layers`; pass the transformer layers to checkpoint")
@@ -158,9 +162,7 @@ class Executor:
                          now - sync_start, stats)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.state.device.type, dtype=self.autocast_dtype)
+        return forward_autocast(self.recipe, self.state.device.type)
 
     def _gather(self, stats: list[MicroBatchStats]) -> list[MicroBatchStats]:
         """Every group's micro-batch stats, from the first rank of each group."""

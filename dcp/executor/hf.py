@@ -170,7 +170,7 @@ def hf_executor(model: nn.Module, state: ParallelState, *, layers: Sequence[nn.M
     """An Executor for a transformers causal LM: dcp attention installed, the decoder layers as
     checkpoint switches, heads from the config (a plan whose SP size does not divide them is
     refused before any collective), `hf_forward` as the forward. Samples are `lm_sample` dicts;
-    kwargs go to Executor (autocast_dtype, gather_stats, ...)."""
+    kwargs go to Executor (recipe, gather_stats, ...)."""
     executor = Executor(model, state, layers=layers if layers is not None else decoder_layers(model),
                         heads=model_heads(model.config), forward_fn=hf_forward, per_sample_keys=(), **kwargs)
     install_dcp_attention(model, executor.ctx)

@@ -256,7 +256,14 @@ def forced_kernels(varlen: VarlenKernel, dense: DenseKernel) -> Iterator[None]:
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: PackedSeqs,
                      kind: str) -> torch.Tensor:
-    """The fast path: a varlen kernel where one works (`attention_backend`), else SDPA."""
+    """The fast path: a varlen kernel where one works (`attention_backend`), else SDPA.
+
+    Under autocast q, k and v run in its dtype, as autocast runs SDPA (a model may hand over
+    q and k in fp32, e.g. Hugging Face Llama's RoPE on a fp32 residual stream, and v in bf16)."""
+    device_type = q.device.type
+    if torch.is_autocast_enabled(device_type):
+        dtype = torch.get_autocast_dtype(device_type)
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     forced = _FORCED.get()
     if forced is not None:
         return kernel_attention(q, k, v, seqs, kind, forced[0])

@@ -11,7 +11,8 @@ from torch import nn
 
 from dcp.costmodel.precision import PrecisionRecipe, get_recipe
 
-TORCH_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+TORCH_DTYPES: dict[str, torch.dtype] = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16,
+                                         "fp16": torch.float16}
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -48,11 +49,14 @@ def check_param_dtypes(model: nn.Module, recipe: str | PrecisionRecipe) -> None:
 
 def recipe_for_model(model: nn.Module, device_type: str) -> PrecisionRecipe:
     """The recipe a model's parameters imply: bf16 parameters -> bf16 (fp32 master weights in the
-    optimizer); fp32 parameters -> autocast-bf16 on CUDA, fp32 elsewhere."""
+    optimizer); fp32 parameters -> autocast-bf16 on CUDA, fp32 elsewhere; fp64 -> fp64 throughout
+    (exact checks)."""
     dtypes = {p.dtype for p in model.parameters() if p.requires_grad}
     if dtypes == {torch.bfloat16}:
         return get_recipe("bf16")
     if dtypes <= {torch.float32}:
         return get_recipe("autocast-bf16" if device_type == "cuda" else "fp32")
+    if dtypes == {torch.float64}:
+        return PrecisionRecipe.uniform("fp64")
     raise ValueError(f"the model's parameters are {sorted(str(d) for d in dtypes)}: no precision recipe holds "
                      "them so; pass recipe= and build the model in its parameter dtype")

@@ -70,17 +70,17 @@ class _FlashSaves(torch.autograd.Function):
 
 
 def _segments_attend(cu: torch.Tensor, causal: bool) -> Attend:
-    """Exact varlen attention over the segments of cu_seqlens (GQA: KV heads repeated)."""
+    """Exact varlen attention over the segments of cu_seqlens (GQA: KV heads repeated), as one
+    masked SDPA call: an [N, N] mask, meant for the small real batches of checks and tests."""
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        lengths = cu.diff().tolist()
-        rep = q.shape[1] // k.shape[1]
-        outs = []
-        for qi, ki, vi in zip(q.split(lengths), k.split(lengths), v.split(lengths), strict=True):
-            ki, vi = ki.repeat_interleave(rep, 1), vi.repeat_interleave(rep, 1)
-            o = F.scaled_dot_product_attention(qi.transpose(0, 1), ki.transpose(0, 1), vi.transpose(0, 1),
-                                               is_causal=causal)
-            outs.append(o.transpose(0, 1))
-        return torch.cat(outs)
+        n, rep = q.shape[0], q.shape[1] // k.shape[1]
+        seg = torch.repeat_interleave(torch.arange(len(cu) - 1, device=q.device), cu.diff().long())
+        mask = seg[:, None] == seg[None, :]
+        if causal:
+            mask &= torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask)
+        return o.transpose(0, 1).contiguous()  # a flash kernel's output is contiguous: its reshape is a view
 
     return attend
 

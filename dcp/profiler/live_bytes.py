@@ -61,7 +61,10 @@ class LiveBytes(TorchDispatchMode):
         self.bucket: int | None = None
         self.copies_by_bucket: dict[int | None, int] = defaultdict(int)
         self.autocast_mismatches: set[str] = set()
-        """Ops of CUDA_FP32_AUTOCAST_OPS that got a 16-bit input in the forward under autocast."""
+        """Ops of CUDA_FP32_AUTOCAST_OPS that got a 16-bit input while `in_autocast`."""
+        self.in_autocast = False
+        """Set by the caller around a forward it runs under autocast (inside the dispatch mode
+        torch.is_autocast_enabled reads False)."""
 
     def set_phase(self, phase: str) -> None:
         self.phase = phase
@@ -71,7 +74,7 @@ class LiveBytes(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
-        if name in CUDA_FP32_AUTOCAST_OPS and self.phase != "backward" and torch.is_autocast_enabled("cpu") and any(
+        if name in CUDA_FP32_AUTOCAST_OPS and self.in_autocast and any(
                 isinstance(a, torch.Tensor) and a.dtype in (torch.bfloat16, torch.float16) for a in args):
             self.autocast_mismatches.add(name)
         cast = (func is torch.ops.aten._to_copy.default and isinstance(args[0], torch.Tensor)
@@ -118,11 +121,8 @@ class SavedBytes:
         self.seen: set[int] = set()
         self.by_bucket: dict[int | None, int] = defaultdict(int)
         self.bucket: int | None = None
-        self.counting = True
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
-        if not self.counting:
-            return t
         key = storage_key(t)
         copies = self.live.copy_keys if self.live is not None else ()
         if key not in self.param_keys and key not in copies and key not in self.seen:

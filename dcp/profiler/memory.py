@@ -151,29 +151,49 @@ def _first_tensor(x: Any) -> torch.Tensor | None:
     return None
 
 
-def _count_step(target: FootprintTarget, model: nn.Module, recipe: PrecisionRecipe, payload: Any,
-                tokens: int, ckpt: int) -> StepCount:
-    layers = list(target.layers(model))
-    buffers, grad_hooks = _attach_grads(model, recipe)
-    params = list(model.parameters())
-    live = LiveBytes(params, resident=buffers)
-    saved = SavedBytes(params, live)
-    ckpt_bytes = [0]
-    handles = list(grad_hooks)
+@dataclass
+class Counters:
+    """What `layer_counting` counts while a micro-batch runs."""
+
+    live: LiveBytes
+    saved: SavedBytes
+    layers: int
+    ckpt_input_bytes: int = 0
+
+    def step_count(self, tokens: int, ckpt: int) -> StepCount:
+        by_layer = [self.saved.by_bucket.get(i, 0) for i in range(self.layers)]
+        live = self.live
+        return StepCount(tokens=tokens, ckpt=ckpt, saved_by_layer=by_layer, ckpt_input_bytes=self.ckpt_input_bytes,
+                         phase_peaks=dict(live.peak),
+                         copies_by_layer=[live.copies_by_bucket.get(i, 0) for i in range(self.layers)],
+                         copies_outside=live.copies_by_bucket.get(None, 0), copy_peak=live.copy_peak,
+                         autocast_mismatches=tuple(sorted(live.autocast_mismatches)))
+
+
+@contextmanager
+def layer_counting(layers: Sequence[nn.Module], params: Sequence[torch.Tensor], *,
+                   resident: Sequence[torch.Tensor] = (), ckpt: int = 0) -> Iterator[Counters]:
+    """Count, inside the block, what each of `layers` saves for backward and the live bytes of
+    the forward, head and backward phases (real or fake tensors; any training step, the
+    executor's included). `ckpt`: how many leading layers run checkpointed (their inputs are
+    recorded as a check); `resident`: tensors that exist before (gradient buffers)."""
+    live = LiveBytes(list(params), resident=list(resident))
+    counters = Counters(live, SavedBytes(list(params), live), len(layers))
+    handles = []
 
     def enter(i: int) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            live.bucket = saved.bucket = i
+            live.bucket = counters.saved.bucket = i
             if i < ckpt:
                 x = _first_tensor(args) if args else kwargs.get("hidden_states")
-                ckpt_bytes[0] += x.numel() * x.element_size()
+                counters.ckpt_input_bytes += x.numel() * x.element_size()
         return hook
 
     def leave(i: int) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple, output: Any) -> None:
-            live.bucket = saved.bucket = None
+            live.bucket = counters.saved.bucket = None
             out = _first_tensor(output)
-            if i == len(layers) - 1 and out is not None:
+            if i == len(layers) - 1 and out is not None and out.requires_grad:
                 live.set_phase("head")
                 out.register_hook(lambda grad: live.set_phase("backward"))
         return hook
@@ -182,26 +202,35 @@ def _count_step(target: FootprintTarget, model: nn.Module, recipe: PrecisionReci
         handles.append(layer.register_forward_pre_hook(enter(i), with_kwargs=True))
         handles.append(layer.register_forward_hook(leave(i)))
     try:
-        with ExitStack() as stack:
-            stack.enter_context(_checkpointed(layers[:ckpt]))
-            stack.enter_context(forced_kernels(flash_varlen_standin, flash_dense_standin))
-            stack.enter_context(live)
-            with saved.hooks(), forward_autocast(recipe, "cpu"):
-                loss = target.run(model, payload)
-            saved.counting = False
-            loss.backward()
-            del loss
+        with live, counters.saved.hooks():
+            yield counters
     finally:
         for h in handles:
             h.remove()
+
+
+def _count_step(target: FootprintTarget, model: nn.Module, recipe: PrecisionRecipe, payload: Any,
+                tokens: int, ckpt: int) -> StepCount:
+    layers = list(target.layers(model))
+    buffers, grad_hooks = _attach_grads(model, recipe)
+    params = list(model.parameters())
+    try:
+        with ExitStack() as stack:
+            stack.enter_context(_checkpointed(layers[:ckpt]))
+            stack.enter_context(forced_kernels(flash_varlen_standin, flash_dense_standin))
+            counters = stack.enter_context(layer_counting(layers, params, resident=buffers, ckpt=ckpt))
+            counters.live.in_autocast = recipe.autocast
+            with forward_autocast(recipe, "cpu"):
+                loss = target.run(model, payload)
+            counters.live.in_autocast = False
+            loss.backward()
+            del loss
+    finally:
+        for h in grad_hooks:
+            h.remove()
         for p in params:
             p.grad = None
-    by_layer = [saved.by_bucket.get(i, 0) for i in range(len(layers))]
-    return StepCount(tokens=tokens, ckpt=ckpt, saved_by_layer=by_layer, ckpt_input_bytes=ckpt_bytes[0],
-                     phase_peaks=dict(live.peak),
-                     copies_by_layer=[live.copies_by_bucket.get(i, 0) for i in range(len(layers))],
-                     copies_outside=live.copies_by_bucket.get(None, 0), copy_peak=live.copy_peak,
-                     autocast_mismatches=tuple(sorted(live.autocast_mismatches)))
+    return counters.step_count(tokens, ckpt)
 
 
 def measure_steps(target: FootprintTarget, recipe: str | PrecisionRecipe, *, tokens: Sequence[int] = DEFAULT_TOKENS,
