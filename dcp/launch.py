@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -66,6 +67,9 @@ class RunOptions:
     autocast-bf16 on GPUs, fp32 on CPU."""
     zero_stage: int = 1
     """ZeRO stage of the optimizer (0 or 1: what the executor runs)."""
+    stats_out: str | None = None
+    """Rank 0 appends each step's micro-batches (predicted and measured time and memory) to this
+    JSON-lines file."""
 
     def __post_init__(self) -> None:
         if self.global_batch <= 0:
@@ -107,6 +111,8 @@ class RunOptions:
                             help="precision recipe (default: autocast-bf16 on GPUs, fp32 on CPU)")
         parser.add_argument("--zero-stage", type=int, default=d.zero_stage, choices=[0, 1],
                             help="ZeRO stage of the optimizer state")
+        parser.add_argument("--stats-out", default=d.stats_out,
+                            help="JSON-lines file for each step's micro-batches (time and memory, planned and measured)")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RunOptions:
@@ -147,3 +153,12 @@ def step_summary(step: int, plan: Plan, stats: StepStats) -> str:
     groups = " ".join(f"sp{g.sp}:{len(g.microbatches)}mb" for g in plan.groups)
     return (f"step {step:3d} loss {stats.loss:.4f} tokens {stats.loss_tokens:5d} groups [{groups}] "
             f"predicted {stats.predicted_step_s * 1e3:8.2f} ms measured {stats.measured_step_s * 1e3:8.2f} ms")
+
+
+def write_step_stats(path: str, step: int, stats: StepStats) -> None:
+    """Append one JSON line: the step's micro-batches as planned and as measured (time; memory:
+    the plan's prediction and torch.cuda.max_memory_allocated, None on a CPU)."""
+    rows = [dataclasses.asdict(m) for m in stats.microbatches]
+    with open(path, "a") as f:
+        f.write(json.dumps({"step": step, "loss": stats.loss, "predicted_step_s": stats.predicted_step_s,
+                            "measured_step_s": stats.measured_step_s, "microbatches": rows}) + "\n")

@@ -26,7 +26,7 @@ from dcp.executor import executor_optimizer
 from dcp.executor.hf import causal_lm_loss, hf_executor, lm_sample, plain_hf_step
 from dcp.executor.hf_memory import measured_model_spec
 from dcp.executor.reference import relative_grad_diff
-from dcp.launch import RunOptions, init_distributed, planned_batches, step_summary
+from dcp.launch import RunOptions, init_distributed, planned_batches, step_summary, write_step_stats
 from dcp.models import sample_tensors
 from dcp.models.precision import param_dtype
 
@@ -78,6 +78,8 @@ def main() -> None:
             worst = max(worst, relative_grad_diff(list(model.parameters()), list(reference.parameters())))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if rank == 0 and options.stats_out:
+            write_step_stats(options.stats_out, step, stats)
         if rank == 0:
             print(step_summary(step, plan, stats), flush=True)
     sampler.close()

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from dcp.costmodel import load_model
 from dcp.executor import Executor, broadcast_plan, default_forward, executor_optimizer
 from dcp.executor.reference import reference_step, relative_grad_diff
-from dcp.launch import RunOptions, init_distributed, planned_batches, step_summary
+from dcp.launch import RunOptions, init_distributed, planned_batches, step_summary, write_step_stats
 from dcp.models import build_model, lm_loss, mse_loss, sample_tensors
 from dcp.models.precision import param_dtype
 
@@ -69,6 +69,8 @@ def main() -> None:
             worst = max(worst, relative_grad_diff(list(model.parameters()), list(reference.parameters())))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if rank == 0 and options.stats_out:
+            write_step_stats(options.stats_out, step, stats)
         if rank == 0:
             mine = stats.microbatches
             print(f"{step_summary(step, plan, stats)} "

@@ -30,7 +30,8 @@ from dcp.models import build_model, lm_loss, mse_loss, sample_tensors
 from dcp.models.attention import forced_kernels
 from dcp.models.precision import param_dtype
 from dcp.profiler.flash_standin import flash_dense_standin, flash_varlen_standin
-from dcp.profiler.memory import layer_counting, reference_footprint
+from dcp.profiler.live_bytes import layer_counting
+from dcp.profiler.memory import reference_footprint
 
 RECIPES = ("bf16", "autocast-bf16")
 TOLERANCE = 0.02  # the bound: cost model within 2% of the executor's measured bytes

@@ -275,6 +275,11 @@ def test_dcp_profile_cli_writes_a_profile_that_plan_and_validate_use(tmp_path: P
     assert result.exit_code == 0, result.output
     raw = json.loads(out.read_text())
     assert "tiny-llama" in raw["fits"] and isinstance(raw["heldout_mape"], float)
+    # The model's measured memory: the profiled dtype's recipe in the fit, every recipe in the meta.
+    fit = raw["fits"]["tiny-llama"]
+    assert fit["memory"]["recipe"] == "fp32"
+    assert fit["act_full_bytes_per_token"] == fit["memory"]["act_full_bytes_per_token"]
+    assert set(raw["meta"]["fits"]["tiny-llama"]["memory"]) == {"bf16", "autocast-bf16", "fp32"}
     assert "kernel_overhead_s" in raw["meta"]["measured"] and "measured" in raw["sources"]["matmul_flops"]
     assert raw["meta"]["attention_kernel"] == "sdpa per sample"  # CPU: no varlen kernel
     plan = CliRunner().invoke(main, ["plan", "--hardware", str(out), "--model", "tiny-llama", "--gpus", "2",
@@ -329,6 +334,19 @@ def tiny_calibration(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_gpu_run_script_checks_the_executor_too(tiny_calibration: Path) -> None:
     smoke = json.loads((tiny_calibration / "executor-smoke.json").read_text())
     assert smoke["exit_code"] == 0 and smoke["max_grad_diff"] < 1e-4  # fp32 on CPU: rounding only
+    # Every micro-batch it ran: the plan's memory against max_memory_allocated (None on a CPU).
+    rows = smoke["microbatch_memory"]
+    assert rows and {r["step"] for r in rows} == {0, 1, 2}
+    assert all(r["predicted_memory_bytes"] > 0 and r["max_memory_allocated"] is None for r in rows)
+
+
+def test_gpu_run_script_records_memory_of_every_microbatch(tiny_calibration: Path) -> None:
+    res = json.loads((tiny_calibration / "gpu-calibration-tiny.json").read_text())
+    rows = res["validation"]["rows"]
+    assert rows and all(r["predicted_memory_bytes"] > 0 and r["max_memory_allocated"] is None for r in rows)
+    timed = [r for r in res["checkpointing"]["rows"] if "full_s" in r]
+    assert timed and all(r[f"{k}_predicted_memory_bytes"] > 0 and r[f"{k}_max_memory_allocated"] is None
+                         for r in timed for k in ("planned", "full"))
 
 
 def test_gpu_calibration_script_runs_on_cpu_tiny(tiny_calibration: Path) -> None:

@@ -9,6 +9,9 @@ checkpointing buys over full checkpointing. Results are JSON files under --out.
    with every layer checkpointed (the bucket baseline's static choice). Reports the measured
    speedup, the cost model's predicted one, and each run's measured peak memory.
 
+Every whole micro-batch run (phases 2 and 3) records torch.cuda.max_memory_allocated beside the
+predicted memory (None on a CPU); so does the executor smoke check of run.sh.
+
 Imports only dcp's torch side and numpy/scipy/rich (no planner ILP: no pulp/highspy needed).
 `--device cpu --tiny` runs the same code on tiny sizes so that CI knows it works.
 """
@@ -49,7 +52,8 @@ from dcp.profiler.compute import Repeats, measure_model  # noqa: E402
 from dcp.profiler.profile import ProfileOptions, profile_model, torch_device  # noqa: E402
 from dcp.profiler.reference import reference_bench  # noqa: E402
 from dcp.profiler.report import fit_table, mape_panel, validation_table  # noqa: E402
-from dcp.profiler.validate import validate_profile  # noqa: E402
+from dcp.profiler.timing import peak_allocated  # noqa: E402
+from dcp.profiler.validate import predicted_bench_memory, validate_profile  # noqa: E402
 
 console = Console()
 
@@ -97,7 +101,8 @@ def checkpoint_speedup(profile: HardwareProfile, model_name: str, *, device: str
             model.set_ckpt_layers(r)
             samples = [bench.shape(n) for n in mb]
             try:
-                point = measure_model(model, bench, samples, layers, reps, ckpt_layers=r)
+                with peak_allocated(bench.device) as peak:
+                    point = measure_model(model, bench, samples, layers, reps, ckpt_layers=r)
             except torch.cuda.OutOfMemoryError:
                 # The profile's memory model was too optimistic for this r: that is a result too.
                 row[f"{key}_oom"] = True
@@ -107,6 +112,9 @@ def checkpoint_speedup(profile: HardwareProfile, model_name: str, *, device: str
             row[f"{key}_predicted_s"] = cm.time_s(tokens, point.attn_pairs, 1, r)
             row[f"{key}_act_bytes"] = point.act_bytes
             row[f"{key}_predicted_act_bytes"] = cm.memory_bytes(tokens, 1, r) - cm.static_bytes
+            # The whole micro-batch's peak against the prediction (the bench holds no optimizer).
+            row[f"{key}_predicted_memory_bytes"] = predicted_bench_memory(cm, model, tokens, r)
+            row[f"{key}_max_memory_allocated"] = peak[0]
         if "planned_oom" in row or "full_oom" in row:
             console.print(f"  [red]{tokens:,} tokens: out of memory at r={row['r_planned']}[/red]")
             rows.append(row)

@@ -30,18 +30,25 @@ timeout 420 "$PY" benchmarks/gpu/calibrate.py --out "$OUT_DIR" --budget-s 360 "$
 # Then, in at most 45 s, the executor on this device (NCCL, bf16 autocast, the varlen attention
 # kernel): 3 training steps of the tiny reference model, gradients against fp32 single-process
 # training. The 8-minute budget's rest is interpreter and CUDA start-up.
+# Every micro-batch it runs records torch.cuda.max_memory_allocated beside the plan's memory.
 smoke_rc=0
+rm -f "$OUT_DIR/executor-smoke-steps.jsonl"
 timeout 45 "$PY" -m torch.distributed.run --nproc_per_node 1 examples/train_reference.py --steps 3 \
-  --check-grads > "$OUT_DIR/executor-smoke.log" 2>&1 || smoke_rc=$?
+  --check-grads --stats-out "$OUT_DIR/executor-smoke-steps.jsonl" > "$OUT_DIR/executor-smoke.log" 2>&1 || smoke_rc=$?
 "$PY" - "$OUT_DIR" "$smoke_rc" <<'PYEOF'
-import json, re, sys
+import json, os, re, sys
 out, rc = sys.argv[1], int(sys.argv[2])
 log = open(f"{out}/executor-smoke.log").read()
 diff = re.findall(r"max_grad_diff=(\S+)", log)
+steps_path = f"{out}/executor-smoke-steps.jsonl"
+steps = [json.loads(line) for line in open(steps_path)] if os.path.exists(steps_path) else []
+memory = [{"step": s["step"], "group": m["group"], "index": m["index"], "tokens": m["tokens"],
+           "ckpt_layers": m["ckpt_layers"], "predicted_memory_bytes": m["predicted_memory_bytes"],
+           "max_memory_allocated": m["peak_memory_bytes"]} for s in steps for m in s["microbatches"]]
 json.dump({"command": "torch.distributed.run --nproc_per_node 1 examples/train_reference.py --steps 3 --check-grads",
-           "exit_code": rc, "max_grad_diff": float(diff[-1]) if diff else None, "log_tail": log[-3000:]},
-          open(f"{out}/executor-smoke.json", "w"), indent=1)
-print(f"executor smoke: exit {rc}, max_grad_diff {diff[-1] if diff else None}")
+           "exit_code": rc, "max_grad_diff": float(diff[-1]) if diff else None, "microbatch_memory": memory,
+           "log_tail": log[-3000:]}, open(f"{out}/executor-smoke.json", "w"), indent=1)
+print(f"executor smoke: exit {rc}, max_grad_diff {diff[-1] if diff else None}, {len(memory)} micro-batches")
 PYEOF
-rm -f "$OUT_DIR/executor-smoke.log"  # its tail is in the JSON
+rm -f "$OUT_DIR/executor-smoke.log" "$OUT_DIR/executor-smoke-steps.jsonl"  # in the JSON
 exit $((rc != 0 ? rc : smoke_rc))

@@ -58,6 +58,10 @@ class MicroBatchStats:
     ckpt_layers: int
     predicted_s: float
     measured_s: float
+    predicted_memory_bytes: float = 0.0
+    """The plan's memory of the micro-batch (the cost model's, per GPU)."""
+    peak_memory_bytes: int | None = None
+    """torch.cuda.max_memory_allocated during the micro-batch on this rank; None on a CPU."""
 
 
 @dataclass(frozen=True)
@@ -128,11 +132,15 @@ class Executor:
         loss_sum = torch.zeros((), dtype=torch.float64, device=state.device)
         loss_tokens = torch.zeros((), dtype=torch.float64, device=state.device)
         timers: list[_Timer] = []
+        peaks: list[int | None] = []
+        cuda = state.device.type == "cuda"
         if group is not None:
             self.ctx.group, self.ctx.size = state.group(group.ranks[0], group.sp), group.sp
             try:
                 for mb in group.microbatches:
                     timer = _Timer(state.device)
+                    if cuda:  # the allocator's own count, kept on the host: no sync needed
+                        torch.cuda.reset_peak_memory_stats(state.device)
                     with timer:
                         batch = pack_microbatch(mb.samples, specs, samples, sp_size=group.sp,
                                                 sp_rank=state.rank - group.ranks[0], device=state.device,
@@ -142,6 +150,7 @@ class Executor:
                             out = self.forward_fn(self.model, batch)
                             mb_loss, mb_tokens = loss_fn(out, batch)
                         mb_loss.backward()
+                    peaks.append(torch.cuda.max_memory_allocated(state.device) if cuda else None)
                     loss_sum += mb_loss.detach().double()
                     loss_tokens += mb_tokens.detach().double() if torch.is_tensor(mb_tokens) else float(mb_tokens)
                     timers.append(timer)
@@ -154,8 +163,9 @@ class Executor:
         # Read the timers only now: on CUDA that waits for the events, which must not delay
         # launching the all-reduce.
         stats = [MicroBatchStats(gi, mi, group.sp, len(mb.samples), sum(specs[i].tokens for i in mb.samples),
-                                 mb.ckpt_layers, mb.time_s, timer.elapsed_s())
-                 for mi, (mb, timer) in enumerate(zip(group.microbatches, timers, strict=True))] if group else []
+                                 mb.ckpt_layers, mb.time_s, timer.elapsed_s(), mb.memory_bytes, peak)
+                 for mi, (mb, timer, peak) in enumerate(zip(group.microbatches, timers, peaks, strict=True))
+                 ] if group else []
         if self.gather_stats and state.world_size > 1:
             stats = self._gather(stats)
         return StepStats(total_loss / total_tokens, round(total_tokens), plan.step_time_s, now - start,

@@ -10,17 +10,21 @@ llama-7b-wide model can be measured on a laptop without allocating a byte of it:
   keeps the peak of what is alive per phase of the step (forward, head, backward). Storages
   that autocast's casts of parameters create (`aten._to_copy` of a parameter) are weight copies,
   counted apart from activations.
+- `layer_counting`: both around any training step, attributed to its layers (the memory
+  profiler's fake steps and, in tests, the executor's real ones).
 """
 
 from __future__ import annotations
 
 import weakref
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -139,3 +143,93 @@ class SavedBytes:
     def hooks(self) -> Iterator[SavedBytes]:
         with torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t):
             yield self
+
+
+def _first_tensor(x: Any) -> torch.Tensor | None:
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, tuple | list) and x and isinstance(x[0], torch.Tensor):
+        return x[0]
+    return None
+
+
+@dataclass(frozen=True)
+class StepCount:
+    """What one measured micro-batch held: bytes, for `tokens` tokens with `ckpt` layers checkpointed."""
+
+    tokens: int
+    ckpt: int
+    saved_by_layer: list[int]
+    """Saved-for-backward bytes of each layer (a checkpointed one saves only its input)."""
+    ckpt_input_bytes: int
+    """Size of the checkpointed layers' inputs, all of them (a check: they are what they save)."""
+    phase_peaks: dict[str, int]
+    """Peak of live non-copy bytes per phase (forward, head, backward)."""
+    copies_by_layer: list[int]
+    copies_outside: int
+    copy_peak: int
+    autocast_mismatches: tuple[str, ...] = ()
+    """Ops CUDA autocast would run in fp32 that ran in 16 bits here (see live_bytes)."""
+
+    @property
+    def held_bytes(self) -> int:
+        """All layers' activations held for backward."""
+        return sum(self.saved_by_layer)
+
+
+@dataclass
+class Counters:
+    """What `layer_counting` counts while a micro-batch runs."""
+
+    live: LiveBytes
+    saved: SavedBytes
+    layers: int
+    ckpt_input_bytes: int = 0
+
+    def step_count(self, tokens: int, ckpt: int) -> StepCount:
+        by_layer = [self.saved.by_bucket.get(i, 0) for i in range(self.layers)]
+        live = self.live
+        return StepCount(tokens=tokens, ckpt=ckpt, saved_by_layer=by_layer, ckpt_input_bytes=self.ckpt_input_bytes,
+                         phase_peaks=dict(live.peak),
+                         copies_by_layer=[live.copies_by_bucket.get(i, 0) for i in range(self.layers)],
+                         copies_outside=live.copies_by_bucket.get(None, 0), copy_peak=live.copy_peak,
+                         autocast_mismatches=tuple(sorted(live.autocast_mismatches)))
+
+
+@contextmanager
+def layer_counting(layers: Sequence[nn.Module], params: Sequence[torch.Tensor], *,
+                   resident: Sequence[torch.Tensor] = (), ckpt: int = 0) -> Iterator[Counters]:
+    """Count, inside the block, what each of `layers` saves for backward and the live bytes of
+    the forward, head and backward phases (real or fake tensors; any training step, the
+    executor's included). `ckpt`: how many leading layers run checkpointed (their inputs are
+    recorded as a check); `resident`: tensors that exist before (gradient buffers)."""
+    live = LiveBytes(list(params), resident=list(resident))
+    counters = Counters(live, SavedBytes(list(params), live), len(layers))
+    handles = []
+
+    def enter(i: int) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            live.bucket = counters.saved.bucket = i
+            if i < ckpt:
+                x = _first_tensor(args) if args else kwargs.get("hidden_states")
+                counters.ckpt_input_bytes += x.numel() * x.element_size()
+        return hook
+
+    def leave(i: int) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            live.bucket = counters.saved.bucket = None
+            out = _first_tensor(output)
+            if i == len(layers) - 1 and out is not None and out.requires_grad:
+                live.set_phase("head")
+                out.register_hook(lambda grad: live.set_phase("backward"))
+        return hook
+
+    for i, layer in enumerate(layers):
+        handles.append(layer.register_forward_pre_hook(enter(i), with_kwargs=True))
+        handles.append(layer.register_forward_hook(leave(i)))
+    try:
+        with live, counters.saved.hooks():
+            yield counters
+    finally:
+        for h in handles:
+            h.remove()

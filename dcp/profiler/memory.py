@@ -35,13 +35,13 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.checkpoint import checkpoint
 
-from dcp.costmodel import ModelSpec
+from dcp.costmodel import RECIPES, HardwareProfile, ModelSpec
 from dcp.costmodel.memory import MemoryFootprint, shape_of
 from dcp.costmodel.precision import PrecisionRecipe, get_recipe
 from dcp.models.attention import forced_kernels
 from dcp.models.precision import forward_autocast, torch_dtype
 from dcp.profiler.flash_standin import flash_dense_standin, flash_varlen_standin
-from dcp.profiler.live_bytes import LiveBytes, SavedBytes
+from dcp.profiler.live_bytes import StepCount, layer_counting
 
 DEFAULT_TOKENS = (64, 4096, 16384)
 """Token counts of the measured micro-batches (one sample each): a tiny one, where the
@@ -66,30 +66,6 @@ class FootprintTarget:
     """Forward and loss of one micro-batch: the scalar to back-propagate."""
     shape: dict[str, Any] = dataclasses.field(default_factory=dict)
     """The model shape the footprint belongs to (dcp.costmodel.memory.shape_of)."""
-
-
-@dataclass(frozen=True)
-class StepCount:
-    """What one measured micro-batch held: bytes, for `tokens` tokens with `ckpt` layers checkpointed."""
-
-    tokens: int
-    ckpt: int
-    saved_by_layer: list[int]
-    """Saved-for-backward bytes of each layer (a checkpointed one saves only its input)."""
-    ckpt_input_bytes: int
-    """Size of the checkpointed layers' inputs, all of them (a check: they are what they save)."""
-    phase_peaks: dict[str, int]
-    """Peak of live non-copy bytes per phase (forward, head, backward)."""
-    copies_by_layer: list[int]
-    copies_outside: int
-    copy_peak: int
-    autocast_mismatches: tuple[str, ...] = ()
-    """Ops CUDA autocast would run in fp32 that ran in 16 bits here (see live_bytes)."""
-
-    @property
-    def held_bytes(self) -> int:
-        """All layers' activations held for backward."""
-        return sum(self.saved_by_layer)
 
 
 def _attach_grads(model: nn.Module, recipe: PrecisionRecipe) -> tuple[list[torch.Tensor], list[Any]]:
@@ -141,72 +117,6 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
         yield
     finally:
         torch.set_default_dtype(before)
-
-
-def _first_tensor(x: Any) -> torch.Tensor | None:
-    if isinstance(x, torch.Tensor):
-        return x
-    if isinstance(x, tuple | list) and x and isinstance(x[0], torch.Tensor):
-        return x[0]
-    return None
-
-
-@dataclass
-class Counters:
-    """What `layer_counting` counts while a micro-batch runs."""
-
-    live: LiveBytes
-    saved: SavedBytes
-    layers: int
-    ckpt_input_bytes: int = 0
-
-    def step_count(self, tokens: int, ckpt: int) -> StepCount:
-        by_layer = [self.saved.by_bucket.get(i, 0) for i in range(self.layers)]
-        live = self.live
-        return StepCount(tokens=tokens, ckpt=ckpt, saved_by_layer=by_layer, ckpt_input_bytes=self.ckpt_input_bytes,
-                         phase_peaks=dict(live.peak),
-                         copies_by_layer=[live.copies_by_bucket.get(i, 0) for i in range(self.layers)],
-                         copies_outside=live.copies_by_bucket.get(None, 0), copy_peak=live.copy_peak,
-                         autocast_mismatches=tuple(sorted(live.autocast_mismatches)))
-
-
-@contextmanager
-def layer_counting(layers: Sequence[nn.Module], params: Sequence[torch.Tensor], *,
-                   resident: Sequence[torch.Tensor] = (), ckpt: int = 0) -> Iterator[Counters]:
-    """Count, inside the block, what each of `layers` saves for backward and the live bytes of
-    the forward, head and backward phases (real or fake tensors; any training step, the
-    executor's included). `ckpt`: how many leading layers run checkpointed (their inputs are
-    recorded as a check); `resident`: tensors that exist before (gradient buffers)."""
-    live = LiveBytes(list(params), resident=list(resident))
-    counters = Counters(live, SavedBytes(list(params), live), len(layers))
-    handles = []
-
-    def enter(i: int) -> Callable[..., None]:
-        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            live.bucket = counters.saved.bucket = i
-            if i < ckpt:
-                x = _first_tensor(args) if args else kwargs.get("hidden_states")
-                counters.ckpt_input_bytes += x.numel() * x.element_size()
-        return hook
-
-    def leave(i: int) -> Callable[..., None]:
-        def hook(module: nn.Module, args: tuple, output: Any) -> None:
-            live.bucket = counters.saved.bucket = None
-            out = _first_tensor(output)
-            if i == len(layers) - 1 and out is not None and out.requires_grad:
-                live.set_phase("head")
-                out.register_hook(lambda grad: live.set_phase("backward"))
-        return hook
-
-    for i, layer in enumerate(layers):
-        handles.append(layer.register_forward_pre_hook(enter(i), with_kwargs=True))
-        handles.append(layer.register_forward_hook(leave(i)))
-    try:
-        with live, counters.saved.hooks():
-            yield counters
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def _count_step(target: FootprintTarget, model: nn.Module, recipe: PrecisionRecipe, payload: Any,
@@ -348,3 +258,28 @@ def reference_footprint(spec: ModelSpec, recipe: str | PrecisionRecipe, *, token
                         ) -> MemoryFootprint:
     """The measured footprint of `spec`'s reference model (dcp.models) in `recipe`."""
     return measure_footprint(reference_target(spec), recipe, tokens=tokens)
+
+
+# -- recorded by `dcp profile` -------------------------------------------------------------------------
+DTYPE_RECIPES = {"bf16": "bf16", "fp32": "fp32"}
+"""The recipe whose parameters a profiled dtype holds (its layer was timed in that dtype)."""
+
+
+def record_memory(profile: HardwareProfile, spec: ModelSpec, dtype: str) -> HardwareProfile:
+    """`profile` with `spec`'s measured footprints: every recipe's in the fit's meta, and the
+    profiled dtype's recipe in the fit itself (its activation fields and `memory`, which the cost
+    model prefers to the spec's). The device's own per-layer measurement (allocator bytes on CUDA)
+    stays beside it in the meta, for comparison."""
+    fit = profile.fits[spec.name]
+    footprints = {r: reference_footprint(spec, r) for r in RECIPES}
+    meta_fits = dict(profile.meta.get("fits", {}))
+    meta_fits[spec.name] = {**meta_fits.get(spec.name, {}), "memory": {r: f.to_dict() for r, f in footprints.items()},
+                            "device_act_bytes_per_token": {"full": fit.act_full_bytes_per_token,
+                                                           "ckpt": fit.act_ckpt_bytes_per_token}}
+    fp = footprints.get(DTYPE_RECIPES.get(dtype, ""))
+    if fp is not None:
+        fit = dataclasses.replace(fit, act_full_bytes_per_token=fp.act_full_bytes_per_token,
+                                  act_ckpt_bytes_per_token=fp.act_ckpt_bytes_per_token,
+                                  head_bytes_per_token=fp.working_bytes_per_token, memory=fp)
+    return dataclasses.replace(profile, fits={**profile.fits, spec.name: fit},
+                               meta={**profile.meta, "fits": meta_fits})

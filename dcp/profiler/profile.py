@@ -250,13 +250,18 @@ def fit_of(profile: HardwareProfile, name: str) -> LayerFit:
 
 def profile_model(spec: ModelSpec, base: HardwareProfile, opts: ProfileOptions, *,
                   progress: Any = None) -> HardwareProfile:
-    """Profile one layer of `spec`'s reference model (dcp.models) on this machine."""
+    """Profile one layer of `spec`'s reference model (dcp.models) on this machine, its memory
+    footprint in every precision recipe included (dcp.profiler.memory.record_memory)."""
+    from dcp.profiler.memory import record_memory
     from dcp.profiler.reference import reference_bench
 
     o = opts.resolved()
     assert o.dtype is not None
     bench = reference_bench(spec, torch_device(o.device), o.dtype, seed=o.seed)
-    return profile_bench(bench, base, o, spec=spec, progress=progress)
+    profile = profile_bench(bench, base, o, spec=spec, progress=progress)
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return profile
+    return record_memory(profile, spec, o.dtype)
 
 
 def torch_device(name: str) -> torch.device:

@@ -139,3 +139,24 @@ def cuda_memory(device: torch.device) -> Iterator[list[CudaMemory]]:
     synchronize(device)
     result.append(CudaMemory(torch.cuda.memory_allocated(device) - before,
                              torch.cuda.max_memory_allocated(device) - before))
+
+
+@contextmanager
+def peak_allocated(device: torch.device) -> Iterator[list[int | None]]:
+    """torch.cuda.max_memory_allocated over the block, absolute (what a plan must fit); [None] on
+    a CPU, which has no allocator counters."""
+    result: list[int | None] = []
+    if device.type == "cuda":
+        synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    yield result
+    if device.type == "cuda":
+        synchronize(device)
+        result.append(torch.cuda.max_memory_allocated(device))
+    else:
+        result.append(None)
+
+
+def held_state_bytes(model: torch.nn.Module) -> int:
+    """Bytes of a bench model's parameters and their `.grad` (what it holds between steps)."""
+    return sum(t.nelement() * t.element_size() for p in model.parameters() for t in (p, p.grad) if t is not None)

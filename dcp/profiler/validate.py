@@ -20,6 +20,7 @@ from dcp.profiler.compute import Repeats, measure_model
 from dcp.profiler.fitting import mape
 from dcp.profiler.profile import cpu_threads, fit_of, torch_device, track
 from dcp.profiler.reference import DTYPES, reference_bench
+from dcp.profiler.timing import held_state_bytes, peak_allocated
 
 VALIDATION_LAYERS = 4
 """Default depth of the validation model: enough layers that per-layer error dominates the
@@ -35,6 +36,10 @@ class ValidationRow:
     ckpt_layers: int
     predicted_s: float
     measured_s: float
+    predicted_memory_bytes: float = 0.0
+    """What the bench holds (parameters, gradients) plus the cost model's memory of the micro-batch."""
+    max_memory_allocated: int | None = None
+    """torch.cuda.max_memory_allocated over the micro-batch's runs; None on a CPU."""
 
     @property
     def error(self) -> float:
@@ -48,6 +53,13 @@ class ValidationReport:
     mape: float
     truncated: bool = False
     """The deadline came before every planned micro-batch was measured."""
+
+
+def predicted_bench_memory(cm: CostModel, model: torch.nn.Module, tokens: int, ckpt_layers: int) -> float:
+    """Predicted peak of a profiler bench's micro-batch: what the bench holds between steps
+    (parameters and their gradients, no optimizer) plus the cost model's memory of the
+    micro-batch beyond the training state (weight copies, activations, working memory)."""
+    return held_state_bytes(model) + cm.memory_bytes(tokens, 1, ckpt_layers) - cm.resident_bytes
 
 
 def validate_profile(profile: HardwareProfile, spec: ModelSpec, *, device: str = "cpu", dtype: str | None = None,
@@ -83,9 +95,11 @@ def validate_profile(profile: HardwareProfile, spec: ModelSpec, *, device: str =
                 if deadline is not None and time.monotonic() >= deadline:
                     truncated = True
                     break
-                point = measure_model(model, bench, samples, n, reps, ckpt_layers=r)
+                with peak_allocated(dev) as peak:
+                    point = measure_model(model, bench, samples, n, reps, ckpt_layers=r)
                 rows.append(ValidationRow(point.tokens, point.attn_pairs, len(samples), n, r,
-                                          cm.time_s(point.tokens, point.attn_pairs, 1, r), point.seconds))
+                                          cm.time_s(point.tokens, point.attn_pairs, 1, r), point.seconds,
+                                          predicted_bench_memory(cm, model, point.tokens, r), peak[0]))
     del model
     if dev.type == "cuda":
         torch.cuda.empty_cache()
