@@ -26,6 +26,11 @@ from dcp.costmodel.memory import footprint_for
 from dcp.costmodel.spec import CostModelError, ModelSpec
 
 
+def shard_tokens(tokens: float, sp_size: int) -> int:
+    """Tokens each GPU of an SP group holds: the micro-batch padded to a multiple of p, split."""
+    return math.ceil(tokens / sp_size - 1e-9)
+
+
 @dataclass(frozen=True)
 class LinearCost:
     """time = fixed + per_token * T + per_pair * A for a micro-batch at fixed (p, r)."""
@@ -169,16 +174,19 @@ class CostModel:
         return self.linear_time(sp_size, ckpt_layers)(tokens, pairs)
 
     def memory_bytes(self, tokens: float, sp_size: int, ckpt_layers: int) -> float:
-        """Peak memory per GPU while running one micro-batch."""
+        """Peak memory per GPU while running one micro-batch. Each GPU of the group holds
+        ceil(T/p) tokens: the executor pads the packed micro-batch to a multiple of p."""
         self._check(tokens, sp_size, ckpt_layers)
-        return self.static_bytes + self.activation_bytes_per_token(sp_size, ckpt_layers) * tokens
+        per_gpu = self.activation_bytes_per_token(1, ckpt_layers)
+        return self.static_bytes + per_gpu * shard_tokens(tokens, sp_size)
 
     def max_tokens(self, sp_size: int, ckpt_layers: int) -> int:
-        """Largest micro-batch (tokens) that fits memory at (p, r) and that the profile can price; 0 if none."""
+        """Largest micro-batch (tokens) that fits memory at (p, r) and that the profile can price; 0 if none:
+        p times the tokens one GPU's room holds, so that the padded shards fit too."""
         room = self.cluster.memory_bytes - self.static_bytes
         if room <= 0:
             return 0
-        fits = int(room // self.activation_bytes_per_token(sp_size, ckpt_layers))
+        fits = sp_size * int(room // self.activation_bytes_per_token(1, ckpt_layers))
         return int(min(fits, self.priceable_tokens(sp_size)))
 
     def priceable_tokens(self, sp_size: int) -> float:
@@ -194,9 +202,10 @@ class CostModel:
             return None
         k = self.model.num_layers
         room = self.cluster.memory_bytes - self.static_bytes
-        base = self.activation_bytes_per_token(sp_size, 0) * tokens
+        per_gpu = shard_tokens(tokens, sp_size)
+        base = self.activation_bytes_per_token(1, 0) * per_gpu
         # Memory falls linearly in r: each checkpointed layer saves the same bytes per token.
-        saved = (self.activation_bytes_per_token(sp_size, 0) - self.activation_bytes_per_token(sp_size, 1)) * tokens
+        saved = (self.activation_bytes_per_token(1, 0) - self.activation_bytes_per_token(1, 1)) * per_gpu
         if base <= room:
             return 0
         if saved <= 0:
