@@ -37,15 +37,17 @@ def _setting(doc: dict[str, Any], hw: HardwareProfile) -> str:
     rows += [f"| {SHORT[c['model']]} | {c['workload']} | {m['samples_per_gpu'][c['workload']]} | {c['global_batch']} "
              f"| {c['batch_tokens']:,.0f} | {c['dataset_longest_tokens']:,} / {c['batch_longest_tokens']:,} "
              f"| {c['static_sp']} | {c['static_gb']:.1f} GB of {c['memory_gb']:.1f} |" for c in paper]
-    a2a = ", ".join(f"{k}: {v / 1e9:.0f}" for k, v in sorted({**hw.a2a_bw_intra_bytes_per_s,
-                                                               **hw.a2a_bw_inter_bytes_per_s}.items()))
+    g = m["gpus_per_node"]
+    a2a = ", ".join(f"{p}: {hw.collective('all_to_all', p, g).alpha_beta()[1] / 1e9:.0f}" for p in (2, 4, 8, 16, 32))
+    world = hw.collective("all_reduce", 32, g)
     kind = "measured profile (`dcp profile`)" if m["hardware_kind"] == "measured" else "preset, not a measurement of ours"
     return f"""- Hardware profile **`{m['hardware']}`** ({kind}): {hw.device}, {hw.memory_bytes / 1e9:.1f} GB usable,
-  matmul {hw.matmul_flops / 1e12:.0f} TFLOP/s, attention {hw.attention_flops / 1e12:.0f} TFLOP/s, all-to-all
-  bandwidth per GPU by group size (GB/s) {a2a}, gradient all-reduce {hw.allreduce_bw_bytes_per_s / 1e9:.0f} GB/s.
-  Sources, as the profile states them: matmul: {hw.sources.get('matmul_flops', '?')}; attention:
-  {hw.sources.get('attention_flops', '?')}; all-to-all: {hw.sources.get('a2a_bw_intra_bytes_per_s', '?')} /
-  {hw.sources.get('a2a_bw_inter_bytes_per_s', '?')}.
+  matmul {hw.matmul_flops / 1e12:.0f} TFLOP/s, attention ({hw.attention_backend}) forward
+  {hw.attention_fwd_flops / 1e12:.0f} / backward {hw.attention_bwd_flops / 1e12:.0f} TFLOP/s, all-to-all bus
+  bandwidth by group size (GB/s) {a2a}, all-reduce over 32 GPUs up to {world.bus_bw(1e12) / 1e9:.0f} GB/s bus
+  bandwidth (by message size). Sources, as the profile states them: matmul: {hw.sources.get('matmul_flops', '?')};
+  attention: {hw.sources.get('attention_fwd_flops', '?')}; all-to-all: {hw.collective('all_to_all', 8, g).source} /
+  {hw.collective('all_to_all', 32, g).source}; all-reduce: {world.source}.
 - {m['gpus_per_node']} GPUs per node; ZeRO stage 1 (optimizer states sharded, as the paper trained) except
   {', '.join(f'{k}: stage {v}' for k, v in m['zero_stage'].items())}; bf16 with fp32 gradients and Adam.
 - {m['steps']} global batches per 32-GPU case, {m['scaling_steps']} per scaling case (the first batches of a

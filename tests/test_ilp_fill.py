@@ -29,15 +29,15 @@ def test_prices_match_the_cost_model(model: str, zero_stage: int) -> None:
 
 
 def test_zero3_plans_few_large_microbatches_near_the_bound() -> None:
-    """Llama-70B, ZeRO-3, 32 GPUs: every micro-batch gathers the parameters (about 5 s), so the
-    ILP's plan runs few checkpointed micro-batches per group, within 3% of the lower bound and
-    ahead of every baseline (static packing, the best of them, is about 17% slower)."""
+    """Llama-70B, ZeRO-3, 32 GPUs: every micro-batch gathers the parameters twice (about 0.8 s),
+    so the ILP's plan runs few checkpointed micro-batches per group, within 3% of the lower bound
+    and ahead of every baseline (static packing, the best of them, is about 6% slower)."""
     cm = cost_model(model="llama-70b", gpus=32, zero_stage=3)
     batch = make_batch(ZERO3_LENGTHS)
     plan = solve(batch, cm.cluster, cm, IlpOptions())
     assert plan.step_time_s <= lower_bound(batch, cm) * 1.03
     best_baseline = min(p.step_time_s for p in baseline_plans(batch, cm, allowed_sp_sizes(cm)))
-    assert plan.step_time_s <= best_baseline * 0.9
+    assert plan.step_time_s <= best_baseline * 0.97
     assert max(len(g.microbatches) for g in plan.groups) <= 2
     assert any(mb.ckpt_layers > 0 for g in plan.groups for mb in g.microbatches)
 
