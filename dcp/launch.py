@@ -104,12 +104,13 @@ def init_distributed(timeout_s: float = 300.0) -> ParallelState:
 
 def planned_batches(spec: ModelSpec, state: ParallelState, options: RunOptions) -> GlobalBatchSampler:
     """Global batches of the workload, each planned for this job's ranks with a cost model of
-    `spec` on the hardware (bf16 on GPUs, fp32 on CPU; ZeRO-1 as `sharded_optimizer`)."""
+    `spec` on the hardware in the recipe the executor runs by default (autocast-bf16 on GPUs: fp32
+    parameters under bf16 autocast; fp32 on CPU) with ZeRO-1 as `sharded_optimizer`."""
     cuda = state.device.type == "cuda"
     hw = load_hardware(options.hardware or (DEFAULT_HARDWARE if cuda else "cpu"))
     cluster = Cluster(num_gpus=state.world_size, gpus_per_node=state.gpus_per_node,
                       memory_bytes=options.memory_mb * 1e6 if options.memory_mb else hw.memory_bytes)
-    cm = CostModel(spec, hw, cluster, TrainingSetup(precision="bf16" if cuda else "fp32", zero_stage=1))
+    cm = CostModel(spec, hw, cluster, TrainingSetup(precision="autocast-bf16" if cuda else "fp32", zero_stage=1))
     # Planned inline (workers=0): on a CPU job the ranks already use every core.
     return GlobalBatchSampler.from_workload(load_workload(options.workload, seed=options.seed), cm,
                                             batch_size=options.global_batch, strategy=options.strategy,

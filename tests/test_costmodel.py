@@ -213,3 +213,34 @@ def test_malformed_profile_json(tmp_path) -> None:
     path.write_text("{not json")
     with pytest.raises(CostModelError, match="not valid JSON"):
         load_hardware(str(path))
+
+
+def test_recipes_bytes() -> None:
+    from dcp.costmodel import RECIPES
+
+    want = {  # param, grad, reduce, compute, optimizer state, master, autocast
+        "bf16": (2, 4, 4, 2, 8, 4, False),
+        "autocast-bf16": (4, 4, 4, 2, 8, 0, True),
+        "fp32": (4, 4, 4, 4, 8, 0, False),
+    }
+    for name, row in want.items():
+        r = RECIPES[name]
+        got = (r.param_bytes, r.grad_bytes, r.reduce_bytes, r.compute_bytes, r.optimizer_state_bytes_per_param,
+               r.master_weight_bytes_per_param, r.autocast)
+        assert got == row, name
+        assert TrainingSetup(precision=name).recipe is r
+    assert TrainingSetup(precision="bf16").param_bytes == 2
+
+
+def test_static_bytes_autocast_zero1() -> None:
+    # fp32 weights 4 B + fp32 flat gradient buffer 4 B + Adam 8 B / N (ZeroRedundancyOptimizer):
+    # 55.6 GB for Llama 2 7B on 32 GPUs.
+    p, n = LLAMA_7B_PARAMS, 32
+    setup = TrainingSetup(precision="autocast-bf16", zero_stage=1)
+    assert setup.static_bytes(p, n) == pytest.approx(8 * p + 8 * p / n)
+    assert setup.static_bytes(p, n) / 1e9 == pytest.approx(55.59, abs=0.01)
+
+
+def test_unknown_recipe_is_refused() -> None:
+    with pytest.raises(CostModelError, match="unknown precision recipe 'fp8'"):
+        TrainingSetup(precision="fp8")

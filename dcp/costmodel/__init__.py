@@ -1,6 +1,7 @@
 """The cost model: time and memory of one micro-batch, the contract between profiler and planner.
 
 spec.py         ModelSpec, attention_pairs: what is priced
+precision.py    PrecisionRecipe, RECIPES: the dtypes training holds and computes in
 hardware.py     HardwareProfile, LayerFit, TrainingSetup, Cluster: what it runs on
 collectives.py  CollectiveCurve: collectives priced from bus bandwidth against message size
 schema.py       profile schema versions and the migration of older profiles
@@ -20,6 +21,7 @@ from dcp.costmodel.hardware import (
     TrainingSetup,
 )
 from dcp.costmodel.model import CostModel, LayerTimes, LinearCost
+from dcp.costmodel.precision import DTYPE_BYTES, RECIPES, PrecisionRecipe, get_recipe
 from dcp.costmodel.presets import (
     DATASHEET_H200,
     DEFAULT_HARDWARE,
@@ -39,8 +41,10 @@ from dcp.costmodel.spec import (
 )
 
 __all__ = [
-    "ATTENTION_KINDS", "COLLECTIVES", "DATASHEET_H200", "DEFAULT_HARDWARE", "DEFAULT_MODEL", "MEASURED_H200", "PROFILE_SCHEMA_VERSION",
+    "ATTENTION_KINDS", "COLLECTIVES", "DATASHEET_H200", "DTYPE_BYTES", "RECIPES", "DEFAULT_HARDWARE", "DEFAULT_MODEL",
+    "MEASURED_H200", "PROFILE_SCHEMA_VERSION",
     "AttentionKind", "Cluster", "CollectiveCurve", "CostModel", "CostModelError",
-    "HardwareProfile", "LayerFit", "LayerTimes", "LinearCost", "ModelSpec", "TrainingSetup",
-    "attention_pairs", "bus_factor", "group_shape", "load_hardware", "load_model", "preset_names", "save_hardware",
+    "HardwareProfile", "LayerFit", "LayerTimes", "LinearCost", "ModelSpec", "PrecisionRecipe", "TrainingSetup",
+    "attention_pairs", "bus_factor", "get_recipe", "group_shape", "load_hardware", "load_model", "preset_names",
+    "save_hardware",
 ]

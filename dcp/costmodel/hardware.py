@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from dcp.costmodel.collectives import COLLECTIVES, CollectiveCurve, group_shape, nearest_curve
+from dcp.costmodel.precision import PrecisionRecipe, get_recipe
 from dcp.costmodel.schema import PROFILE_SCHEMA_VERSION, migrate
 from dcp.costmodel.spec import CostModelError, _from_dict
 
@@ -155,34 +156,45 @@ class HardwareProfile:
 
 @dataclass(frozen=True, kw_only=True)
 class TrainingSetup:
-    """What the user's training keeps in memory besides activations."""
+    """What the user's training keeps in memory besides activations: the precision recipe (the
+    same one the executor runs) and how much of the training state ZeRO shards."""
 
-    precision: Literal["bf16", "fp32"] = "bf16"
-    """bf16: bf16 params, fp32 master weights, fp32 grads (mixed precision); fp32: all fp32."""
+    precision: str | PrecisionRecipe = "bf16"
+    """The precision recipe, by name (`dcp.costmodel.precision.RECIPES`: bf16, autocast-bf16,
+    fp32) or given whole."""
     zero_stage: Literal[0, 1, 2, 3] = 1
     """0: nothing sharded; 1: optimizer state (incl. master weights) sharded over the world
     (DeepSpeed ZeRO-1, as the DCP paper trained); 2: gradients sharded as well; 3: parameters
     too, gathered for every layer's forward, backward and recompute (FSDP-style)."""
-    optimizer_state_bytes_per_param: int = 8
-    """Adam: fp32 first and second moments."""
 
     def __post_init__(self) -> None:
-        if self.precision not in ("bf16", "fp32"):
-            raise CostModelError(f"precision must be bf16 or fp32, got {self.precision!r}")
+        get_recipe(self.precision)  # an unknown name is a clear error here, not later
         if self.zero_stage not in (0, 1, 2, 3):
             raise CostModelError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
 
     @property
+    def recipe(self) -> PrecisionRecipe:
+        return get_recipe(self.precision)
+
+    @property
     def param_bytes(self) -> int:
-        return 2 if self.precision == "bf16" else 4
+        """Bytes per parameter element (the recipe's)."""
+        return self.recipe.param_bytes
+
+    @property
+    def optimizer_state_bytes_per_param(self) -> int:
+        """Optimizer state per parameter, master weights not included (the recipe's)."""
+        return self.recipe.optimizer_state_bytes_per_param
 
     def static_bytes(self, params: int, world: int) -> float:
-        """Params, grads and optimizer state per GPU (Rajbhandari et al., ZeRO, arXiv 1910.02054:
-        mixed-precision Adam keeps 2 + 2 + 12 bytes/param; we keep fp32 grads, 2 + 4 + 12)."""
-        if self.precision == "bf16":
-            weights, grads, opt = 2 * params, 4 * params, (4 + self.optimizer_state_bytes_per_param) * params
-        else:
-            weights, grads, opt = 4 * params, 4 * params, self.optimizer_state_bytes_per_param * params
+        """Bytes per GPU the training state holds between steps: parameters, the gradient buffer,
+        master weights and optimizer state, each in the recipe's dtype, sharded over the world
+        as ZeRO (Rajbhandari et al., arXiv 1910.02054) does at this stage. bf16 with Adam:
+        2 + 4 + (4 + 8) / N bytes per parameter at stage 1; autocast-bf16: 4 + 4 + 8 / N."""
+        r = self.recipe
+        weights = r.param_bytes * params
+        grads = r.grad_bytes * params
+        opt = (r.master_weight_bytes_per_param + r.optimizer_state_bytes_per_param) * params
         if self.zero_stage >= 1:
             opt /= world
         if self.zero_stage >= 2:

@@ -73,16 +73,9 @@ class CostModel:
 
     # -- coefficients --------------------------------------------------------------------
     def precision(self) -> Precision:
-        """The dtypes the weight traffic and the gradient reduction run in."""
-        recipe = getattr(self.training, "recipe", None)
-        if recipe is not None:
-            return Precision(recipe.param_bytes, recipe.grad_bytes, recipe.compute_bytes, recipe.autocast)
-        # TrainingSetup's own assumption until it carries the shared precision recipe.
-        return Precision(self.training.param_bytes, 4, self.model.bytes_per_element, False)
-
-    def _reduce_bytes(self) -> int:
-        recipe = getattr(self.training, "recipe", None)
-        return recipe.reduce_bytes if recipe is not None else 4
+        """The dtypes of the per-tensor weight traffic: the training recipe's."""
+        r = self.training.recipe
+        return Precision(r.param_bytes, r.grad_bytes, r.compute_bytes, r.autocast)
 
     def _derive_fit(self) -> LayerFit:
         """Coefficients from FLOPs and bytes when no measurement exists for this model."""
@@ -178,7 +171,7 @@ class CostModel:
         n = self.cluster.num_gpus
         if self.training.zero_stage < 3 or n == 1:
             return 0.0
-        pb, m = self.precision().param_bytes, self.model
+        pb, m = self.training.recipe.param_bytes, self.model
         gather = functools.partial(self.hardware.collective_time_s, "all_gather", ranks=n,
                                    gpus_per_node=self.cluster.gpus_per_node)
         tables = [m.vocab * m.hidden] * ((1 if m.tied_embeddings else 2) if m.vocab else 0)
@@ -252,8 +245,8 @@ class CostModel:
         if n == 1:
             return {}
         params, stage = self.model.param_count(), self.training.zero_stage
-        grad_bytes = params * self._reduce_bytes()
-        pb = self.precision().param_bytes
+        grad_bytes = params * self.training.recipe.reduce_bytes
+        pb = self.training.recipe.param_bytes
 
         def time(op: str, message_bytes: float) -> float:
             return self.hardware.collective_time_s(op, message_bytes, n, g)

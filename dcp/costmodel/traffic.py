@@ -6,8 +6,9 @@ as `examples/train_*.py` train) each matmul weight is cast in every forward: the
 (param bytes) and a compute-dtype copy written (compute bytes). A checkpointed layer's recompute
 casts again: it runs in backward, outside the forward's autocast cache. In backward each weight's
 gradient arrives in the compute dtype and is cast back to the parameter dtype (compute + param
-bytes), then accumulated into the flat gradient buffer: old value and new read, sum written,
-3 x grad bytes. Without autocast only the accumulation is left. The optimizer runs once per step,
+bytes), converted again where the gradient buffer has another dtype (bf16 parameters, fp32
+gradients: param + grad bytes), then accumulated into the flat gradient buffer: old value and new
+read, sum written, 3 x grad bytes. Without autocast and conversion only the accumulation is left. The optimizer runs once per step,
 not per micro-batch, and is not counted here.
 
 Each of these is one elementwise kernel over one tensor: its bytes over the device memory
@@ -74,6 +75,7 @@ def weight_traffic(spec: ModelSpec, prec: Precision, memory_bw_bytes_per_s: floa
                    launch_s: float) -> WeightTraffic:
     """The weight work of `spec` in precision `prec` on a device of this bandwidth and launch cost."""
     cast = prec.param_bytes + prec.compute_bytes if prec.autocast else 0
+    convert = prec.param_bytes + prec.grad_bytes if prec.grad_bytes != prec.param_bytes else 0
     accumulate = 3 * prec.grad_bytes
 
     def op(elements: int, bytes_per_element: int) -> tuple[float, float]:
@@ -85,14 +87,14 @@ def weight_traffic(spec: ModelSpec, prec: Precision, memory_bw_bytes_per_s: floa
 
     matmul, other = layer_tensors(spec)
     fwd_s, fwd_b = total([op(n, cast) for n in matmul])
-    bwd_s, bwd_b = total([op(n, cast) for n in matmul] + [op(n, accumulate) for n in matmul + other])
+    bwd_s, bwd_b = total([op(n, cast) for n in matmul] + [op(n, b) for n in matmul + other for b in (convert, accumulate)])
     table = spec.vocab * spec.hidden
-    head_ops = [op(spec.hidden, accumulate)]  # the final norm
+    head_ops = [op(spec.hidden, convert), op(spec.hidden, accumulate)]  # the final norm
     if table:
         # The embedding's gradient is a dense table written, then accumulated; the LM head is a matmul
         # weight (cast, cast back, accumulated), the same table again when the two are tied.
         head_ops += [op(table, prec.grad_bytes), op(table, accumulate)]
-        head_ops += [op(table, cast), op(table, cast), op(table, accumulate)]
+        head_ops += [op(table, cast), op(table, cast), op(table, convert), op(table, accumulate)]
     head_s, head_b = total(head_ops)
     layers = spec.num_layers
     return WeightTraffic(fwd_layer_s=fwd_s, bwd_layer_s=bwd_s, rec_layer_s=fwd_s, head_s=head_s,
