@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from dcp.costmodel.collectives import bus_factor
 from dcp.costmodel.hardware import Cluster, HardwareProfile, LayerFit, TrainingSetup
 from dcp.costmodel.spec import CostModelError, ModelSpec
-from dcp.costmodel.traffic import Precision, model_tensors, weight_traffic
+from dcp.costmodel.traffic import model_tensors, weight_traffic
 
 EXECUTED_ZERO_STAGES = (0, 1)
 """ZeRO stages dcp.executor runs (a flat gradient all-reduce, ZeroRedundancyOptimizer); plans for
@@ -72,11 +72,6 @@ class CostModel:
         self._linear: dict[tuple[int, int], LinearCost] = {}
 
     # -- coefficients --------------------------------------------------------------------
-    def precision(self) -> Precision:
-        """The dtypes of the per-tensor weight traffic: the training recipe's."""
-        r = self.training.recipe
-        return Precision(r.param_bytes, r.grad_bytes, r.compute_bytes, r.autocast)
-
     def _derive_fit(self) -> LayerFit:
         """Coefficients from FLOPs and bytes when no measurement exists for this model."""
         m, hw = self.model, self.hardware
@@ -95,7 +90,7 @@ class CostModel:
         # Backward: two matmuls per forward matmul (grad of input and of weight) -> 2x.
         bwd_tok = 2 * (matmul_s + elementwise_s) + m.blocks_per_layer * hw.attention_bwd_pairs_per_token * bwd_pair
         # The per-tensor weight work (casts, gradient accumulation) is fixed per layer and pass.
-        w = weight_traffic(m, self.precision(), hw.memory_bw_bytes_per_s, hw.kernel_launch_s)
+        w = weight_traffic(m, self.training.recipe, hw.memory_bw_bytes_per_s, hw.kernel_launch_s)
         head_flops = 2.0 * m.hidden * m.vocab * 3  # LM head forward + backward (x3)
         return LayerFit(
             fwd_fixed_s=hw.kernel_overhead_s + w.fwd_layer_s,

@@ -22,21 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dcp.costmodel.precision import PrecisionRecipe
 from dcp.costmodel.spec import ModelSpec
-
-
-@dataclass(frozen=True)
-class Precision:
-    """The dtypes that decide the weight traffic (bytes per element)."""
-
-    param_bytes: int
-    """Stored parameters."""
-    grad_bytes: int
-    """The gradient buffer the backward accumulates into."""
-    compute_bytes: int
-    """Matmul inputs (the autocast dtype)."""
-    autocast: bool
-    """Weights are cast to the compute dtype in every forward."""
 
 
 def layer_tensors(spec: ModelSpec) -> tuple[list[int], list[int]]:
@@ -71,9 +58,9 @@ class WeightTraffic:
     """Bytes moved by a micro-batch without recompute (each recomputed layer adds its cast)."""
 
 
-def weight_traffic(spec: ModelSpec, prec: Precision, memory_bw_bytes_per_s: float,
+def weight_traffic(spec: ModelSpec, prec: PrecisionRecipe, memory_bw_bytes_per_s: float,
                    launch_s: float) -> WeightTraffic:
-    """The weight work of `spec` in precision `prec` on a device of this bandwidth and launch cost."""
+    """The weight work of `spec` in the recipe `prec` on a device of this bandwidth and launch cost."""
     cast = prec.param_bytes + prec.compute_bytes if prec.autocast else 0
     convert = prec.param_bytes + prec.grad_bytes if prec.grad_bytes != prec.param_bytes else 0
     accumulate = 3 * prec.grad_bytes
