@@ -26,6 +26,7 @@ from dcp.costmodel import (
     LayerFit,
     ModelSpec,
     load_model,
+    preset_names,
 )
 from dcp.profiler.fitting import mape, r_squared
 
@@ -44,10 +45,10 @@ DERIVATIONS: dict[str, str] = {
     "rec_fixed_s": "kernel_overhead_s + the weight casts again",
     "rec_per_token_s": "= forward",
     "rec_per_pair_s": "= forward",
-    "act_full_bytes_per_token": "34 h bytes/2 (Korthikanti et al., flash attention)",
-    "act_ckpt_bytes_per_token": "h bytes (the layer's input)",
+    "act_full_bytes_per_token": "measured: saved-tensor accounting of the model (its memory footprint)",
+    "act_ckpt_bytes_per_token": "measured: the checkpointed layer's input (its memory footprint)",
     "head_per_token_s": "6 h vocab / matmul FLOP/s (LM head forward + backward)",
-    "head_bytes_per_token": "6 vocab (16-bit logits + fp32 softmax)",
+    "head_bytes_per_token": "measured: the peak's working memory per token (its memory footprint)",
     "microbatch_fixed_s": "embedding, LM head and final norm weight traffic (casts, accumulation)",
 }
 
@@ -64,7 +65,13 @@ def fit_meta(profile: HardwareProfile, model: str) -> dict[str, Any]:
 def model_spec(profile: HardwareProfile, model: str) -> ModelSpec:
     """The model spec the profile measured (stored with its fit), else the preset of that name."""
     stored = fit_meta(profile, model).get("model")
-    return ModelSpec.from_dict(stored) if stored else load_model(model)
+    if not stored:
+        return load_model(model)
+    spec = ModelSpec.from_dict(stored)
+    if not spec.memory and spec.name in preset_names("models"):
+        # Profiles older than measured footprints: the preset's, checked against the shape where used.
+        spec = dataclasses.replace(spec, memory=load_model(spec.name).memory)
+    return spec
 
 
 def cost_models(profile: HardwareProfile, model: str, num_layers: int | None = None) -> dict[str, CostModel]:

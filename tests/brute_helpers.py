@@ -16,10 +16,15 @@ from dcp.costmodel import (
     TrainingSetup,
     load_hardware,
 )
+from dcp.costmodel.memory import MemoryFootprint
 from dcp.planner.common import allowed_sp_sizes
 
+# Memory figures chosen for the tests (a checkpointed layer keeps 1/17 of a plain one), not measured:
+# the planner only needs a model whose memory fills up at a few hundred tokens.
+_TEST_MEMORY = MemoryFootprint(recipe="bf16", act_full_bytes_per_token=2176.0, act_ckpt_bytes_per_token=128.0,
+                               working_bytes_per_token=2176.0, how="test figures, not measured")
 TINY_MODEL = ModelSpec(name="brute", num_layers=4, hidden=64, heads=4, kv_heads=4, ffn_hidden=256, vocab=0,
-                       source="test model: a few hundred tokens fill the memory")
+                       source="test model: a few hundred tokens fill the memory", memory={"bf16": _TEST_MEMORY})
 TINY_CASES = [  # (sample lengths, GPUs, GPUs per node)
     ([100, 200, 300], 2, 2),
     ([50, 80, 120, 500, 900], 4, 2),

@@ -19,7 +19,7 @@ from dcp.planner import STRATEGIES, Plan
 def test_presets() -> None:
     out = run("presets").output
     assert "llama-7b" in out and "6.74B params, 32 layers" in out
-    assert "h200-sxm" in out and "126.9 GB usable" in out
+    assert "h200-sxm" in out and "137.1 GB usable" in out
 
 
 def test_plan_table() -> None:

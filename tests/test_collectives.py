@@ -17,6 +17,8 @@ from dcp.costmodel import (
     CostModel,
     CostModelError,
     HardwareProfile,
+    ModelSpec,
+    PrecisionRecipe,
     TrainingSetup,
     bus_factor,
     load_hardware,
@@ -28,6 +30,12 @@ from dcp.costmodel.traffic import model_tensors
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA_7B_PARAMS = 6_738_415_616
+
+
+def with_recipe(spec: ModelSpec, recipe: PrecisionRecipe, like: str = "bf16") -> ModelSpec:
+    """`spec` with a memory footprint for a test recipe (these tests price time, not memory)."""
+    fp = dataclasses.replace(spec.memory[like], recipe=recipe.name)
+    return dataclasses.replace(spec, memory={**spec.memory, recipe.name: fp})
 
 
 def curve(op: str = "all_reduce", g: int = 8, nodes: int = 4, **kw: object) -> CollectiveCurve:
@@ -111,7 +119,7 @@ def test_grad_sync_reduces_in_the_recipes_reduce_dtype() -> None:
     cluster = Cluster(num_gpus=32, gpus_per_node=8, memory_bytes=1e11)
     fp32 = CostModel(spec, hw, cluster, TrainingSetup(precision="autocast-bf16", zero_stage=0))
     bf16_recipe = dataclasses.replace(TrainingSetup().recipe, name="bf16-reduce", reduce_dtype="bf16")
-    bf16 = CostModel(spec, hw, cluster, TrainingSetup(precision=bf16_recipe, zero_stage=0))
+    bf16 = CostModel(with_recipe(spec, bf16_recipe), hw, cluster, TrainingSetup(precision=bf16_recipe, zero_stage=0))
     curve_ = hw.collective("all_reduce", 32, 8)
     assert fp32.grad_sync_s() == pytest.approx(curve_.time_s(4 * LLAMA_7B_PARAMS + 16))
     assert bf16.grad_sync_s() == pytest.approx(curve_.time_s(2 * LLAMA_7B_PARAMS + 16))
@@ -179,13 +187,13 @@ def test_microbatch_fixed_cost_is_the_weight_traffic() -> None:
     assert cm.linear_time(1, k).fixed - fixed == pytest.approx(k * f.rec_fixed_s)
     # Without autocast (bf16 parameters and buffer) only the accumulation is left: 3 x 2 B.
     lean = dataclasses.replace(TrainingSetup().recipe, name="bf16-grads", grad_dtype="bf16")
-    cm2 = CostModel(spec, hw, cm.cluster, TrainingSetup(precision=lean))
+    cm2 = CostModel(with_recipe(spec, lean), hw, cm.cluster, TrainingSetup(precision=lean))
     assert cm2.fit.fwd_fixed_s == hw.kernel_overhead_s
     assert cm2.fit.bwd_fixed_s == pytest.approx(2 * hw.kernel_overhead_s + 6 * matmul / bw + 2 * hw.kernel_launch_s,
                                                 rel=1e-3)
     # A small tensor costs its launch, not its bytes: the norm weights' share is the launch floor.
-    tiny = CostModel(load_model("tiny-llama"), dataclasses.replace(hw, kernel_launch_s=1e-3), cm.cluster,
-                     TrainingSetup(precision=lean))
+    tiny = CostModel(with_recipe(load_model("tiny-llama"), lean), dataclasses.replace(hw, kernel_launch_s=1e-3),
+                     cm.cluster, TrainingSetup(precision=lean))
     matmuls, norms = 7, 2
     assert tiny.fit.bwd_fixed_s == pytest.approx(2 * hw.kernel_overhead_s + (matmuls + norms) * 1e-3)
 

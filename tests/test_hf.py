@@ -115,17 +115,19 @@ def test_unsupported_inputs_are_refused_clearly() -> None:
 
 
 def test_planner_is_told_the_sp_sizes_the_model_allows() -> None:
-    from dcp.costmodel import Cluster, CostModel, load_hardware
-    from dcp.executor.hf import allowed_sp_sizes, model_spec_from_hf_config
+    from dcp.costmodel import Cluster, CostModel, TrainingSetup, load_hardware
+    from dcp.executor.hf import allowed_sp_sizes
+    from dcp.executor.hf_memory import measured_model_spec
     from dcp.planner.common import allowed_sp_sizes as planner_sizes
 
     for heads, kv, want in [(8, 4, [1, 2, 4]), (8, 8, [1, 2, 4, 8]), (6, 3, [1]), (12, 2, [1, 2])]:
         config = tiny_config("llama", heads, kv)
         assert allowed_sp_sizes(config, 8) == want
-        spec = model_spec_from_hf_config(config, bytes_per_element=4)
+        spec = measured_model_spec(config, "fp32", bytes_per_element=4)
         assert (spec.num_layers, spec.hidden, spec.heads, spec.kv_heads, spec.ffn_hidden, spec.vocab) == \
             (2, 8 * heads, heads, kv, 48, 96)
-        cm = CostModel(spec, load_hardware("cpu"), Cluster(num_gpus=8, gpus_per_node=8, memory_bytes=1e10))
+        cm = CostModel(spec, load_hardware("cpu"), Cluster(num_gpus=8, gpus_per_node=8, memory_bytes=1e10),
+                       TrainingSetup(precision="fp32"))
         assert planner_sizes(cm) == want
     assert allowed_sp_sizes(tiny_config("llama"), 2) == [1, 2]
 

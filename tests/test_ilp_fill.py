@@ -51,6 +51,10 @@ def test_fill_plans_are_valid_and_skip_cheap_fixed_costs() -> None:
     for plan in plans:
         plan.validate()
         assert sorted(i for g in plan.groups for mb in g.microbatches for i in mb.samples) == list(range(len(batch)))
-    # ZeRO-1: a micro-batch's fixed cost is milliseconds, canonical micro-batching is right.
-    cm1 = cost_model(model="llama-7b", gpus=32)
+    # STDiT 1.1B, ZeRO-1: a micro-batch's fixed cost (its weight traffic, 9-29 ms) is under a tenth
+    # of what full checkpointing adds to a full micro-batch: canonical micro-batching is right. (Llama-7B
+    # pays 31-42 ms of casts and gradient accumulation per micro-batch, 0.09-0.12 of it: filled.)
+    cm1 = cost_model(model="opensora-stdit-1.1b", gpus=32)
     assert fill_plans(batch, cm1, allowed_sp_sizes(cm1), lower_bound(batch, cm1)) == []
+    cm7 = cost_model(model="llama-7b", gpus=32)
+    assert fill_plans(batch, cm7, allowed_sp_sizes(cm7), lower_bound(batch, cm7))

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from dcp.costmodel.collectives import COLLECTIVES, CollectiveCurve, group_shape, nearest_curve
+from dcp.costmodel.memory import MemoryFootprint
 from dcp.costmodel.precision import PrecisionRecipe, get_recipe
 from dcp.costmodel.schema import PROFILE_SCHEMA_VERSION, migrate
 from dcp.costmodel.spec import CostModelError, _from_dict
@@ -45,6 +46,9 @@ class LayerFit:
     """Recompute per token; None: fwd_per_token_s."""
     rec_per_pair_s: float | None = None
     """Recompute per attention pair; None: fwd_per_pair_s."""
+    memory: MemoryFootprint | None = None
+    """The model's measured memory footprint in the recipe it was profiled in (dcp profile);
+    the cost model takes it over the model spec's for that recipe."""
 
     def recompute_coefficients(self) -> tuple[float, float, float]:
         """(fixed, per_token, per_pair) of one layer's recompute, the forward's where unmeasured."""
@@ -54,6 +58,8 @@ class LayerFit:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LayerFit:
+        if isinstance(d, dict) and isinstance(d.get("memory"), dict):
+            d = {**d, "memory": MemoryFootprint.from_dict(d["memory"])}
         return _from_dict(cls, d, "layer fit")
 
 
@@ -67,8 +73,8 @@ class HardwareProfile:
     name: str
     device: str
     gpus_per_node: int
-    memory_bytes: float
-    """Memory per GPU the training process may use (allocator and context reserve removed)."""
+    memory_capacity_bytes: float
+    """Device memory per GPU as the device reports it (torch.cuda.get_device_properties)."""
     matmul_flops: float
     """Achievable dense matmul FLOP/s at the training precision."""
     attention_fwd_flops: float
@@ -102,16 +108,27 @@ class HardwareProfile:
     """Provenance: date, device name, software versions, raw points, fit quality."""
     heldout_mape: float | None = None
     """Worst held-out MAPE (a fraction) of the fits `dcp profile` measured; None for a preset."""
+    memory_reserve_fraction: float = 0.07
+    """Share of the capacity kept back for the caching allocator's fragmentation (reserved but
+    unallocated blocks; variable-length micro-batches fragment more than fixed shapes)."""
+    memory_reserve_bytes: float = 0.0
+    """Memory outside the caching allocator: CUDA context, NCCL communicators' buffers."""
 
     def __post_init__(self) -> None:
-        for f in ("gpus_per_node", "memory_bytes", "matmul_flops", "attention_fwd_flops", "attention_bwd_flops",
-                  "memory_bw_bytes_per_s"):
+        for f in ("gpus_per_node", "memory_capacity_bytes", "matmul_flops", "attention_fwd_flops",
+                  "attention_bwd_flops", "memory_bw_bytes_per_s"):
             if not getattr(self, f) > 0:
                 raise CostModelError(f"hardware {self.name!r}: {f} must be positive, got {getattr(self, f)}")
         for f in ("attention_fwd_pairs_per_token", "attention_bwd_pairs_per_token", "kernel_overhead_s",
                   "kernel_launch_s"):
             if getattr(self, f) < 0:
                 raise CostModelError(f"hardware {self.name!r}: {f} must be >= 0, got {getattr(self, f)}")
+        if not 0 <= self.memory_reserve_fraction < 1 or self.memory_reserve_bytes < 0:
+            raise CostModelError(f"hardware {self.name!r}: memory reserve must be a fraction in [0, 1) and bytes "
+                                 f">= 0, got {self.memory_reserve_fraction} and {self.memory_reserve_bytes}")
+        if not self.memory_bytes > 0:
+            raise CostModelError(f"hardware {self.name!r}: the memory reserve leaves nothing of "
+                                 f"{self.memory_capacity_bytes / 1e9:.1f} GB")
         curves = tuple(c if isinstance(c, CollectiveCurve) else CollectiveCurve.from_dict(c)
                        for c in self.collectives)
         object.__setattr__(self, "collectives", curves)
@@ -119,6 +136,12 @@ class HardwareProfile:
         if missing:
             raise CostModelError(f"hardware {self.name!r}: no curve for {', '.join(missing)}; every collective "
                                  "needs one (re-run `dcp profile`, or copy one from a preset)")
+
+    @property
+    def memory_bytes(self) -> float:
+        """Memory per GPU a plan may fill (what the caching allocator can hand out): the capacity
+        less the fragmentation share and the memory outside the allocator."""
+        return self.memory_capacity_bytes * (1 - self.memory_reserve_fraction) - self.memory_reserve_bytes
 
     def collective(self, op: str, ranks: int, gpus_per_node: int) -> CollectiveCurve:
         """The curve for `op` among `ranks` aligned ranks in nodes of `gpus_per_node` GPUs: this
@@ -144,6 +167,10 @@ class HardwareProfile:
             raise CostModelError("not a dcp hardware profile (missing kind: dcp-hardware-profile)")
         d = migrate(d)
         d = {k: v for k, v in d.items() if k not in ("kind", "schema_version")}
+        if "memory_bytes" in d and "memory_capacity_bytes" not in d:
+            # Profiles written before capacity and reserve were separate: memory_bytes was usable memory.
+            d["memory_capacity_bytes"] = d.pop("memory_bytes")
+            d.setdefault("memory_reserve_fraction", 0.0)
         try:
             d["collectives"] = tuple(CollectiveCurve.from_dict(c) for c in d["collectives"])
             d["fits"] = {k: LayerFit.from_dict(v) for k, v in d.get("fits", {}).items()}

@@ -7,7 +7,8 @@ A micro-batch is a set of samples run together (packed, varlen) by one sequence-
     compute(T, A, p) = c0 + c_tok * T/p + c_attn * A/p       T = sum tokens, A = sum attn_pairs
     comm(T, p)       = 0 if p == 1 else n_a2a * lat(p) + bytes_per_token * T/p * (p-1)/p / bw(p)
     time             = K * (fwd + bwd) + r * rec (recompute ~ fwd, its all-to-alls included) + head + fixed
-    memory           = static + (K - r) * act_full * T/p + r * act_ckpt * T/p + working set of one layer
+    memory           = static + (K - r) * act_full * T/p + r * act_ckpt * T/p + working * T/p
+                       (static: training state + weight copies + the peak's fixed part; all measured)
 
 lat(p) and bw(p) are the alpha-beta fit of the hardware's all-to-all curve for the group's shape
 (GPUs per node, nodes; `collectives.py`). The step adds, once, the data-parallel synchronization
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 
 from dcp.costmodel.collectives import bus_factor
 from dcp.costmodel.hardware import Cluster, HardwareProfile, LayerFit, TrainingSetup
+from dcp.costmodel.memory import footprint_for
 from dcp.costmodel.spec import CostModelError, ModelSpec
 from dcp.costmodel.traffic import model_tensors, weight_traffic
 
@@ -67,8 +69,16 @@ class CostModel:
         self.hardware = hardware
         self.cluster = cluster
         self.training = training or TrainingSetup()
-        self.fit = hardware.fits.get(model.name) or self._derive_fit()
-        self.static_bytes = self.training.static_bytes(model.param_count(), cluster.num_gpus)
+        fitted = hardware.fits.get(model.name)
+        self.footprint = footprint_for(model, self.training.recipe, fitted)
+        """The measured memory of this model in the training's recipe (dcp.costmodel.memory)."""
+        self.fit = fitted or self._derive_fit()
+        self.resident_bytes = self.training.static_bytes(model.param_count(), cluster.num_gpus)
+        """Training state held between steps: parameters, gradients, master weights, optimizer."""
+        fp = self.footprint
+        self.static_bytes = (self.resident_bytes + fp.weight_copy_bytes(model.num_layers) + fp.working_fixed_bytes)
+        """Memory every micro-batch needs whatever its tokens: the training state, autocast's
+        weight copies, and the token-independent part of the peak."""
         self._linear: dict[tuple[int, int], LinearCost] = {}
 
     # -- coefficients --------------------------------------------------------------------
@@ -102,13 +112,12 @@ class CostModel:
             rec_fixed_s=hw.kernel_overhead_s + w.rec_layer_s,
             rec_per_token_s=fwd_tok,
             rec_per_pair_s=fwd_pair,
-            act_full_bytes_per_token=act_full,
-            # A checkpointed layer keeps only its input: 2 s b h bytes in 16 bit (Korthikanti).
-            act_ckpt_bytes_per_token=float(m.hidden * m.bytes_per_element),
+            # Memory is measured, never derived: the model's footprint in the training's recipe.
+            act_full_bytes_per_token=self.footprint.act_full_bytes_per_token,
+            act_ckpt_bytes_per_token=self.footprint.act_ckpt_bytes_per_token,
             head_per_token_s=head_flops / hw.matmul_flops,
             microbatch_fixed_s=w.head_s,
-            # Logits in 16 bit plus fp32 for the softmax/loss: 6 bytes per vocab entry per token.
-            head_bytes_per_token=6.0 * m.vocab,
+            head_bytes_per_token=self.footprint.working_bytes_per_token,
         )
 
     def layer_times(self, tokens: float, pairs: float, sp_size: int) -> LayerTimes:
@@ -173,12 +182,14 @@ class CostModel:
         return m.num_layers * gather(m.layer_params() * pb) + sum(gather(t * pb) for t in tables)
 
     def activation_bytes_per_token(self, sp_size: int, ckpt_layers: int) -> float:
-        """Activation bytes per token of the micro-batch on each GPU of its group."""
-        f, k, r = self.fit, self.model.num_layers, ckpt_layers
-        per_gpu_token = (k - r) * f.act_full_bytes_per_token + r * f.act_ckpt_bytes_per_token
-        # Working set: backward (or recompute) of one layer materializes its full activations.
-        per_gpu_token += f.act_full_bytes_per_token + f.head_bytes_per_token
-        return per_gpu_token / sp_size
+        """Activation bytes per token of the micro-batch on each GPU of its group: what the layers
+        save (all of it, or a checkpointed layer's input), plus the peak's working memory (the
+        larger of the logits/loss peak and one layer's backward with its recompute), all measured
+        (dcp.costmodel.memory). SP divides tokens: each GPU holds T/p of them (Ulysses keeps q, k, v
+        of the whole sequence but 1/p of the heads: the same bytes)."""
+        f, k, r = self.footprint, self.model.num_layers, ckpt_layers
+        per_token = (k - r) * f.act_full_bytes_per_token + r * f.act_ckpt_bytes_per_token + f.working_bytes_per_token
+        return per_token / sp_size
 
     # -- the queries the planner makes ----------------------------------------------------
     def time_s(self, tokens: float, pairs: float, sp_size: int, ckpt_layers: int) -> float:

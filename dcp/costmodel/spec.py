@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
-from typing import Any, Literal
+from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from dcp.costmodel.memory import MemoryFootprint
 
 AttentionKind = Literal["causal", "full", "spatial_temporal"]
 ATTENTION_KINDS: tuple[str, ...] = ("causal", "full", "spatial_temporal")
@@ -67,6 +70,9 @@ class ModelSpec:
     """Embedding and LM head share one matrix."""
     source: str = ""
     """Where the shape comes from."""
+    memory: dict[str, MemoryFootprint] = field(default_factory=dict, compare=False)
+    """Measured memory footprint by precision recipe name (dcp.profiler.memory; presets carry
+    one for every recipe, made by scripts/measure_memory.py)."""
 
     def __post_init__(self) -> None:
         for f in ("num_layers", "hidden", "heads", "kv_heads", "ffn_hidden", "bytes_per_element"):
@@ -80,6 +86,9 @@ class ModelSpec:
             raise CostModelError(f"model {self.name!r}: heads {self.heads} not divisible by kv_heads {self.kv_heads}")
         if self.attention not in ATTENTION_KINDS:
             raise CostModelError(f"model {self.name!r}: unknown attention {self.attention!r}")
+        for name, fp in self.memory.items():
+            if getattr(fp, "recipe", None) != name:
+                raise CostModelError(f"model {self.name!r}: memory[{name!r}] is not a footprint of recipe {name!r}")
 
     @property
     def head_dim(self) -> int:
@@ -134,6 +143,10 @@ class ModelSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelSpec:
+        from dcp.costmodel.memory import MemoryFootprint
+
+        if isinstance(d, dict) and isinstance(d.get("memory"), dict):
+            d = {**d, "memory": {k: MemoryFootprint.from_dict(v) for k, v in d["memory"].items()}}
         return _from_dict(cls, d, "model spec")
 
 

@@ -41,6 +41,8 @@ def build_model(spec: ModelSpec, *, dtype: torch.dtype = torch.float32, device: 
         model: nn.Module = STDiTModel(spec, in_channels=in_channels)
     else:
         model = LlamaModel(spec)
+    if all(p.dtype == dtype and p.device == torch.device(device) for p in model.parameters()):
+        return model  # nothing to convert (and fake parameters could not be swapped)
     return model.to(device=device, dtype=dtype)
 
 

@@ -20,10 +20,11 @@ The fast path (`varlen_attention`) runs one varlen kernel over the whole micro-b
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import inspect
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
@@ -233,9 +234,32 @@ def _compare_with_sdpa(kernel: VarlenKernel, device: torch.device, dtype: torch.
     return None
 
 
+DenseKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""dense(q [..., H, L, D], k, v [..., H, C, D]) -> [..., H, L, D]: full attention, as
+`F.scaled_dot_product_attention` without a mask (the caption cross-attention's)."""
+
+_FORCED: contextvars.ContextVar[tuple[VarlenKernel, DenseKernel] | None] = contextvars.ContextVar(
+    "dcp_forced_kernels", default=None)
+
+
+@contextlib.contextmanager
+def forced_kernels(varlen: VarlenKernel, dense: DenseKernel) -> Iterator[None]:
+    """Inside the block self-attention's fast path runs `varlen` and cross-attention `dense`,
+    whatever the device: the memory profiler counts what the GPU's flash kernels save by running
+    a stand-in for them on fake tensors (dcp.profiler.memory)."""
+    token = _FORCED.set((varlen, dense))
+    try:
+        yield
+    finally:
+        _FORCED.reset(token)
+
+
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: PackedSeqs,
                      kind: str) -> torch.Tensor:
     """The fast path: a varlen kernel where one works (`attention_backend`), else SDPA."""
+    forced = _FORCED.get()
+    if forced is not None:
+        return kernel_attention(q, k, v, seqs, kind, forced[0])
     _, kernel = attention_backend(q.device, q.dtype)
     if kernel is not None:
         return kernel_attention(q, k, v, seqs, kind, kernel)
@@ -275,14 +299,16 @@ def cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: Pac
     the conditioning is short and every rank of a group holds all of it."""
     if seqs.cond_lengths is None:
         raise ValueError("cross-attention needs conditioning lengths in PackedSeqs (cond_lengths)")
+    forced = _FORCED.get()
+    sdpa = F.scaled_dot_product_attention if forced is None else forced[1]
     out = torch.zeros_like(q)
     offsets, c0 = seqs.offsets(), 0
     for i in range(seqs.num_real):
         c1 = c0 + seqs.cond_lengths[i]
         a, b = max(offsets[i], seqs.start), min(offsets[i + 1], seqs.end)
         if a < b and c1 > c0:
-            o = F.scaled_dot_product_attention(q[a - seqs.start:b - seqs.start].transpose(0, 1),
-                                               k[c0:c1].transpose(0, 1), v[c0:c1].transpose(0, 1))
+            o = sdpa(q[a - seqs.start:b - seqs.start].transpose(0, 1), k[c0:c1].transpose(0, 1),
+                     v[c0:c1].transpose(0, 1))
             out[a - seqs.start:b - seqs.start] = o.transpose(0, 1)
         c0 = c1
     return out

@@ -28,6 +28,20 @@ class RMSNorm(nn.Module):
         return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
 
 
+class FP32LayerNorm(nn.LayerNorm):
+    """LayerNorm computed in fp32 and returned in its input's dtype, whatever autocast says.
+
+    CUDA autocast runs layer_norm in fp32 and hands its fp32 output to every projection that
+    follows, each of which casts it to bf16 again; CPU autocast keeps it in bf16. Explicit dtypes
+    make both the same (and the saved tensors what dcp.profiler.memory counts on a CPU), with the
+    numerics of CUDA autocast: the projections read the bf16 rounding of the fp32 result."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight.float() if self.weight is not None else None
+        bias = self.bias.float() if self.bias is not None else None
+        return F.layer_norm(x.float(), self.normalized_shape, weight, bias, self.eps).to(x.dtype)
+
+
 def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
     """Rotary position embedding (Su et al., arXiv 2104.09864), rotate-half layout as in Llama.
 

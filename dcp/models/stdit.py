@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from dcp.costmodel import ModelSpec
-from dcp.models.layers import CrossAttention, SelfAttention, init_weights, make_mlp
+from dcp.models.layers import CrossAttention, FP32LayerNorm, SelfAttention, init_weights, make_mlp
 from dcp.models.packing import PackedSeqs
 
 
@@ -21,11 +21,11 @@ class STBlock(nn.Module):
 
     def __init__(self, spec: ModelSpec, kind: str) -> None:
         super().__init__()
-        self.attn_norm = nn.LayerNorm(spec.hidden)
+        self.attn_norm = FP32LayerNorm(spec.hidden)
         self.attn = SelfAttention(spec.hidden, spec.heads, spec.kv_heads, kind, rope=False, bias=True)
         self.cross = CrossAttention(spec.hidden, spec.heads) if spec.cross_attention else None
-        self.cross_norm = nn.LayerNorm(spec.hidden) if spec.cross_attention else None
-        self.mlp_norm = nn.LayerNorm(spec.hidden)
+        self.cross_norm = FP32LayerNorm(spec.hidden) if spec.cross_attention else None
+        self.mlp_norm = FP32LayerNorm(spec.hidden)
         self.mlp = make_mlp(spec.mlp, spec.hidden, spec.ffn_hidden)
 
     def forward(self, x: torch.Tensor, seqs: PackedSeqs, cond: torch.Tensor | None) -> torch.Tensor:
@@ -60,7 +60,7 @@ class STDiTModel(nn.Module):
         # Caption features arrive at their encoder's width and are projected (OpenSora's y_embedder).
         self.cond_proj = nn.Linear(cond_channels or spec.hidden, spec.hidden) if spec.cross_attention else None
         self.layers = nn.ModuleList(STDiTLayer(spec) for _ in range(spec.num_layers))
-        self.norm = nn.LayerNorm(spec.hidden)
+        self.norm = FP32LayerNorm(spec.hidden)
         self.out_proj = nn.Linear(spec.hidden, in_channels)
         init_weights(self)
 

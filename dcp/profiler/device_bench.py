@@ -32,16 +32,12 @@ class DeviceNumbers:
     attention_backend: str
     memory_bw_bytes_per_s: float
     kernel_launch_s: float
-    memory_bytes: float | None
-    """CUDA: total device memory minus the reserve; None on CPU (the preset's value stays)."""
+    memory_capacity_bytes: float | None
+    """CUDA: the device's total memory (the profile keeps its base's reserve); None on CPU (the
+    preset's value stays)."""
     notes: dict[str, str]
     attention_points: list[dict[str, float]] = field(default_factory=list)
     """(direction, length, achieved FLOP/s) of the attention sweep, for the profile's meta."""
-
-
-MEMORY_RESERVE = 0.10
-"""Fraction of device memory kept back for the CUDA context, allocator fragmentation and
-NCCL buffers (the same convention as the shipped presets)."""
 
 
 def attention_sweep(device: torch.device, dtype: torch.dtype, *, quick: bool,
@@ -110,9 +106,7 @@ def measure_device(device: torch.device, dtype: torch.dtype, *, quick: bool) -> 
     bw = 2.0 * src.nelement() * 4 / copy_s  # a copy reads and writes every byte
     launch = kernel_launch_s(device)
 
-    memory = None
-    if cuda:
-        memory = torch.cuda.get_device_properties(device).total_memory * (1 - MEMORY_RESERVE)
+    memory = float(torch.cuda.get_device_properties(device).total_memory) if cuda else None
     name = str(dtype).replace("torch.", "")
     lengths = sorted({n_ for _, n_, _ in points})
     sweep = f"causal {backend}, samples of {lengths[0]}..{lengths[-1]} tokens, {name}"
@@ -127,7 +121,6 @@ def measure_device(device: torch.device, dtype: torch.dtype, *, quick: bool) -> 
         "kernel_launch_s": f"one-element add_ launched back to back: {launch * 1e6:.3g} us each",
     }
     if memory is not None:
-        notes["memory_bytes"] = (f"device total {torch.cuda.get_device_properties(device).total_memory / 2**30:.1f} GiB "
-                                 f"minus {MEMORY_RESERVE:.0%} reserved (context, fragmentation, NCCL)")
+        notes["memory_capacity_bytes"] = f"torch.cuda.get_device_properties().total_memory: {memory / 2**30:.2f} GiB"
     return DeviceNumbers(matmul, fwd_rate, bwd_rate, fwd_kappa, bwd_kappa, backend, bw, launch, memory, notes,
                          [{"direction": d, "tokens": n_, "flops": f} for d, n_, f in points])
