@@ -10,6 +10,7 @@ from typing import Any
 from paper_tables import (
     SHORT,
     case_label,
+    costmodel_section,
     detail_table,
     fmt_x,
     ilp_check,
@@ -37,15 +38,17 @@ def _setting(doc: dict[str, Any], hw: HardwareProfile) -> str:
     rows += [f"| {SHORT[c['model']]} | {c['workload']} | {m['samples_per_gpu'][c['workload']]} | {c['global_batch']} "
              f"| {c['batch_tokens']:,.0f} | {c['dataset_longest_tokens']:,} / {c['batch_longest_tokens']:,} "
              f"| {c['static_sp']} | {c['static_gb']:.1f} GB of {c['memory_gb']:.1f} |" for c in paper]
-    a2a = ", ".join(f"{k}: {v / 1e9:.0f}" for k, v in sorted({**hw.a2a_bw_intra_bytes_per_s,
-                                                               **hw.a2a_bw_inter_bytes_per_s}.items()))
+    g = m["gpus_per_node"]
+    a2a = ", ".join(f"{p}: {hw.collective('all_to_all', p, g).alpha_beta()[1] / 1e9:.0f}" for p in (2, 4, 8, 16, 32))
+    world = hw.collective("all_reduce", 32, g)
     kind = "measured profile (`dcp profile`)" if m["hardware_kind"] == "measured" else "preset, not a measurement of ours"
     return f"""- Hardware profile **`{m['hardware']}`** ({kind}): {hw.device}, {hw.memory_bytes / 1e9:.1f} GB usable,
-  matmul {hw.matmul_flops / 1e12:.0f} TFLOP/s, attention {hw.attention_flops / 1e12:.0f} TFLOP/s, all-to-all
-  bandwidth per GPU by group size (GB/s) {a2a}, gradient all-reduce {hw.allreduce_bw_bytes_per_s / 1e9:.0f} GB/s.
-  Sources, as the profile states them: matmul: {hw.sources.get('matmul_flops', '?')}; attention:
-  {hw.sources.get('attention_flops', '?')}; all-to-all: {hw.sources.get('a2a_bw_intra_bytes_per_s', '?')} /
-  {hw.sources.get('a2a_bw_inter_bytes_per_s', '?')}.
+  matmul {hw.matmul_flops / 1e12:.0f} TFLOP/s, attention ({hw.attention_backend}) forward
+  {hw.attention_fwd_flops / 1e12:.0f} / backward {hw.attention_bwd_flops / 1e12:.0f} TFLOP/s, all-to-all bus
+  bandwidth by group size (GB/s) {a2a}, all-reduce over 32 GPUs up to {world.bus_bw(1e12) / 1e9:.0f} GB/s bus
+  bandwidth (by message size). Sources, as the profile states them: matmul: {hw.sources.get('matmul_flops', '?')};
+  attention: {hw.sources.get('attention_fwd_flops', '?')}; all-to-all: {hw.collective('all_to_all', 8, g).source} /
+  {hw.collective('all_to_all', 32, g).source}; all-reduce: {world.source}.
 - {m['gpus_per_node']} GPUs per node; ZeRO stage 1 (optimizer states sharded, as the paper trained) except
   {', '.join(f'{k}: stage {v}' for k, v in m['zero_stage'].items())}; bf16 with fp32 gradients and Adam.
 - {m['steps']} global batches per 32-GPU case, {m['scaling_steps']} per scaling case (the first batches of a
@@ -163,9 +166,9 @@ sample, which this page uses; the best-static columns show how much of the rest 
 ## Differences from the paper's setup
 
 - **Hardware numbers.** `{m['hardware']}` is {"a profile measured with `dcp profile`" if m['hardware_kind'] == 'measured'
-  else "a preset: matmul and memory bandwidth measured on one borrowed H200, attention throughput assumed, all-to-all and all-reduce at datasheet peak bandwidths"},
-  not the paper's cluster. Communication at peak bandwidth, without contention, makes large SP groups cheap
-  here, which helps the best-static baselines and DCP's SP choices alike.
+  else "a preset: matmul and memory bandwidth measured on one borrowed H200, attention from FlashAttention-2's published H100 curves, collectives from published nccl-tests curves of an H100 cluster with the same NVLink and 8x400G network (all-to-all across nodes at an ideal-fabric estimate)"},
+  not the paper's cluster. A congested fabric (FlexSP measured 5-10 GB/s across nodes) would make large SP
+  groups dearer than here, which would hurt the best-static baselines and DCP's SP choices alike.
 - **Memory and the static SP.** The static SP follows from dcp's memory model (Korthikanti et al.
   activations, flash attention, full checkpointing keeps each layer's input) on the usable memory above.
   Where it lets the dataset's longest sample fit on few GPUs, bucket runs every long sample there and
@@ -178,8 +181,10 @@ sample, which this page uses; the best-static columns show how much of the rest 
 - **Global batch.** Ours is a fixed number of samples per GPU per step; the paper's runtime fills a
   batch until memory-bound micro-batches are ready for every rank. Fewer samples per GPU mean fewer
   micro-batches to balance and larger straggler effects for the static baselines.
-- **Communication model.** Ulysses all-to-alls (four per attention, each way) priced linearly in tokens,
-  never overlapped with compute; one fp32 gradient all-reduce per step; no pipeline or tensor parallelism.
+- **Communication model.** Ulysses all-to-alls (four per attention, each way) priced linearly in tokens
+  from the all-to-all curve of the group's shape, never overlapped with compute; per step the gradient
+  all-reduce in the recipe's reduce dtype and ZeRO-1's parameter broadcasts (ZeRO-3: per-layer gathers,
+  exposed, and a reduce-scatter), priced at their message sizes; no pipeline or tensor parallelism.
 - **DCP's runtime.** `dcp-greedy` prices the paper's profiling with the cost model instead of timed runs,
   and its straggler and rebalancing steps are our reading of the paper, not its code. Its profile keeps,
   per length bucket, the SP size with the most samples per GPU-second; for long samples that is a small
@@ -189,7 +194,8 @@ sample, which this page uses; the best-static columns show how much of the rest 
 
 ## Measured on hardware
 
-{measured_section()}"""
+{measured_section()}
+{costmodel_section()}"""
 
 
 def write_report(doc: dict[str, Any], out_dir: Path, started: float) -> Path:

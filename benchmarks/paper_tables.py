@@ -162,6 +162,16 @@ def trend_table(doc: dict[str, Any], section: str) -> str:
     return "\n".join(rows) + "\n"
 
 
+def costmodel_section(results_dir: Path = ROOT / "benchmarks" / "results") -> str:
+    """benchmarks/costmodel.py's section (the cost model against published figures), if its JSON is there."""
+    path = results_dir / "costmodel.json"
+    if not path.is_file():
+        return ""
+    from costmodel import render_section
+
+    return render_section(json.loads(path.read_text()))
+
+
 def measured_section(results_dir: Path = ROOT / "benchmarks" / "results") -> str:
     """What benchmarks/gpu/run.sh measured on one H200, if its results are committed."""
     path = results_dir / "gpu-calibration-h200.json"

@@ -7,7 +7,7 @@ Here each measurement is set beside two predictions made through the public `Cos
 - fitted:  the profile's least-squares coefficients (what the planner uses);
 - derived: the coefficients `CostModel` derives from FLOPs and bytes when no fit exists
   (DESIGN.md, "The cost model"), priced with the profile's own device numbers
-  (matmul and attention FLOP/s, memory bandwidth, kernel overhead).
+  (matmul and attention FLOP/s, memory bandwidth, kernel overhead and launch cost).
 
 The gap between the two is how far first principles get on this machine; the gap between fitted
 and measured is the error the planner lives with. Reads JSON only: never imports torch.
@@ -34,20 +34,22 @@ PREDICTIONS = ("fitted", "derived")
 
 # How CostModel derives each LayerFit term without a measurement (CostModel._derive_fit).
 DERIVATIONS: dict[str, str] = {
-    "fwd_fixed_s": "kernel_overhead_s of the profile",
-    "fwd_per_token_s": "2 x matmul weights / matmul FLOP/s + 34 h bytes/2 / memory bandwidth",
-    "fwd_per_pair_s": "4 h FLOPs (QK^T and PV) / attention FLOP/s",
-    "bwd_fixed_s": "2 x kernel_overhead_s",
-    "bwd_per_token_s": "2 x forward (grad of input and of weight)",
-    "bwd_per_pair_s": "2.5 x forward (FlashAttention-2 backward)",
-    "rec_fixed_s": "= forward",
+    "fwd_fixed_s": "kernel_overhead_s + the layer's weight casts (autocast) over memory bandwidth",
+    "fwd_per_token_s": "2 x matmul weights / matmul FLOP/s + 34 h bytes/2 / memory bandwidth + attention's "
+                       "short-sequence pairs per token",
+    "fwd_per_pair_s": "4 h FLOPs (QK^T and PV) / attention forward FLOP/s",
+    "bwd_fixed_s": "2 x kernel_overhead_s + gradient casts and accumulation over memory bandwidth",
+    "bwd_per_token_s": "2 x forward matmul and elementwise (grad of input and of weight) + attention's "
+                       "backward short-sequence term",
+    "bwd_per_pair_s": "2.5 x 4 h FLOPs / attention backward FLOP/s (FlashAttention-2 backward)",
+    "rec_fixed_s": "kernel_overhead_s + the weight casts again",
     "rec_per_token_s": "= forward",
     "rec_per_pair_s": "= forward",
     "act_full_bytes_per_token": "measured: saved-tensor accounting of the model (its memory footprint)",
     "act_ckpt_bytes_per_token": "measured: the checkpointed layer's input (its memory footprint)",
     "head_per_token_s": "6 h vocab / matmul FLOP/s (LM head forward + backward)",
     "head_bytes_per_token": "measured: the peak's working memory per token (its memory footprint)",
-    "microbatch_fixed_s": "0 (not derived)",
+    "microbatch_fixed_s": "embedding, LM head and final norm weight traffic (casts, accumulation)",
 }
 
 

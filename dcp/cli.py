@@ -108,6 +108,8 @@ def _setup(o: dict[str, Any]) -> tuple[CostModel, list[list[Sample]], dict[str, 
     cm = build_cost_model(config["model"], config["hardware"], config["gpus"], config["gpus_per_node"],
                           config["memory_gb"], config["zero_stage"])
     config["gpus_per_node"] = cm.cluster.gpus_per_node
+    for note in cm.notes():
+        click.echo(f"note: {note}", err=True)
     batches = make_batches(config["workload"], cm, global_batch=config["global_batch"],
                            global_tokens=config["global_tokens"], steps=config["steps"], seed=config["seed"])
     return cm, batches, config

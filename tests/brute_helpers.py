@@ -8,7 +8,14 @@ import functools
 import itertools
 import math
 
-from dcp.costmodel import Cluster, CostModel, ModelSpec, TrainingSetup, load_hardware
+from dcp.costmodel import (
+    Cluster,
+    CollectiveCurve,
+    CostModel,
+    ModelSpec,
+    TrainingSetup,
+    load_hardware,
+)
 from dcp.costmodel.memory import MemoryFootprint
 from dcp.planner.common import allowed_sp_sizes
 
@@ -33,14 +40,20 @@ TINY_CASES = [  # (sample lengths, GPUs, GPUs per node)
 def tiny_cm(gpus: int = 4, gpus_per_node: int = 2, cap_tokens: int = 600, zero_stage: int = 1) -> CostModel:
     """A slow, small-memory cluster: micro-batch fixed costs, all-to-alls and checkpointing all
     matter at a few hundred tokens; `cap_tokens` fit one GPU without checkpointing. Under ZeRO-3
-    a slow all-reduce makes each pass's parameter gather cost about one micro-batch's kernels
+    a slow network makes each pass's parameter gathers cost about one micro-batch's kernels
     (0.1 s), the regime of a 70B model's gathers."""
-    hw = dataclasses.replace(
-        load_hardware("h200-sxm"), matmul_flops=1e9, attention_flops=1e9, memory_bw_bytes_per_s=1e12,
-        kernel_overhead_s=1e-2, a2a_latency_intra_s=5e-3, a2a_latency_inter_s=1.5e-2,
-        a2a_bw_intra_bytes_per_s={2: 2e8, 4: 2e8}, a2a_bw_inter_bytes_per_s={2: 5e7, 4: 5e7})
+    base = load_hardware("h200-sxm")
+    slow = [CollectiveCurve(op="all_to_all", gpus_per_node=g, nodes=1, latency_s=5e-3, bus_bw_bytes_per_s=2e8)
+            for g in (2, 4)] + [CollectiveCurve(op="all_to_all", gpus_per_node=2, nodes=2, latency_s=1.5e-2,
+                                                bus_bw_bytes_per_s=5e7)]
+    others = [c for c in base.collectives if c.op != "all_to_all"]
     if zero_stage == 3:
-        hw = dataclasses.replace(hw, allreduce_bw_bytes_per_s=4e6)
+        others = [CollectiveCurve(op=op, gpus_per_node=2, nodes=nodes, latency_s=0.0, bus_bw_bytes_per_s=4e6)
+                  for op in ("all_reduce", "reduce_scatter", "all_gather", "broadcast") for nodes in (1, 2)]
+    hw = dataclasses.replace(
+        base, matmul_flops=1e9, attention_fwd_flops=1e9, attention_bwd_flops=1e9, attention_fwd_pairs_per_token=0.0,
+        attention_bwd_pairs_per_token=0.0, memory_bw_bytes_per_s=1e12, kernel_overhead_s=1e-2,
+        collectives=tuple(slow + others))
     training = TrainingSetup(zero_stage=zero_stage)
     probe = CostModel(TINY_MODEL, hw, Cluster(num_gpus=gpus, gpus_per_node=gpus_per_node, memory_bytes=1e12),
                       training)

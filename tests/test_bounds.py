@@ -62,17 +62,18 @@ def test_zero3_many_short_samples_bound_is_the_optimum() -> None:
 
 def test_zero3_70b_bound_charges_the_parameter_gathers() -> None:
     """Llama-70B under ZeRO-3 on 32 GPUs, a wikipedia-like batch of many short samples: every
-    micro-batch gathers all parameters (about 5 s), so a step near the work over N leaves room for
-    few micro-batches. The bound sees those gathers: within 20% of the best plan found (the
-    memory-capacity argument alone stayed 38% below), and still below every plan."""
+    micro-batch gathers all parameters twice (about 0.8 s on the h200-sxm all-gather curve), so a
+    step near the work over N leaves room for few micro-batches. The bound sees those gathers:
+    within 5% of the best plan found (the memory-capacity argument alone stays 24% below), and
+    still below every plan."""
     cm = cost_model(model="llama-70b", gpus=32, zero_stage=3)
     batch = make_batch(ZERO3_LENGTHS)
     bound = lower_bound(batch, cm)
     plans = baseline_plans(batch, cm, allowed_sp_sizes(cm)) + [solve(batch, cm.cluster, cm)]
     best = min(p.step_time_s for p in plans)
     assert bound <= best * (1 + 1e-9)
-    assert bound >= 0.8 * best
-    assert capacity_bound(batch, cm) < 0.75 * best
+    assert bound >= 0.95 * best
+    assert capacity_bound(batch, cm) < 0.8 * best
 
 
 def test_bound_memo_tells_batches_and_cost_models_apart() -> None:

@@ -59,6 +59,8 @@ def test_plan_by_tokens_and_overrides() -> None:
               "--gpus", "16", "--gpus-per-node", "4", "--memory-gb", "80", "--zero-stage", "2",
               "--model", "llama-13b", "--hardware", "h100-sxm", "--seed", "3").output
     assert "dcp-greedy-inter on 16 x h100-sxm, llama-13b" in out
+    # The executor runs ZeRO stages 0 and 1 only: a stage-2 plan says it is simulated.
+    assert "note: ZeRO stage 2: simulation only" in out
 
 
 def test_compare_opensora() -> None:

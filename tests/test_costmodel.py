@@ -72,12 +72,15 @@ def test_comm_is_zero_without_sp() -> None:
 
 def test_comm_at_sp8_matches_hand_formula() -> None:
     cm, t = cost_model(), 8192
-    # Four all-to-alls (q, k, v, out) each of latency 10 us inside a node; each token carries
-    # q + out (h) and k + v (h, no GQA) in bf16: 4 h * 2 B = 32768 B, (p-1)/p of T/p leaving the rank.
-    hand = 4 * 1e-5 + 32768 * t / 8 * 7 / 8 / 450e9
+    # Four all-to-alls (q, k, v, out) each of the h200-sxm preset's 10 us floor inside a node; each
+    # token carries q + out (h) and k + v (h, no GQA) in bf16: 4 h * 2 B = 32768 B, (p-1)/p of T/p
+    # leaving the rank at NCCL's 370 GB/s all-to-all bus bandwidth in an 8-GPU NVLink 4 node.
+    hand = 4 * 1e-5 + 32768 * t / 8 * 7 / 8 / 370e9
     assert cm.layer_times(t, 0, 8).comm_s == pytest.approx(hand, rel=1e-12)
-    # Across nodes (p=16): 30 us latency, 50 GB/s.
-    assert cm.layer_times(t, 0, 16).comm_s == pytest.approx(4 * 3e-5 + 32768 * t / 16 * 15 / 16 / 50e9)
+    # Across 2 nodes (p=16): 46 us floor, 2 x 48.5 GB/s (half the traffic stays on NVLink).
+    assert cm.layer_times(t, 0, 16).comm_s == pytest.approx(4 * 46e-6 + 32768 * t / 16 * 15 / 16 / 97e9)
+    # 4 nodes (p=32): 4/3 x 48.5 GB/s, the node count and not the group size keys the curve.
+    assert cm.layer_times(t, 0, 32).comm_s == pytest.approx(4 * 46e-6 + 32768 * t / 32 * 31 / 32 / 64.7e9)
 
 
 def test_time_is_layers_plus_head() -> None:
@@ -90,7 +93,11 @@ def test_time_is_layers_plus_head() -> None:
 
 
 def test_grad_sync_ring_allreduce() -> None:
-    assert cost_model().grad_sync_s() == pytest.approx(2 * 31 / 32 * 4 * LLAMA_7B_PARAMS / 50e9)
+    # One all-reduce of the fp32 flat buffer over 4 nodes of 8: 27 GB lies past the published
+    # curve's last point (8 GiB, 330.93 GB/s busbw), so that bandwidth, 2 (N-1)/N of the bytes.
+    terms = cost_model().sync_terms()
+    assert terms["grad_all_reduce"] == pytest.approx(2 * 31 / 32 * (4 * LLAMA_7B_PARAMS + 16) / 330.93e9)
+    assert cost_model(zero_stage=0).sync_terms() == {"grad_all_reduce": terms["grad_all_reduce"]}
     assert cost_model(gpus=1).grad_sync_s() == 0.0
 
 

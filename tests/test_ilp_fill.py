@@ -29,15 +29,15 @@ def test_prices_match_the_cost_model(model: str, zero_stage: int) -> None:
 
 
 def test_zero3_plans_few_large_microbatches_near_the_bound() -> None:
-    """Llama-70B, ZeRO-3, 32 GPUs: every micro-batch gathers the parameters (about 5 s), so the
-    ILP's plan runs few checkpointed micro-batches per group, within 3% of the lower bound and
-    ahead of every baseline (static packing, the best of them, is about 17% slower)."""
+    """Llama-70B, ZeRO-3, 32 GPUs: every micro-batch gathers the parameters twice (about 0.8 s),
+    so the ILP's plan runs few checkpointed micro-batches per group, within 3% of the lower bound
+    and ahead of every baseline (static packing, the best of them, is about 6% slower)."""
     cm = cost_model(model="llama-70b", gpus=32, zero_stage=3)
     batch = make_batch(ZERO3_LENGTHS)
     plan = solve(batch, cm.cluster, cm, IlpOptions())
     assert plan.step_time_s <= lower_bound(batch, cm) * 1.03
     best_baseline = min(p.step_time_s for p in baseline_plans(batch, cm, allowed_sp_sizes(cm)))
-    assert plan.step_time_s <= best_baseline * 0.9
+    assert plan.step_time_s <= best_baseline * 0.97
     assert max(len(g.microbatches) for g in plan.groups) <= 2
     assert any(mb.ckpt_layers > 0 for g in plan.groups for mb in g.microbatches)
 
@@ -51,6 +51,10 @@ def test_fill_plans_are_valid_and_skip_cheap_fixed_costs() -> None:
     for plan in plans:
         plan.validate()
         assert sorted(i for g in plan.groups for mb in g.microbatches for i in mb.samples) == list(range(len(batch)))
-    # ZeRO-1: a micro-batch's fixed cost is milliseconds, canonical micro-batching is right.
-    cm1 = cost_model(model="llama-7b", gpus=32)
+    # STDiT 1.1B, ZeRO-1: a micro-batch's fixed cost (its weight traffic, 9-29 ms) is under a tenth
+    # of what full checkpointing adds to a full micro-batch: canonical micro-batching is right. (Llama-7B
+    # pays 31-42 ms of casts and gradient accumulation per micro-batch, 0.09-0.12 of it: filled.)
+    cm1 = cost_model(model="opensora-stdit-1.1b", gpus=32)
     assert fill_plans(batch, cm1, allowed_sp_sizes(cm1), lower_bound(batch, cm1)) == []
+    cm7 = cost_model(model="llama-7b", gpus=32)
+    assert fill_plans(batch, cm7, allowed_sp_sizes(cm7), lower_bound(batch, cm7))

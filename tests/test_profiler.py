@@ -19,6 +19,7 @@ from dist_helpers import run_ranks
 from torch import nn
 
 from dcp.costmodel import (
+    COLLECTIVES,
     Cluster,
     CostModel,
     CostModelError,
@@ -37,7 +38,7 @@ from dcp.profiler import (
     profile_bench,
     refit,
 )
-from dcp.profiler.comm import A2APoint, fit_all_to_all
+from dcp.profiler.comm import CommPoint, curves_from_points
 from dcp.profiler.compute import LayerPoint, ModelPoint, Repeats
 from dcp.profiler.layer_fit import fit_layer
 from dcp.profiler.timing import count_saved_bytes
@@ -110,16 +111,22 @@ def test_fit_layer_recovers_fwd_bwd_recompute_and_head() -> None:
     assert report.heldout_mape < 0.02 and f.heldout_mape == report.heldout_mape
 
 
-def test_all_to_all_fit_recovers_latency_and_bandwidth() -> None:
+def test_collective_points_become_curves_keyed_by_shape_with_their_latency_and_bandwidth() -> None:
     pts = []
-    for p, lat, bw in ((2, 20e-6, 120e9), (4, 25e-6, 100e9), (16, 60e-6, 10e9)):
+    for op, p, lat, bw in (("all_to_all", 2, 20e-6, 120e9), ("all_to_all", 4, 25e-6, 100e9),
+                           ("all_to_all", 16, 60e-6, 10e9), ("all_reduce", 16, 40e-6, 30e9)):
+        factor = 2 * (p - 1) / p if op == "all_reduce" else (p - 1) / p
         for m in (1 << 16, 1 << 20, 1 << 24, 1 << 26):
-            pts.append(A2APoint(p, m, noisy(lat + m * (p - 1) / p / bw)))
-    fits = fit_all_to_all(pts, gpus_per_node=8)
-    assert fits[2].intra_node and fits[4].intra_node and not fits[16].intra_node
-    assert fits[2].bw_bytes_per_s == pytest.approx(120e9, rel=0.02)
-    assert fits[16].bw_bytes_per_s == pytest.approx(10e9, rel=0.02)
-    assert fits[4].latency_s == pytest.approx(25e-6, rel=0.1)
+            pts.append(CommPoint(op, p, m, noisy(lat + m * factor / bw)))
+    curves = {(c.op, c.gpus_per_node, c.nodes): c for c in curves_from_points(pts, gpus_per_node=8, source="test")}
+    assert set(curves) == {("all_to_all", 2, 1), ("all_to_all", 4, 1), ("all_to_all", 8, 2), ("all_reduce", 8, 2)}
+    lat, bw = curves["all_to_all", 2, 1].alpha_beta()
+    assert bw == pytest.approx(120e9, rel=0.02) and lat == pytest.approx(20e-6, rel=0.1)
+    assert curves["all_to_all", 8, 2].alpha_beta()[1] == pytest.approx(10e9, rel=0.02)
+    assert curves["all_reduce", 8, 2].alpha_beta()[1] == pytest.approx(30e9, rel=0.02)
+    # The stored points are nccl-tests bus bandwidths: the interpolated time is the measured one.
+    big = [p for p in pts if p.op == "all_reduce" and p.message_bytes == 1 << 24][0]
+    assert curves["all_reduce", 8, 2].time_s(1 << 24) == pytest.approx(big.seconds, rel=1e-9)
 
 
 def test_saved_bytes_counts_activations_once_and_skips_parameters() -> None:
@@ -167,7 +174,7 @@ def test_profile_json_round_trip_with_top_level_heldout_mape(tmp_path: Path) -> 
 
 @pytest.mark.parametrize(("mutate", "message"), [
     (lambda text: text[: len(text) // 2], "not valid JSON"),
-    (lambda text: text.replace('"schema_version": 1', '"schema_version": 99'), "schema_version 99 is not supported"),
+    (lambda text: text.replace('"schema_version": 2', '"schema_version": 99'), "schema_version 99 is not supported"),
     (lambda text: text.replace('"dcp-hardware-profile"', '"something-else"'), "not a dcp hardware profile"),
     (lambda text: text.replace('"fwd_fixed_s"', '"fwd_fixd_s"'), "unknown field(s) ['fwd_fixd_s']"),
 ])
@@ -212,21 +219,24 @@ def _scale(fit: LayerFit, s: tuple[float, float, float]) -> LayerFit:
 
 # -- all-to-all over gloo -------------------------------------------------------------------------
 
-def _a2a_rank(rank: int, world: int) -> dict:
+def _comm_rank(rank: int, world: int) -> dict:
     from dcp.profiler.profile import measure_comm
 
-    fields, sources, meta = measure_comm(torch.device("cpu"), torch.float32, quick=True)
+    fields, sources, meta = measure_comm(torch.device("cpu"), torch.float32, quick=True, base=load_hardware("cpu"))
     return {"fields": fields, "meta": meta}
 
 
-def test_all_to_all_measured_over_two_gloo_ranks() -> None:
-    results = run_ranks(_a2a_rank, 2, deadline_s=90)
+def test_collectives_measured_over_two_gloo_ranks() -> None:
+    results = run_ranks(_comm_rank, 2, deadline_s=120)
     fields, meta = results[0]["fields"], results[0]["meta"]
     assert meta["measured"] and meta["world"] == 2
-    assert {p["group_size"] for p in meta["points"]} == {2}
-    assert len(meta["points"]) >= 3
-    assert fields["a2a_bw_intra_bytes_per_s"][2] > 0 and fields["a2a_latency_intra_s"] >= 0
-    assert "a2a_bw_inter_bytes_per_s" not in fields  # no group spans nodes: preset kept
+    measured = {(c.op, c.gpus_per_node, c.nodes): c for c in fields["collectives"] if c.source.startswith("measured")}
+    # Every collective among the 2 ranks, one 'node' of 2 (the CPU run's ranks per node).
+    assert set(measured) == {(op, 2, 1) for op in COLLECTIVES}
+    assert all(len(c.points) >= 3 and c.alpha_beta()[1] > 0 for c in measured.values())
+    kept = [c for c in fields["collectives"] if c not in measured.values()]
+    assert kept and all(c in load_hardware("cpu").collectives for c in kept)  # the rest: the base preset's
+    assert "inter_node" in meta  # no group spans nodes: those curves stay the preset's
     assert results[1]["meta"]["points"] == meta["points"]  # every rank agrees (max over ranks)
 
 
@@ -258,7 +268,7 @@ def test_profile_of_a_user_layer_through_the_python_api(tmp_path: Path) -> None:
     fit = prof.fits["my-layer"]
     assert fit.fwd_per_token_s > 0 and fit.act_full_bytes_per_token > 0 and fit.max_fitted_tokens == 256
     assert prof.heldout_mape == fit.heldout_mape is not None
-    assert prof.meta["measured"][0] == "fits.my-layer" and "a2a_bw_intra_bytes_per_s" in prof.meta["from_preset"]
+    assert prof.meta["measured"][0] == "fits.my-layer" and "collectives" in prof.meta["from_preset"]
     assert "world size 1" in prof.meta["comm"]["why"]
     assert len(prof.meta["fits"]["my-layer"]["points"]) >= 4
     save_hardware(prof, tmp_path / "p.json")

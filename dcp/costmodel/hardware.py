@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from dcp.costmodel.collectives import COLLECTIVES, CollectiveCurve, group_shape, nearest_curve
 from dcp.costmodel.memory import MemoryFootprint
 from dcp.costmodel.precision import PrecisionRecipe, get_recipe
+from dcp.costmodel.schema import PROFILE_SCHEMA_VERSION, migrate
 from dcp.costmodel.spec import CostModelError, _from_dict
-
-PROFILE_SCHEMA_VERSION = 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,7 +67,8 @@ class LayerFit:
 class HardwareProfile:
     """A GPU type and its interconnect: datasheet numbers or a `dcp profile` measurement.
 
-    Every number names its source in `sources` (field name -> text)."""
+    Every number names its source in `sources` (field name -> text); each collective curve
+    carries its own."""
 
     name: str
     device: str
@@ -76,20 +77,28 @@ class HardwareProfile:
     """Device memory per GPU as the device reports it (torch.cuda.get_device_properties)."""
     matmul_flops: float
     """Achievable dense matmul FLOP/s at the training precision."""
-    attention_flops: float
-    """Achievable attention-kernel forward FLOP/s."""
+    attention_fwd_flops: float
+    """Attention kernel forward FLOP/s on long sequences (4 h FLOPs per query-key pair)."""
+    attention_bwd_flops: float
+    """Attention kernel backward FLOP/s on long sequences, FLOPs counted as 2.5x the forward's
+    (FlashAttention's convention: the backward's five matmuls against the forward's two)."""
+    attention_fwd_pairs_per_token: float = 0.0
+    """Short-sequence cost of the forward kernel as extra pairs per token: a kernel over T tokens
+    and A pairs takes (A + this * T) pairs' time, so a causal sample of L tokens runs at
+    L / (L + 2 * this) of the long-sequence rate (linear in T and A for the planner)."""
+    attention_bwd_pairs_per_token: float = 0.0
+    """The same for the backward kernel."""
+    attention_backend: str = ""
+    """The attention kernel the rates describe (flash-attn 2/3, cudnn, torch varlen_attn, sdpa)."""
     memory_bw_bytes_per_s: float
-    """Device memory bandwidth, for elementwise layer work."""
+    """Device memory bandwidth (bytes read plus written per second), for elementwise work and
+    the per-micro-batch weight traffic."""
     kernel_overhead_s: float
     """Fixed per-layer launch/sync cost (c0)."""
-    a2a_latency_intra_s: float
-    a2a_latency_inter_s: float
-    a2a_bw_intra_bytes_per_s: dict[int, float]
-    """All-to-all bus bandwidth per GPU by group size inside a node."""
-    a2a_bw_inter_bytes_per_s: dict[int, float]
-    """All-to-all bandwidth per GPU by group size across nodes."""
-    allreduce_bw_bytes_per_s: float
-    """Bandwidth per GPU of the step's gradient all-reduce (the slowest link it crosses)."""
+    kernel_launch_s: float
+    """Smallest time of one kernel launch: the floor of each per-tensor weight operation."""
+    collectives: tuple[CollectiveCurve, ...]
+    """Bus bandwidth against message size per collective and group shape (GPUs per node, nodes)."""
     sources: dict[str, str] = field(default_factory=dict)
     fits: dict[str, LayerFit] = field(default_factory=dict)
     """Measured coefficients by model name (replace the FLOP-derived ones for that model)."""
@@ -106,59 +115,68 @@ class HardwareProfile:
     """Memory outside the caching allocator: CUDA context, NCCL communicators' buffers."""
 
     def __post_init__(self) -> None:
-        for f in ("gpus_per_node", "memory_capacity_bytes", "matmul_flops", "attention_flops",
-                  "memory_bw_bytes_per_s"):
+        for f in ("gpus_per_node", "memory_capacity_bytes", "matmul_flops", "attention_fwd_flops",
+                  "attention_bwd_flops", "memory_bw_bytes_per_s"):
             if not getattr(self, f) > 0:
                 raise CostModelError(f"hardware {self.name!r}: {f} must be positive, got {getattr(self, f)}")
+        for f in ("attention_fwd_pairs_per_token", "attention_bwd_pairs_per_token", "kernel_overhead_s",
+                  "kernel_launch_s"):
+            if getattr(self, f) < 0:
+                raise CostModelError(f"hardware {self.name!r}: {f} must be >= 0, got {getattr(self, f)}")
         if not 0 <= self.memory_reserve_fraction < 1 or self.memory_reserve_bytes < 0:
             raise CostModelError(f"hardware {self.name!r}: memory reserve must be a fraction in [0, 1) and bytes "
                                  f">= 0, got {self.memory_reserve_fraction} and {self.memory_reserve_bytes}")
         if not self.memory_bytes > 0:
             raise CostModelError(f"hardware {self.name!r}: the memory reserve leaves nothing of "
                                  f"{self.memory_capacity_bytes / 1e9:.1f} GB")
+        curves = tuple(c if isinstance(c, CollectiveCurve) else CollectiveCurve.from_dict(c)
+                       for c in self.collectives)
+        object.__setattr__(self, "collectives", curves)
+        missing = [op for op in COLLECTIVES if not any(c.op == op for c in curves)]
+        if missing:
+            raise CostModelError(f"hardware {self.name!r}: no curve for {', '.join(missing)}; every collective "
+                                 "needs one (re-run `dcp profile`, or copy one from a preset)")
 
     @property
     def memory_bytes(self) -> float:
         """Memory per GPU a plan may fill (what the caching allocator can hand out): the capacity
         less the fragmentation share and the memory outside the allocator."""
         return self.memory_capacity_bytes * (1 - self.memory_reserve_fraction) - self.memory_reserve_bytes
-        if not self.a2a_bw_intra_bytes_per_s or not self.a2a_bw_inter_bytes_per_s:
-            raise CostModelError(f"hardware {self.name!r}: all-to-all bandwidth tables must not be empty")
 
-    def a2a_bw(self, p: int, gpus_per_node: int) -> float:
-        """Bandwidth per GPU for an all-to-all among p GPUs (nearest measured size at or below)."""
-        table = self.a2a_bw_intra_bytes_per_s if p <= gpus_per_node else self.a2a_bw_inter_bytes_per_s
-        below = [s for s in table if s <= p]
-        return table[max(below)] if below else table[min(table)]
+    def collective(self, op: str, ranks: int, gpus_per_node: int) -> CollectiveCurve:
+        """The curve for `op` among `ranks` aligned ranks in nodes of `gpus_per_node` GPUs: this
+        shape's, else the nearest measured one (`collectives.nearest_curve`)."""
+        curve = nearest_curve(self.collectives, op, *group_shape(ranks, gpus_per_node))
+        assert curve is not None  # __post_init__ saw one of every collective
+        return curve
 
-    def a2a_latency(self, p: int, gpus_per_node: int) -> float:
-        return self.a2a_latency_intra_s if p <= gpus_per_node else self.a2a_latency_inter_s
+    def collective_time_s(self, op: str, message_bytes: float, ranks: int, gpus_per_node: int) -> float:
+        """Seconds of one `op` call on `message_bytes` among `ranks` aligned ranks."""
+        if ranks <= 1:
+            return 0.0
+        return self.collective(op, ranks, gpus_per_node).time_s(message_bytes, ranks)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["a2a_bw_intra_bytes_per_s"] = {str(k): v for k, v in self.a2a_bw_intra_bytes_per_s.items()}
-        d["a2a_bw_inter_bytes_per_s"] = {str(k): v for k, v in self.a2a_bw_inter_bytes_per_s.items()}
+        d["collectives"] = [c.to_dict() for c in self.collectives]
         return {"kind": "dcp-hardware-profile", "schema_version": PROFILE_SCHEMA_VERSION, **d}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HardwareProfile:
         if not isinstance(d, dict) or d.get("kind") != "dcp-hardware-profile":
             raise CostModelError("not a dcp hardware profile (missing kind: dcp-hardware-profile)")
-        if d.get("schema_version") != PROFILE_SCHEMA_VERSION:
-            raise CostModelError(
-                f"hardware profile schema_version {d.get('schema_version')!r} is not supported "
-                f"(expected {PROFILE_SCHEMA_VERSION}); re-run `dcp profile`"
-            )
+        d = migrate(d)
         d = {k: v for k, v in d.items() if k not in ("kind", "schema_version")}
         if "memory_bytes" in d and "memory_capacity_bytes" not in d:
             # Profiles written before capacity and reserve were separate: memory_bytes was usable memory.
             d["memory_capacity_bytes"] = d.pop("memory_bytes")
             d.setdefault("memory_reserve_fraction", 0.0)
         try:
-            d["a2a_bw_intra_bytes_per_s"] = {int(k): float(v) for k, v in d["a2a_bw_intra_bytes_per_s"].items()}
-            d["a2a_bw_inter_bytes_per_s"] = {int(k): float(v) for k, v in d["a2a_bw_inter_bytes_per_s"].items()}
+            d["collectives"] = tuple(CollectiveCurve.from_dict(c) for c in d["collectives"])
             d["fits"] = {k: LayerFit.from_dict(v) for k, v in d.get("fits", {}).items()}
         except (KeyError, AttributeError, TypeError, ValueError) as e:
+            if isinstance(e, CostModelError):
+                raise
             raise CostModelError(f"hardware profile {d.get('name', '?')!r}: malformed field ({e})") from e
         return _from_dict(cls, d, "hardware profile")
 

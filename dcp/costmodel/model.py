@@ -10,20 +10,30 @@ A micro-batch is a set of samples run together (packed, varlen) by one sequence-
     memory           = static + (K - r) * act_full * T/p + r * act_ckpt * T/p + working * T/p
                        (static: training state + weight copies + the peak's fixed part; all measured)
 
-Everything is linear in T and A for a fixed (p, r), which the ILP planner relies on:
-`linear_time(p, r)` and `activation_bytes_per_token(p, r)` expose the coefficients.
+lat(p) and bw(p) are the alpha-beta fit of the hardware's all-to-all curve for the group's shape
+(GPUs per node, nodes; `collectives.py`). The step adds, once, the data-parallel synchronization
+the executor issues after its micro-batches (`grad_sync_s`), priced from the curves at its message
+sizes. Everything per micro-batch is linear in T and A for a fixed (p, r), which the ILP planner
+relies on: `linear_time(p, r)` and `activation_bytes_per_token(p, r)` expose the coefficients.
 
 This package never imports torch.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
+from dcp.costmodel.collectives import bus_factor
 from dcp.costmodel.hardware import Cluster, HardwareProfile, LayerFit, TrainingSetup
 from dcp.costmodel.memory import footprint_for
 from dcp.costmodel.spec import CostModelError, ModelSpec
+from dcp.costmodel.traffic import model_tensors, weight_traffic
+
+EXECUTED_ZERO_STAGES = (0, 1)
+"""ZeRO stages dcp.executor runs (a flat gradient all-reduce, ZeroRedundancyOptimizer); plans for
+the others are simulation only (sharded stages come with torch FSDP2, not yet in the executor)."""
 
 
 def shard_tokens(tokens: float, sp_size: int) -> int:
@@ -84,23 +94,34 @@ class CostModel:
         # activation bytes once (Korthikanti et al., arXiv 2205.05198: 34 s b h bytes).
         act_full = 34.0 * m.hidden * m.blocks_per_layer * m.bytes_per_element / 2
         elementwise_s = act_full / hw.memory_bw_bytes_per_s
-        fwd_tok = m.layer_fwd_flops_per_token() / hw.matmul_flops + elementwise_s
-        fwd_pair = m.layer_fwd_flops_per_pair() / hw.attention_flops
-        # Backward: two matmuls per forward matmul (grad of input and of weight) -> 2x;
-        # attention backward recomputes scores and runs 5 matmuls vs 2 forward -> 2.5x (FlashAttention-2).
+        matmul_s = m.layer_fwd_flops_per_token() / hw.matmul_flops
+        # Attention per kernel and direction: a kernel over T tokens and A pairs takes (A + kappa T)
+        # pairs at its long-sequence rate, kappa the short-sequence cost per token of each attention
+        # call (one per block). Backward FLOPs are 2.5x the forward's: five matmuls against two
+        # (FlashAttention-2, arXiv 2307.08691); the rates count them so (HardwareProfile).
+        fwd_pair = m.layer_fwd_flops_per_pair() / hw.attention_fwd_flops
+        bwd_pair = 2.5 * m.layer_fwd_flops_per_pair() / hw.attention_bwd_flops
+        fwd_tok = matmul_s + elementwise_s + m.blocks_per_layer * hw.attention_fwd_pairs_per_token * fwd_pair
+        # Backward: two matmuls per forward matmul (grad of input and of weight) -> 2x.
+        bwd_tok = 2 * (matmul_s + elementwise_s) + m.blocks_per_layer * hw.attention_bwd_pairs_per_token * bwd_pair
+        # The per-tensor weight work (casts, gradient accumulation) is fixed per layer and pass.
+        w = weight_traffic(m, self.training.recipe, hw.memory_bw_bytes_per_s, hw.kernel_launch_s)
         head_flops = 2.0 * m.hidden * m.vocab * 3  # LM head forward + backward (x3)
         return LayerFit(
-            fwd_fixed_s=hw.kernel_overhead_s,
+            fwd_fixed_s=hw.kernel_overhead_s + w.fwd_layer_s,
             fwd_per_token_s=fwd_tok,
             fwd_per_pair_s=fwd_pair,
-            bwd_fixed_s=2 * hw.kernel_overhead_s,
-            bwd_per_token_s=2 * fwd_tok,
-            bwd_per_pair_s=2.5 * fwd_pair,
+            bwd_fixed_s=2 * hw.kernel_overhead_s + w.bwd_layer_s,
+            bwd_per_token_s=bwd_tok,
+            bwd_per_pair_s=bwd_pair,
+            rec_fixed_s=hw.kernel_overhead_s + w.rec_layer_s,
+            rec_per_token_s=fwd_tok,
+            rec_per_pair_s=fwd_pair,
             # Memory is measured, never derived: the model's footprint in the training's recipe.
             act_full_bytes_per_token=self.footprint.act_full_bytes_per_token,
             act_ckpt_bytes_per_token=self.footprint.act_ckpt_bytes_per_token,
             head_per_token_s=head_flops / hw.matmul_flops,
-            microbatch_fixed_s=0.0,
+            microbatch_fixed_s=w.head_s,
             head_bytes_per_token=self.footprint.working_bytes_per_token,
         )
 
@@ -120,13 +141,13 @@ class CostModel:
                 LinearCost(rec_fixed, rec_tok / p, rec_pair / p))
 
     def _comm_linear(self, p: int) -> LinearCost:
-        """One direction's all-to-alls of one layer: each moves (p-1)/p of the rank's T/p tokens."""
+        """One direction's all-to-alls of one layer: each moves (p-1)/p of the rank's T/p tokens, at
+        the alpha-beta fit of the all-to-all curve for a group of p (GPUs per node, nodes)."""
         if p == 1:
             return LinearCost(0.0, 0.0, 0.0)
-        hw, g = self.hardware, self.cluster.gpus_per_node
-        lat = self.model.a2a_per_layer * hw.a2a_latency(p, g)
-        per_tok = self.model.a2a_bytes_per_token() / p * (p - 1) / p / hw.a2a_bw(p, g)
-        return LinearCost(lat, per_tok, 0.0)
+        lat, bw = self.hardware.collective("all_to_all", p, self.cluster.gpus_per_node).alpha_beta()
+        per_tok = self.model.a2a_bytes_per_token() / p * bus_factor("all_to_all", p) / bw
+        return LinearCost(self.model.a2a_per_layer * lat, per_tok, 0.0)
 
     def linear_time(self, sp_size: int, ckpt_layers: int) -> LinearCost:
         """Micro-batch time as a linear function of (T, A) at SP size p with r checkpointed layers."""
@@ -135,13 +156,13 @@ class CostModel:
         if key not in self._linear:
             fwd, bwd, rec = self._compute_linear(sp_size)
             # Forward and backward each run the layer's all-to-alls; a recompute re-runs the
-            # forward's (DeepSpeed-Ulysses, REFERENCES.md).
+            # forward's (DeepSpeed-Ulysses, arXiv 2309.14509).
             comm = self._comm_linear(sp_size)
             k, r = self.model.num_layers, ckpt_layers
             head = self.fit.head_per_token_s / sp_size
             self._linear[key] = LinearCost(
                 k * (fwd.fixed + bwd.fixed + 2 * comm.fixed) + r * (rec.fixed + comm.fixed)
-                + self.fit.microbatch_fixed_s + (2 + r / k) * self.param_gather_s(),
+                + self.fit.microbatch_fixed_s + 2 * self.param_gather_s(),
                 k * (fwd.per_token + bwd.per_token + 2 * comm.per_token) + r * (rec.per_token + comm.per_token)
                 + head,
                 k * (fwd.per_pair + bwd.per_pair) + r * rec.per_pair,
@@ -149,13 +170,21 @@ class CostModel:
         return self._linear[key]
 
     def param_gather_s(self) -> float:
-        """ZeRO-3: all-gather of every layer's parameters once per pass (forward, backward, and the
-        recompute of checkpointed layers), (N-1)/N of the parameter bytes each; 0 below stage 3."""
+        """ZeRO-3: one pass's all-gathers of the parameters over the world, one per layer (and one
+        per embedding table) as torch FSDP2 issues them, in the parameter dtype; 0 below stage 3.
+
+        A micro-batch pays two passes, forward and backward: the recompute of a checkpointed layer
+        runs inside its backward, after that pass's gather. Priced exposed, an upper bound: FSDP2
+        prefetches the next layer's gather during this one's compute, which hides it for micro-
+        batches above a few thousand tokens per GPU, a max() the linear model cannot express."""
         n = self.cluster.num_gpus
         if self.training.zero_stage < 3 or n == 1:
             return 0.0
-        gather_bytes = self.training.param_bytes * self.model.param_count() * (n - 1) / n
-        return gather_bytes / self.hardware.allreduce_bw_bytes_per_s
+        pb, m = self.training.recipe.param_bytes, self.model
+        gather = functools.partial(self.hardware.collective_time_s, "all_gather", ranks=n,
+                                   gpus_per_node=self.cluster.gpus_per_node)
+        tables = [m.vocab * m.hidden] * ((1 if m.tied_embeddings else 2) if m.vocab else 0)
+        return m.num_layers * gather(m.layer_params() * pb) + sum(gather(t * pb) for t in tables)
 
     def activation_bytes_per_token(self, sp_size: int, ckpt_layers: int) -> float:
         """Activation bytes per token of the micro-batch on each GPU of its group: what the layers
@@ -214,14 +243,47 @@ class CostModel:
         return r if r <= k else None
 
     def grad_sync_s(self) -> float:
-        """The step's one gradient all-reduce over the world: ring, 2 (N-1)/N of the grad bytes.
+        """The step's data-parallel synchronization after its last micro-batch: the sum of
+        `sync_terms()`, paid once per step after the slowest group finishes."""
+        return sum(self.sync_terms().values())
 
-        Gradients are reduced in fp32 under bf16 training (TrainingSetup keeps fp32 grads)."""
-        n = self.cluster.num_gpus
+    def sync_terms(self) -> dict[str, float]:
+        """Seconds of each collective the step ends with, as the executor (stages 0, 1) or torch
+        FSDP2 (stages 2, 3) issues them over the world, gradients in the reduce dtype:
+
+        - stage 0: one all-reduce of the flat gradient buffer (and the loss sum and count);
+        - stage 1: that all-reduce, then ZeroRedundancyOptimizer's broadcast of every parameter from
+          the rank that stepped it (one broadcast per tensor, its default);
+        - stage 2: a reduce-scatter of the gradients, then an all-gather of the updated parameters;
+        - stage 3: a reduce-scatter of the gradients (parameters are gathered per layer and pass)."""
+        n, g = self.cluster.num_gpus, self.cluster.gpus_per_node
         if n == 1:
-            return 0.0
-        grad_bytes = 4.0 * self.model.param_count()
-        return 2 * (n - 1) / n * grad_bytes / self.hardware.allreduce_bw_bytes_per_s
+            return {}
+        params, stage = self.model.param_count(), self.training.zero_stage
+        grad_bytes = params * self.training.recipe.reduce_bytes
+        pb = self.training.recipe.param_bytes
+
+        def time(op: str, message_bytes: float) -> float:
+            return self.hardware.collective_time_s(op, message_bytes, n, g)
+
+        if stage <= 1:
+            terms = {"grad_all_reduce": time("all_reduce", grad_bytes + 16)}
+            if stage == 1:
+                terms["param_broadcast"] = sum(time("broadcast", t * pb) for t in model_tensors(self.model))
+            return terms
+        terms = {"grad_reduce_scatter": time("reduce_scatter", grad_bytes)}
+        if stage == 2:
+            terms["param_all_gather"] = time("all_gather", params * pb)
+        return terms
+
+    def notes(self) -> list[str]:
+        """What a plan priced by this model should say about how far to trust it."""
+        stage = self.training.zero_stage
+        if stage in EXECUTED_ZERO_STAGES:
+            return []
+        return [f"ZeRO stage {stage}: simulation only; dcp.executor runs stages "
+                f"{' and '.join(map(str, EXECUTED_ZERO_STAGES))} (its collectives are priced as torch FSDP2 "
+                "would issue them, parameter gathers exposed)"]
 
     def _check(self, tokens: float, sp_size: int, ckpt_layers: int) -> None:
         if sp_size < 1 or sp_size & (sp_size - 1) or sp_size > self.cluster.num_gpus:

@@ -33,12 +33,18 @@ def strategy_options(name: str) -> StrategyOptions:
 
 def solve(batch: Sequence[Sample], cluster: Cluster, cost_model: CostModel,
           options: StrategyOptions | None = None) -> Plan:
-    """Plan one global batch. A pure function: the same inputs give the same plan."""
+    """Plan one global batch. A pure function: the same inputs give the same plan. The plan's notes
+    end with the cost model's own (e.g. that a ZeRO-3 plan is simulation only)."""
     if cluster != cost_model.cluster:
         raise ValueError("cluster differs from the one the cost model was built for")
     if not batch:
         raise ValueError("cannot plan an empty batch")
-    options = options or IlpOptions()
+    plan = _solve(batch, cost_model, options or IlpOptions())
+    plan.notes += [n for n in cost_model.notes() if n not in plan.notes]
+    return plan
+
+
+def _solve(batch: Sequence[Sample], cost_model: CostModel, options: StrategyOptions) -> Plan:
     if isinstance(options, IlpOptions):
         from dcp.planner.ilp import solve_ilp
 

@@ -3,8 +3,9 @@
 Each group runs its micro-batches back to back. A micro-batch is split the way the executor runs
 it: K forward layers (compute, then the layer's all-to-alls), the head and per-micro-batch fixed
 cost, then K backward layers, the r checkpointed ones preceded by their forward recompute (its
-all-to-alls included, DeepSpeed-Ulysses re-runs them). The step ends with one gradient
-all-reduce that starts when the slowest group finishes; every other rank waits idle until then.
+all-to-alls included, DeepSpeed-Ulysses re-runs them). The step ends with its data-parallel
+synchronization (`CostModel.grad_sync_s`: the gradient all-reduce, and for ZeRO-1 the parameter
+broadcast) that starts when the slowest group finishes; every other rank waits idle until then.
 """
 
 from __future__ import annotations
@@ -81,15 +82,16 @@ def microbatch_phases(cm: CostModel, tokens: int, pairs: int, sp_size: int,
     From CostModel.layer_times: per layer a forward and a backward compute time and one
     direction's all-to-alls. Head and loss (per token) and the per-micro-batch fixed cost have no
     per-layer split and are lumped as forward compute. ZeRO-3 gathers every layer's parameters
-    before the forward and the backward pass, and the checkpointed layers' again for recompute."""
+    before the forward and the backward pass (a checkpointed layer recomputes inside its backward,
+    after that pass's gather)."""
     k, r, p, f = cm.model.num_layers, ckpt_layers, sp_size, cm.fit
     lt = cm.layer_times(tokens, pairs, p)
     head = f.head_per_token_s * tokens / p + f.microbatch_fixed_s
     gather = cm.param_gather_s()
     phases: list[tuple[EventKind, float]] = [
         ("param_gather", gather), ("forward", k * lt.fwd_compute_s + head), ("all_to_all", k * lt.comm_s),
-        ("param_gather", r / k * gather), ("recompute", r * lt.rec_compute_s), ("all_to_all", r * lt.comm_s),
-        ("param_gather", gather), ("backward", k * lt.bwd_compute_s), ("all_to_all", k * lt.comm_s),
+        ("param_gather", gather), ("recompute", r * lt.rec_compute_s), ("all_to_all", r * lt.comm_s),
+        ("backward", k * lt.bwd_compute_s), ("all_to_all", k * lt.comm_s),
     ]
     # The split is derived independently of linear_time; they must agree.
     total, expected = sum(s for _, s in phases), cm.time_s(tokens, pairs, p, r)

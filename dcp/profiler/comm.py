@@ -1,17 +1,16 @@
-"""All-to-all (and gradient all-reduce) microbenchmarks under torch.distributed, and their fit.
+"""Collective microbenchmarks under torch.distributed: the bus-bandwidth curves a profile keeps.
 
-Ulysses SP moves every activation through all-to-alls inside the SP group (REFERENCES.md,
-DeepSpeed-Ulysses). Per call, a rank holding m bytes keeps m/p and sends m (p-1)/p, so
+The cost model prices every collective the executor issues from bus bandwidth against message
+size (dcp.costmodel.collectives, nccl-tests' conventions), keyed by the group's shape: GPUs per
+node and nodes. Here we measure the same curves: the Ulysses all-to-all for every aligned
+power-of-two group size (all blocks of a size at once, as a plan's groups run, so shared links
+are measured under the contention training sees), and the step's world collectives (all-reduce,
+reduce-scatter, all-gather, broadcast), each over a geometric range of message sizes. A point's
+bus bandwidth is size x factor(n) / seconds, the slowest rank's median; the profile stores the
+points, and the cost model interpolates them (or fits latency + bytes / bandwidth, which keeps
+its micro-batch model linear in tokens).
 
-    t(m, p) = lat(p) + m (p-1)/p / bw(p)
-
-which is the cost model's comm term (DESIGN.md, "The cost model"). We fit lat and bw per group
-size p by NNLS over a range of message sizes, and report groups inside a node (NVLink) and
-groups spanning nodes (InfiniBand) separately, because their bandwidths differ by 10x (FlexSP,
-arXiv 2412.01523: 119.5 GB/s for 2 GPUs in a node, 10.3 GB/s for 16 across nodes).
-
-All aligned blocks of size p run their all-to-alls at the same time, as a plan's groups do,
-so shared links (NICs, PCIe switches) are measured under the contention training sees.
+On CPUs this runs over gloo (the tests do), on GPUs over NCCL under torchrun.
 """
 
 from __future__ import annotations
@@ -25,30 +24,24 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from dcp.profiler.fitting import fit_nnls
+from dcp.costmodel import COLLECTIVES, CollectiveCurve, bus_factor, group_shape
 from dcp.profiler.timing import Stopwatch
 
 
 @dataclass(frozen=True)
-class A2APoint:
-    """One all-to-all measurement: the slowest rank's median over repeats."""
+class CommPoint:
+    """One collective measurement: the slowest rank's median over repeats."""
 
+    op: str
     group_size: int
     message_bytes: int
-    """Bytes each rank holds before the call (it sends (p-1)/p of them)."""
+    """nccl-tests' size: the buffer for all-reduce, all-to-all and broadcast, the whole (n-shard)
+    input of a reduce-scatter and output of an all-gather."""
     seconds: float
 
-
-@dataclass(frozen=True)
-class A2AFit:
-    """lat + bytes_sent / bw for one group size."""
-
-    group_size: int
-    intra_node: bool
-    latency_s: float
-    bw_bytes_per_s: float
-    r2: float
-    mape: float
+    @property
+    def bus_bw_bytes_per_s(self) -> float:
+        return self.message_bytes * bus_factor(self.op, self.group_size) / self.seconds
 
 
 def aligned_blocks(world: int, size: int) -> list[list[int]]:
@@ -94,56 +87,71 @@ def _all_to_all(out: torch.Tensor, x: torch.Tensor, group: dist.ProcessGroup | N
         dist.all_to_all_single(out, x, group=group)
 
 
-def measure_all_to_all(message_bytes: Sequence[int], *, device: torch.device, dtype: torch.dtype,
-                       warmup: int = 2, repeats: int = 5, progress: object = None) -> list[A2APoint]:
-    """Time all_to_all_single for every aligned power-of-two group size and message size.
+def _world_call(op: str, m: int, device: torch.device, dtype: torch.dtype) -> tuple[Callable[[], object], int]:
+    """A world collective on about `m` bytes (whole elements, divisible by the world) and its
+    exact size in nccl-tests' terms."""
+    world, elem = dist.get_world_size(), torch.empty((), dtype=dtype).element_size()
+    n = max(world, (m // elem) // world * world)
+    full, shard = torch.ones(n, dtype=dtype, device=device), torch.ones(n // world, dtype=dtype, device=device)
+    # torch renamed the tensor variants (2.13: *_single); either name takes the same arguments.
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    calls: dict[str, Callable[[], object]] = {
+        "all_reduce": lambda: dist.all_reduce(full),
+        "reduce_scatter": lambda: reduce_scatter(shard, full),
+        "all_gather": lambda: all_gather(full, shard),
+        "broadcast": lambda: dist.broadcast(full, src=0),
+    }
+    return calls[op], n * elem
+
+
+def measure_collectives(message_bytes: Sequence[int], *, device: torch.device, dtype: torch.dtype,
+                        warmup: int = 2, repeats: int = 5, progress: object = None) -> list[CommPoint]:
+    """Time all_to_all_single for every aligned power-of-two group size, and the world's
+    all-reduce, reduce-scatter, all-gather and broadcast, at every message size.
 
     Every rank of the (initialized) default process group must call this with the same
     arguments: every rank creates every group, in the same order, as torch requires."""
     world, rank = dist.get_world_size(), dist.get_rank()
     elem = torch.empty((), dtype=dtype).element_size()
     sizes = [1 << i for i in range(1, world.bit_length()) if (1 << i) <= world]
-    points: list[A2APoint] = []
-    task = progress.add_task("all-to-all", total=len(sizes) * len(message_bytes)) if progress else None
+    world_ops = [op for op in COLLECTIVES if op != "all_to_all"]
+    points: list[CommPoint] = []
+    total = (len(sizes) + len(world_ops)) * len(message_bytes)
+    task = progress.add_task("collectives", total=total) if progress else None
+
+    def record(op: str, p: int, nbytes: int, call: Callable[[], object]) -> None:
+        points.append(CommPoint(op, p, nbytes, _slowest(_timed(call, device, warmup, repeats), device)))
+        if progress is not None:
+            progress.advance(task)  # type: ignore[attr-defined]
+
     for p in sizes:
         groups = [dist.new_group(ranks) for ranks in aligned_blocks(world, p)]
         mine = groups[rank // p] if rank < len(groups) * p else None
         for m in message_bytes:
             n = max(p, (m // elem) // p * p)  # whole elements, divisible among p ranks
             x = torch.ones(n, dtype=dtype, device=device)
-            out = torch.empty_like(x)
-            call = functools.partial(_all_to_all, out, x, mine)
-            t = _slowest(_timed(call, device, warmup, repeats), device)
-            points.append(A2APoint(p, n * elem, t))
-            if progress is not None:
-                progress.advance(task)  # type: ignore[attr-defined]
+            record("all_to_all", p, n * elem, functools.partial(_all_to_all, torch.empty_like(x), x, mine))
+    for op in world_ops:
+        for m in message_bytes:
+            call, nbytes = _world_call(op, m, device, dtype)
+            record(op, world, nbytes, call)
     return points
 
 
-def measure_allreduce_bw(message_bytes: int, *, device: torch.device, dtype: torch.dtype,
-                         warmup: int = 2, repeats: int = 5) -> float:
-    """Bus bandwidth of a world all-reduce: a ring moves 2 (N-1)/N of the bytes per rank (the
-    cost model's grad_sync_s uses the same convention)."""
-    world = dist.get_world_size()
-    elem = torch.empty((), dtype=dtype).element_size()
-    x = torch.ones(max(1, message_bytes // elem), dtype=dtype, device=device)
-    t = _slowest(_timed(lambda: dist.all_reduce(x), device, warmup, repeats), device)
-    return 2 * (world - 1) / world * x.nelement() * elem / t
-
-
-def fit_all_to_all(points: Sequence[A2APoint], gpus_per_node: int) -> dict[int, A2AFit]:
-    """Latency and bandwidth per group size (NNLS of t on [1, bytes sent])."""
-    fits = {}
-    for p in sorted({pt.group_size for pt in points}):
-        pts = [pt for pt in points if pt.group_size == p]
-        sent = [pt.message_bytes * (p - 1) / p for pt in pts]
-        f = fit_nnls([[1.0, s] for s in sent], [pt.seconds for pt in pts], ("latency", "per_byte"))
-        lat, per_byte = f.coef
-        # A zero slope (all sizes equally fast: latency-bound range) gives no bandwidth
-        # information; report the fastest observed rate rather than infinity.
-        bw = 1.0 / per_byte if per_byte > 0 else max(s / pt.seconds for s, pt in zip(sent, pts, strict=True))
-        fits[p] = A2AFit(p, p <= gpus_per_node, lat, bw, f.r2, f.mape)
-    return fits
+def curves_from_points(points: Sequence[CommPoint], gpus_per_node: int, source: str) -> list[CollectiveCurve]:
+    """One curve per (collective, group size), keyed by the group's shape in nodes of
+    `gpus_per_node`; a size measured twice keeps its faster point (sizes must increase)."""
+    curves = []
+    for op, p in sorted({(pt.op, pt.group_size) for pt in points}):
+        best: dict[int, float] = {}
+        for pt in points:
+            if (pt.op, pt.group_size) == (op, p):
+                best[pt.message_bytes] = max(best.get(pt.message_bytes, 0.0), pt.bus_bw_bytes_per_s)
+        g, nodes = group_shape(p, gpus_per_node)
+        curves.append(CollectiveCurve(op=op, gpus_per_node=g, nodes=nodes, points=tuple(sorted(best.items())),
+                                      source=f"{source}: {op} among {p} ranks, {min(best)}..{max(best)} bytes"))
+    return curves
 
 
 def init_from_torchrun(device: str) -> bool:

@@ -123,33 +123,37 @@ def device_description(device: torch.device) -> str:
     return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} torch thread(s)"
 
 
+def stamp(device: torch.device) -> str:
+    """"measured <date> by dcp profile on <device>", the start of every measured source."""
+    return f"measured {datetime.date.today().isoformat()} by dcp profile on {device_description(device)}"
+
+
 def build_profile(base: HardwareProfile, bench: LayerBench, report: LayerFitReport,
                   points: Sequence[LayerPoint], model_points: Sequence[ModelPoint], opts: ProfileOptions,
                   *, spec: ModelSpec | None = None, device_bench: Any = None, comm_result: Any = None
                   ) -> HardwareProfile:
     """The base profile with this measurement's fit, device numbers and network numbers."""
     o = opts.resolved()
-    today = datetime.date.today().isoformat()
     where = device_description(bench.device)
-    stamp = f"measured {today} by dcp profile on {where}"
+    when = stamp(bench.device)
     fields: dict[str, Any] = {}
     sources = dict(base.sources)
     measured = [f"fits.{bench.name}"]
     if device_bench is not None:
         for f, note in device_bench.notes.items():
             fields[f] = getattr(device_bench, f)
-            sources[f] = f"{stamp}: {note}"
+            sources[f] = f"{when}: {note}"
             measured.append(f)
     fit = report.fit
     # c0 of the FLOP-derived fits of other models: this layer's measured forward fixed cost.
     fields["kernel_overhead_s"] = fit.fwd_fixed_s
-    sources["kernel_overhead_s"] = f"{stamp}: fixed forward cost of one {bench.name} layer"
+    sources["kernel_overhead_s"] = f"{when}: fixed forward cost of one {bench.name} layer"
     measured.append("kernel_overhead_s")
     comm_meta: dict[str, Any]
     if comm_result is not None:
         comm_fields, comm_sources, comm_meta = comm_result
         fields.update(comm_fields)
-        sources.update({k: f"{stamp}: {v}" for k, v in comm_sources.items()})
+        sources.update({k: f"{when}: {v}" for k, v in comm_sources.items()})
         measured += list(comm_fields)
     else:
         comm_meta = {"measured": False, "why": "one device (world size 1): communication numbers kept "
@@ -171,6 +175,7 @@ def build_profile(base: HardwareProfile, bench: LayerBench, report: LayerFitRepo
         "measured": measured,
         "from_preset": [f for f in all_fields if f not in measured and f not in ("device", "heldout_mape")],
         "mape_threshold": MAPE_THRESHOLD, "warnings": warnings, "comm": comm_meta,
+        "attention_sweep": device_bench.attention_points if device_bench is not None else None,
         "fits": {**prior, bench.name: fit_meta},
     }
     mapes = [f.heldout_mape for f in fits.values() if f.heldout_mape is not None]
@@ -178,37 +183,35 @@ def build_profile(base: HardwareProfile, bench: LayerBench, report: LayerFitRepo
                    sources=sources, fits=fits, meta=meta, heldout_mape=max(mapes) if mapes else None, **fields)
 
 
-def measure_comm(device: torch.device, dtype: torch.dtype, *, quick: bool, progress: Any = None
-                 ) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]] | None:
-    """All-to-all and all-reduce fields when running distributed (world > 1), else None."""
+def measure_comm(device: torch.device, dtype: torch.dtype, *, quick: bool, base: HardwareProfile,
+                 progress: Any = None) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]] | None:
+    """Collective curves (and GPUs per node) when running distributed (world > 1), else None. The
+    measured curves replace the base profile's of the same collective and shape; the rest stay."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return None
     world = dist.get_world_size()
     g = comm.gpus_per_node_from_env(device, world)
     top = 26 if device.type == "cuda" else 20  # 64 MiB on GPUs, 1 MiB over gloo
     sizes = [1 << i for i in range(top - (6 if quick else 10), top + 1, 2)]
-    points = comm.measure_all_to_all(sizes, device=device, dtype=dtype, repeats=3 if quick else 5,
-                                     progress=progress)
-    fits = comm.fit_all_to_all(points, g)
-    allreduce = comm.measure_allreduce_bw(1 << top, device=device, dtype=dtype)
-    intra = {p: f for p, f in fits.items() if f.intra_node}
-    inter = {p: f for p, f in fits.items() if not f.intra_node}
-    fields: dict[str, Any] = {"allreduce_bw_bytes_per_s": allreduce}
-    src = {"allreduce_bw_bytes_per_s": f"all_reduce of {1 << top >> 20} MiB over {world} ranks, 2(N-1)/N bus bytes"}
+    points = comm.measure_collectives(sizes, device=device, dtype=dtype, repeats=3 if quick else 5,
+                                      progress=progress)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    curves = comm.curves_from_points(points, g, f"{stamp(device)}: {backend}, every aligned block at once")
+    shapes = {(c.op, c.gpus_per_node, c.nodes) for c in curves}
+    kept = [c for c in base.collectives if (c.op, c.gpus_per_node, c.nodes) not in shapes]
+    fields: dict[str, Any] = {"collectives": tuple(curves + kept)}
+    src = {"collectives": f"{len(curves)} curves measured over {world} ranks ({g} per node), {sizes[0]}.."
+                          f"{sizes[-1]} bytes; {len(kept)} kept from {base.name!r} (each curve names its source)"}
     if device.type == "cuda":
         # A node's GPUs, not this run's ranks per node (CPU 'nodes' keep the preset's convention).
         fields["gpus_per_node"] = torch.cuda.device_count()
         src["gpus_per_node"] = "torch.cuda.device_count() on the profiled node"
-    for kind, group in (("intra", intra), ("inter", inter)):
-        if group:
-            fields[f"a2a_bw_{kind}_bytes_per_s"] = {p: f.bw_bytes_per_s for p, f in group.items()}
-            fields[f"a2a_latency_{kind}_s"] = sorted(f.latency_s for f in group.values())[len(group) // 2]
-            what = f"all_to_all_single NNLS fit, groups of {sorted(group)} ranks, {sizes[0]}..{sizes[-1]} bytes"
-            src[f"a2a_bw_{kind}_bytes_per_s"] = src[f"a2a_latency_{kind}_s"] = what
+    fits = {f"{c.op}:{c.gpus_per_node}x{c.nodes}": dict(zip(("latency_s", "bus_bw_bytes_per_s"), c.alpha_beta(),
+                                                           strict=True)) for c in curves}
     meta = {"measured": True, "world": world, "gpus_per_node": g, "points": [asdict(p) for p in points],
-            "fits": {str(p): asdict(f) for p, f in fits.items()}, "allreduce_bw_bytes_per_s": allreduce}
-    if not inter:
-        meta["inter_node"] = "no group spans nodes here: inter-node numbers kept from the base preset"
+            "alpha_beta": fits}
+    if not any(c.nodes > 1 for c in curves):
+        meta["inter_node"] = "no group spans nodes here: curves across nodes kept from the base preset"
     return fields, src, meta
 
 
@@ -217,7 +220,7 @@ def profile_bench(bench: LayerBench, base: HardwareProfile, opts: ProfileOptions
     """Profile any model given as a `LayerBench` (the Python API behind `dcp profile`)."""
     o = opts.resolved()
     assert o.dtype is not None
-    comm_result = measure_comm(bench.device, DTYPES[o.dtype], quick=o.quick, progress=progress)
+    comm_result = measure_comm(bench.device, DTYPES[o.dtype], quick=o.quick, base=base, progress=progress)
     if dist.is_initialized() and dist.get_rank() != 0:
         return base  # the network is measured together; compute once, on rank 0
     with cpu_threads(bench.device, o.threads):
