@@ -121,7 +121,7 @@ def test_bad_lengths_file(tmp_path: Path, text: str, culprit: str) -> None:
 def test_sample_that_fits_nowhere(tmp_path: Path) -> None:
     path = tmp_path / "long.txt"
     path.write_text("1000\n9000000\n2000\n")
-    out = run_bad("plan", "--workload", str(path), "--gpus", "8", "--strategy", "dcp-greedy")
+    out = run_bad("plan", "--workload", str(path), "--gpus", "8", "--strategy", "dcp-greedy", "--global-batch", "3")
     assert "sample 1 (9000000 tokens) fits nowhere" in out and "GB per GPU" in out
 
 

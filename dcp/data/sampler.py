@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import numbers
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,24 +24,28 @@ import numpy as np
 from dcp.costmodel import CostModel, attention_pairs
 from dcp.data.local import LocalBatch, local_samples
 from dcp.data.prefetch import PlanAhead, Planner, SolvePlanner
-from dcp.data.workloads import Sample, Workload, cut_batches
+from dcp.data.workloads import Sample, Workload, cut_batches, read_lengths
 from dcp.planner.common import allowed_sp_sizes, check_feasible
-from dcp.planner.options import StrategyOptions
+from dcp.planner.options import StrategyOptions, with_dataset
 from dcp.planner.plan import InfeasibleError, Plan
 
 log = logging.getLogger(__name__)
 
-LengthSource = Sequence[int] | np.ndarray | str | Callable[[int], int]
-"""Per-sample counts: an array, a dataset column name, or a function of the sample index."""
+LengthSource = Sequence[int] | np.ndarray | str | Path | Callable[[int], int]
+"""Per-sample counts: an array, a dataset column name, a lengths file, or a function of the index."""
 
 
 def resolve_lengths(source: LengthSource, dataset: Any = None, what: str = "lengths") -> np.ndarray:
-    """Counts for every sample as an int64 array. A column name reads `dataset[name]` when the
-    dataset has columns (HF datasets), else `dataset[i][name]`; a function is called per index."""
-    if isinstance(source, str) or callable(source):
+    """Counts for every sample as an int64 array. A string is a dataset column name (read as
+    `dataset[name]` when the dataset has columns, HF datasets, else `dataset[i][name]`) or, with
+    no dataset, a lengths file (`dcp.data.read_lengths`); a function is called per index."""
+    if isinstance(source, (str, Path)) and dataset is None:
+        if not Path(source).is_file():
+            raise ValueError(f"{what} {str(source)!r}: no such lengths file (a column name needs dataset=...)")
+        values: Any = read_lengths(source)
+    elif isinstance(source, str) or callable(source):
         if dataset is None:
-            raise ValueError(f"{what} given as {'column ' + repr(source) if isinstance(source, str) else 'a function'} "
-                             f"needs the dataset")
+            raise ValueError(f"{what} given as a function needs the dataset (dataset=...)")
         n = len(dataset)
         if isinstance(source, str):
             try:
@@ -50,9 +56,24 @@ def resolve_lengths(source: LengthSource, dataset: Any = None, what: str = "leng
             values = [source(i) for i in range(n)]
     else:
         values = list(source)
-    out = np.asarray(values, dtype=np.int64)
-    if out.ndim != 1 or len(out) == 0:
+    try:
+        raw = np.asarray(values)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{what} must be a 1-D sequence of integers ({e})") from None
+    if raw.ndim != 1 or len(raw) == 0:
         raise ValueError(f"{what} must be a non-empty 1-D sequence of integers")
+    if raw.dtype.kind not in "iuf" or raw.dtype == bool:
+        bad = next(i for i, v in enumerate(raw.tolist()) if isinstance(v, bool) or not isinstance(v, (int, float)))
+        raise ValueError(f"sample {bad}: {what} {raw[bad]!r} is not an integer")
+    if raw.dtype.kind == "f":
+        # A float column (pandas makes one easily) is fine while it holds whole numbers; truncating
+        # 100.7 to 100 would plan a sample that is not the one trained.
+        fractional = np.flatnonzero(~np.isfinite(raw) | (raw != np.round(raw)))
+        if len(fractional):
+            raise ValueError(f"sample {fractional[0]}: {what} {raw[fractional[0]]} is not a whole number")
+    if raw.dtype.kind != "i" and len(raw) and np.abs(raw).max() >= 2**63:
+        raise ValueError(f"{what}: {raw.max()} is too large for a token count")
+    out = raw.astype(np.int64)
     if dataset is not None and len(out) != len(dataset):
         raise ValueError(f"{len(out)} {what} for a dataset of {len(dataset)} samples")
     bad = np.flatnonzero(out <= 0)
@@ -130,14 +151,15 @@ class GlobalBatchSampler:
         plan_ahead: steps planned beyond the one training; workers: planner processes (0: plan
         inline when a step needs its plan). skip_unfittable: drop (and log) samples that fit
         nowhere instead of refusing to start."""
-        from dcp.planner import strategy_options
+        from dcp.planner.inputs import check_options
 
         if (batch_size is None) == (token_budget is None):
             raise ValueError("give exactly one of batch_size (samples) or token_budget (tokens)")
-        if (batch_size or token_budget or 0) <= 0:
-            raise ValueError(f"global batch size must be positive, got {batch_size or token_budget}")
-        if seed < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}")
+        for name, value in (("batch_size", batch_size), ("token_budget", token_budget)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
         self.cost_model = cost_model
         self.tokens = resolve_lengths(lengths, dataset, "lengths")
         self.frames = (np.ones_like(self.tokens) if frames is None
@@ -150,8 +172,7 @@ class GlobalBatchSampler:
             raise ValueError(f"sample {i}: {self.tokens[i]} tokens are not {self.frames[i]} equal frames")
         self.batch_size, self.token_budget = batch_size, token_budget
         self.seed, self.epoch, self.step = seed, 0, 0
-        options = strategy_options(strategy) if isinstance(strategy, str) else strategy
-        self.options = options
+        options = check_options(strategy)
 
         bad = unfittable_ids(self.tokens, cost_model, options.sp_sizes)
         if len(bad) and not skip_unfittable:
@@ -168,6 +189,8 @@ class GlobalBatchSampler:
         self.ids = np.setdiff1d(np.arange(len(self.tokens)), bad)
         if len(self.ids) == 0:
             raise InfeasibleError("no sample fits the cluster")
+        # The static baselines (bucket, packed) size their SP group for the longest sample trained.
+        self.options = options = with_dataset(options, int(self.tokens[self.ids].max()))
         self._ahead = PlanAhead(planner or SolvePlanner(cost_model, options), workers=workers,
                                 depth=plan_ahead, mp_context=mp_context, timeout_s=plan_timeout_s)
         self._cache: tuple[int, list[np.ndarray]] | None = None
