@@ -13,74 +13,23 @@ from __future__ import annotations
 import hashlib
 import logging
 import numbers
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from dcp.costmodel import CostModel, attention_pairs
+from dcp.data.lengths import LengthSource, resolve_lengths
 from dcp.data.local import LocalBatch, local_samples
 from dcp.data.prefetch import PlanAhead, Planner, SolvePlanner
-from dcp.data.workloads import Sample, Workload, cut_batches, read_lengths
+from dcp.data.workloads import Sample, Workload, cut_batches
 from dcp.planner.common import allowed_sp_sizes, check_feasible
 from dcp.planner.options import StrategyOptions, with_dataset
 from dcp.planner.plan import InfeasibleError, Plan
 
 log = logging.getLogger(__name__)
-
-LengthSource = Sequence[int] | np.ndarray | str | Path | Callable[[int], int]
-"""Per-sample counts: an array, a dataset column name, a lengths file, or a function of the index."""
-
-
-def resolve_lengths(source: LengthSource, dataset: Any = None, what: str = "lengths") -> np.ndarray:
-    """Counts for every sample as an int64 array. A string is a dataset column name (read as
-    `dataset[name]` when the dataset has columns, HF datasets, else `dataset[i][name]`) or, with
-    no dataset, a lengths file (`dcp.data.read_lengths`); a function is called per index."""
-    if isinstance(source, (str, Path)) and dataset is None:
-        if not Path(source).is_file():
-            raise ValueError(f"{what} {str(source)!r}: no such lengths file (a column name needs dataset=...)")
-        values: Any = read_lengths(source)
-    elif isinstance(source, str) or callable(source):
-        if dataset is None:
-            raise ValueError(f"{what} given as a function needs the dataset (dataset=...)")
-        n = len(dataset)
-        if isinstance(source, str):
-            try:
-                values = list(dataset[source])
-            except (KeyError, TypeError, IndexError, ValueError):
-                values = [dataset[i][source] for i in range(n)]
-        else:
-            values = [source(i) for i in range(n)]
-    else:
-        values = list(source)
-    try:
-        raw = np.asarray(values)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{what} must be a 1-D sequence of integers ({e})") from None
-    if raw.ndim != 1 or len(raw) == 0:
-        raise ValueError(f"{what} must be a non-empty 1-D sequence of integers")
-    if raw.dtype.kind not in "iuf" or raw.dtype == bool:
-        bad = next(i for i, v in enumerate(raw.tolist()) if isinstance(v, bool) or not isinstance(v, (int, float)))
-        raise ValueError(f"sample {bad}: {what} {raw[bad]!r} is not an integer")
-    if raw.dtype.kind == "f":
-        # A float column (pandas makes one easily) is fine while it holds whole numbers; truncating
-        # 100.7 to 100 would plan a sample that is not the one trained.
-        fractional = np.flatnonzero(~np.isfinite(raw) | (raw != np.round(raw)))
-        if len(fractional):
-            raise ValueError(f"sample {fractional[0]}: {what} {raw[fractional[0]]} is not a whole number")
-    if raw.dtype.kind != "i" and len(raw) and np.abs(raw).max() >= 2**63:
-        raise ValueError(f"{what}: {raw.max()} is too large for a token count")
-    out = raw.astype(np.int64)
-    if dataset is not None and len(out) != len(dataset):
-        raise ValueError(f"{len(out)} {what} for a dataset of {len(dataset)} samples")
-    bad = np.flatnonzero(out <= 0)
-    if len(bad):
-        raise ValueError(f"sample {bad[0]} has non-positive {what} {out[bad[0]]}")
-    return out
-
 
 def unfittable_ids(tokens: np.ndarray, cm: CostModel, sp_sizes: Sequence[int] | None = None) -> np.ndarray:
     """Ids of samples that fit nowhere: not even alone at the largest allowed SP size with every

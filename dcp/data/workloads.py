@@ -5,23 +5,18 @@ Never imports torch: the planner and the CLI use this module on machines without
 
 from __future__ import annotations
 
-import csv
-import gzip
-import io
-import json
 import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from dcp.costmodel import attention_pairs
+from dcp.data.lengths import WorkloadError, read_lengths
 
-
-class WorkloadError(ValueError):
-    """A workload spec or lengths file is invalid."""
+__all__ = ["Sample", "Workload", "WorkloadError", "cut_batches", "global_batches", "load_workload", "lognormal",
+           "opensora", "read_lengths", "wikipedia"]
 
 
 @dataclass(frozen=True)
@@ -67,143 +62,12 @@ class Workload:
 
 
 # --------------------------------------------------------------------------------------------
-# Lengths files
+# Built-in workloads
 # --------------------------------------------------------------------------------------------
-
 
 MAX_GENERATED_SAMPLES = 10_000_000
 """Built-in workloads draw at most this many samples (100x the shipped Wikipedia sample; more
 would take gigabytes, and a few global batches need only thousands)."""
-MAX_LENGTH = 2**63 - 1
-"""Lengths are int64 everywhere (numpy arrays, the sampler's fingerprint)."""
-
-
-def _parse_int(value: Any, where: str) -> int:
-    """A positive integer length from a file's text (or a parquet/JSON value): "512", 512, and
-    whole decimals such as "512.0" (what a float column writes) are accepted."""
-    text = value.strip() if isinstance(value, str) else value
-    if text is None or text == "":
-        raise WorkloadError(f"{where}: empty, not a length")
-    if isinstance(text, bool):
-        raise WorkloadError(f"{where}: {text!r} is not an integer length")
-    if isinstance(text, int):
-        number = text
-    else:
-        try:
-            number = int(text) if isinstance(text, str) else None  # int(512.7) would truncate
-        except ValueError:
-            number = None
-        if number is None:
-            try:
-                real = float(text)
-            except (TypeError, ValueError):
-                real = math.inf
-            if not (math.isfinite(real) and real == int(real)):
-                shown = "empty" if real != real else repr(str(text)[:40])
-                raise WorkloadError(f"{where}: {shown} is not an integer length")
-            number = int(real)
-    if number <= 0:
-        raise WorkloadError(f"{where}: length {number} must be positive")
-    if number > MAX_LENGTH:
-        raise WorkloadError(f"{where}: length {number} is too large (more than 2^63 - 1 tokens)")
-    return number
-
-
-def _read_text(path: Path, opener: Any = open) -> str:
-    try:
-        with opener(path, "rt") as f:
-            return f.read()
-    except (OSError, UnicodeDecodeError, EOFError) as e:
-        raise WorkloadError(f"lengths file {path}: cannot read ({e})") from e
-
-
-def _read_csv(path: Path) -> list[int]:
-    """A `tokens` column (or the only column; a first line that is a number is data, not a header)."""
-    rows = [(n, row) for n, row in enumerate(csv.reader(io.StringIO(_read_text(path))), 1) if any(c.strip() for c in row)]
-    if not rows:
-        return []
-    header = [c.strip() for c in rows[0][1]]
-    if len(header) == 1 and _is_number(header[0]):
-        column, data = 0, rows
-    elif "tokens" in header:
-        column, data = header.index("tokens"), rows[1:]
-    elif len(header) == 1:
-        column, data = 0, rows[1:]
-    else:
-        raise WorkloadError(f"lengths file {path}: no 'tokens' column among {header}")
-    return [_parse_int(row[column] if column < len(row) else "", f"{path} line {n}") for n, row in data]
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _read_parquet(path: Path) -> list[int]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise WorkloadError(f"lengths file {path}: reading .parquet needs pyarrow: "
-                            "pip install 'dcp[parquet]'") from None
-    try:
-        table = pq.read_table(path)
-    except Exception as e:  # pyarrow raises several types for a file that is not parquet
-        raise WorkloadError(f"lengths file {path}: cannot read ({e})") from e
-    names = table.column_names
-    if "tokens" in names:
-        column = table.column("tokens")
-    elif len(names) == 1:
-        column = table.column(0)
-    else:
-        raise WorkloadError(f"lengths file {path}: no 'tokens' column among {names}")
-    return [_parse_int(v, f"{path} row {n}") for n, v in enumerate(column.to_pylist(), 1)]
-
-
-def read_lengths(path: str | Path) -> np.ndarray:
-    """Token counts from a file: .txt/.txt.gz (one integer per line), .csv, .parquet or .jsonl
-    (a `tokens` column; a CSV with a single column may omit the header). Blank lines are skipped."""
-    if not str(path).strip():
-        raise WorkloadError("no lengths file given (an empty path)")
-    path = Path(path)
-    if path.is_dir():
-        raise WorkloadError(f"lengths file {path} is a directory")
-    if not path.is_file():
-        raise WorkloadError(f"lengths file {path} does not exist")
-    name = path.name.lower()
-    if name.endswith((".txt", ".txt.gz")):
-        text = _read_text(path, gzip.open if name.endswith(".gz") else open)
-        values = [_parse_int(line, f"{path} line {n}") for n, line in enumerate(text.splitlines(), 1) if line.strip()]
-    elif name.endswith(".jsonl"):
-        values = []
-        for n, line in enumerate(_read_text(path).splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                raise WorkloadError(f"{path} line {n}: not valid JSON") from None
-            if not isinstance(row, dict) or "tokens" not in row:
-                raise WorkloadError(f"{path} line {n}: no 'tokens' field")
-            if isinstance(row["tokens"], bool) or not isinstance(row["tokens"], (int, float, str)):
-                raise WorkloadError(f"{path} line {n}: tokens {row['tokens']!r} is not an integer length")
-            values.append(_parse_int(row["tokens"], f"{path} line {n}"))
-    elif name.endswith(".csv"):
-        values = _read_csv(path)
-    elif name.endswith(".parquet"):
-        values = _read_parquet(path)
-    else:
-        raise WorkloadError(f"lengths file {path}: unknown format (use .txt, .txt.gz, .csv, .parquet or .jsonl)")
-    if not values:
-        raise WorkloadError(f"lengths file {path} holds no lengths")
-    return np.asarray(values, dtype=np.int64)
-
-
-# --------------------------------------------------------------------------------------------
-# Built-in workloads
-# --------------------------------------------------------------------------------------------
 
 
 def wikipedia() -> Workload:

@@ -1,11 +1,11 @@
 """All-to-all (and gradient all-reduce) microbenchmarks under torch.distributed, and their fit.
 
-Ulysses SP moves every activation through all-to-alls inside the SP group (REFERENCES.md,
-DeepSpeed-Ulysses). Per call, a rank holding m bytes keeps m/p and sends m (p-1)/p, so
+Ulysses SP moves every activation through all-to-alls inside the SP group (DeepSpeed-Ulysses,
+arXiv 2309.14509). Per call, a rank holding m bytes keeps m/p and sends m (p-1)/p, so
 
     t(m, p) = lat(p) + m (p-1)/p / bw(p)
 
-which is the cost model's comm term (DESIGN.md, "The cost model"). We fit lat and bw per group
+which is the cost model's comm term (docs/design.md, "The cost model"). We fit lat and bw per group
 size p by NNLS over a range of message sizes, and report groups inside a node (NVLink) and
 groups spanning nodes (InfiniBand) separately, because their bandwidths differ by 10x (FlexSP,
 arXiv 2412.01523: 119.5 GB/s for 2 GPUs in a node, 10.3 GB/s for 16 across nodes).
