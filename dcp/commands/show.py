@@ -58,7 +58,7 @@ def show(plan_file: Path, step_index: int, gantt_path: Path | None, model: str |
     Example:
       dcp plan --steps 2 --format json -o plan.json
       dcp show plan.json --step 1 --gantt step1.png
-      dcp show plan.json --hardware h100-sxm
+      dcp show plan.json --zero-stage 2
     """
     check_output(gantt_path, "--gantt", FIGURE_SUFFIXES)
     doc = load_plan_document(plan_file)
@@ -138,5 +138,6 @@ def presets(name: str | None) -> None:
                 lines.append(_wrap(f"sources: {len(hw.sources)} numbers, e.g. memory: "
                                    f"{hw.sources.get('memory_bytes', 'not given')} (all: dcp presets {n})"))
             else:
-                lines += [_wrap(f"{field}: {text}") for field, text in hw.sources.items()]
+                lines.append("      sources:")
+                lines += [_wrap(f"{field}: {text}", "        ") for field, text in hw.sources.items()]
     click.echo("\n".join(lines))
