@@ -182,3 +182,23 @@ def test_compare_figure_marks_the_bound() -> None:
     assert bound_lines and bound_lines[0].get_ydata()[0] == pytest.approx(frame["mean_lower_bound_s"].max())
     with pytest.raises(ValueError, match="metric"):
         compare_figure(frame, metric="latency")
+
+
+def test_a_relative_profile_is_stored_relative_to_the_plan_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan written elsewhere records the profile's path from the plan's folder, so `dcp show` finds
+    that profile, and not a same-named file where it runs."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "plans").mkdir()
+    shutil.copy(NOTEBOOK_PROFILE, tmp_path / "a" / "prof.json")
+    monkeypatch.chdir(tmp_path / "a")
+    run("plan", "--hardware", "prof.json", "--model", "tiny-llama", "--gpus", "8", "--steps", "1",
+        "--global-batch", "16", "--workload", "lognormal:max=4096", "--strategy", "dcp-greedy",
+        "--format", "json", "-o", "../plans/plan.json")
+    assert json.loads((tmp_path / "plans" / "plan.json").read_text())["config"]["hardware"] == "../a/prof.json"
+    monkeypatch.chdir(tmp_path / "plans")
+    (tmp_path / "plans" / "prof.json").write_text("not the profile")  # a decoy in the current directory
+    assert "tiny-llama" in run("show", "plan.json").stdout.splitlines()[0]
+    printed = run("plan", "--hardware", "../a/prof.json", "--model", "tiny-llama", "--gpus", "8", "--steps", "1",
+                  "--global-batch", "16", "--workload", "lognormal:max=4096", "--strategy", "dcp-greedy",
+                  "--format", "json").stdout
+    assert json.loads(printed)["config"]["hardware"] == str(tmp_path / "a" / "prof.json")  # stdout: absolute

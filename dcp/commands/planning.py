@@ -198,7 +198,7 @@ def parse_strategies(text: str | None) -> list[str]:
               help="Also draw bars per strategy, the lower bound marked (.png, .svg or .pdf).")
 @click.option("--plot-metric", type=click.Choice(["step-time", "throughput"]), default="step-time",
               show_default=True, help="What the --plot bars show.")
-@help_parts(columns=COLUMN_HELP)
+@help_parts(strategies=STRATEGY_LIST, columns=COLUMN_HELP)
 def compare_cmd(strategies: str | None, plot: Path | None, plot_metric: str, **o: Any) -> None:
     """Run the same global batches through several strategies and compare them.
 
@@ -206,6 +206,8 @@ def compare_cmd(strategies: str | None, plot: Path | None, plot_metric: str, **o
     bucket parallel with one SP size for the whole training, the smallest that
     fits the workload's longest sample (the DCP paper's baseline;
     `bucket-per-batch` re-sizes it for every batch).
+
+    {strategies}
 
     {columns}
 

@@ -13,6 +13,7 @@ import gzip
 import io
 import json
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -184,8 +185,9 @@ def resolve_lengths(source: LengthSource, dataset: Any = None, what: str = "leng
     if raw.ndim != 1 or len(raw) == 0:
         raise ValueError(f"{what} must be a non-empty 1-D sequence of integers")
     if raw.dtype.kind not in "iuf" or raw.dtype == bool:
-        bad = next(i for i, v in enumerate(raw.tolist()) if isinstance(v, bool) or not isinstance(v, (int, float)))
-        raise ValueError(f"sample {bad}: {what} {raw[bad]!r} is not an integer")
+        items = list(values)
+        bad = next((i for i, v in enumerate(items) if isinstance(v, bool) or not isinstance(v, numbers.Real)), 0)
+        raise ValueError(f"sample {bad}: {what} {items[bad]!r} is not an integer")
     if raw.dtype.kind == "f":
         # A float column (pandas makes one easily) is fine while it holds whole numbers; truncating
         # 100.7 to 100 would plan a sample that is not the one trained.
