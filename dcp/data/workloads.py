@@ -221,23 +221,28 @@ def global_batches(workload: Workload, attention: str, *, batch_size: int | None
     batches = cut_batches(order, workload.tokens[order], batch_size=batch_size, token_budget=token_budget)
     if full_only:
         batches = _full_batches(workload, batches, batch_size, token_budget)[:steps]
-        over = [ids[0] for ids in batches if token_budget is not None and workload.tokens[ids].sum() > token_budget]
+        over = [ids[0] for ids in batches if token_budget is not None and _total(workload, ids) > token_budget]
         if over:
             raise WorkloadError(f"global token budget {token_budget:,} is less than sample {over[0]}'s "
                                 f"{workload.tokens[over[0]]:,} tokens: a global batch must hold its longest sample")
     return [workload.samples(attention, ids) for ids in batches[:steps]]
 
 
+def _total(workload: Workload, ids: np.ndarray | None = None) -> int:
+    """Tokens of `ids` (default all) as a Python int: an int64 sum of long samples can wrap."""
+    return sum((workload.tokens if ids is None else workload.tokens[ids]).tolist())
+
+
 def _full_batches(workload: Workload, batches: list[np.ndarray], batch_size: int | None,
                   token_budget: int | None) -> list[np.ndarray]:
     """`batches` without a last one that the end of the workload cut short; error if none is left."""
     last = batches[-1]
-    if len(last) < (batch_size or 0) or (token_budget is not None and workload.tokens[last].sum() < token_budget):
+    if len(last) < (batch_size or 0) or (token_budget is not None and _total(workload, last) < token_budget):
         batches = batches[:-1]
     if not batches:
         size = f"{batch_size:,} samples" if batch_size is not None else f"{token_budget:,} tokens"
         raise WorkloadError(f"workload {workload.name} holds {len(workload):,} samples of "
-                            f"{int(workload.tokens.sum()):,} tokens, less than one global batch of {size}")
+                            f"{_total(workload):,} tokens, less than one global batch of {size}")
     return batches
 
 
