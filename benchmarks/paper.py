@@ -4,7 +4,8 @@ with the cluster and the model.
     .venv/bin/python benchmarks/paper.py --out docs/     # JSON, docs/results.md, docs/figures/*.png
     .venv/bin/python benchmarks/paper.py --quick         # the 32-GPU table only (JSON + markdown)
 
-The paper's setting (shared/REFERENCES.md): 32 H200 in nodes of 8; a 1D (text) and a 2D (video)
+The paper's setting ("Training Variable Long Sequences With Data-centric Parallel", NUS; code
+NUS-HPC-AI-Lab/VideoSys, docs/dcp.md): 32 H200 in nodes of 8; a 1D (text) and a 2D (video)
 transformer; short, balanced and long datasets; speedups over bucket parallel of 1.68x to 2.70x
 for DCP-inter and up to 2.88x with pyramid checkpointing. Here: llama-7b and opensora-stdit-1.1b
 on the best H200 profile present (`h200-measured` if committed, else the `h200-sxm` preset), the
@@ -15,7 +16,7 @@ the plans on the cost model; nothing here runs on a GPU.
 Bucket and packed use ONE SP size for the whole training, the smallest that fits the dataset's
 longest sample fully checkpointed (the paper's static configuration, `BucketOptions.static_sp`);
 `*-best-static` is the static size (at least that one) with the best mean step time on the
-measured batches, and `bucket-per-batch` is dcp's per-batch default (smallest SP that fits each
+measured batches, and `bucket-per-batch` is the same name's strategy in dcp (smallest SP that fits each
 batch's longest sample), kept to show why that baseline exaggerates speedups.
 """
 
@@ -58,7 +59,7 @@ SCALING_MODELS = ("llama-13b", "llama-70b")
 ZERO_STAGE = {"llama-70b": 3}
 """ZeRO stage per model (default 1, as the paper trained): 70B's states overflow a GPU at stage 1."""
 PAPER_RANGE = {"dcp-greedy-inter": (1.68, 2.70), "dcp-greedy": (1.68, 2.88)}
-"""The paper's speedups over bucket (REFERENCES.md): DCP-inter 1.68x-2.70x; with pyramid
+"""The paper's speedups over bucket (the DCP paper, as above): DCP-inter 1.68x-2.70x; with pyramid
 checkpointing up to 2.88x (its lower end, 1.68x, is inferred: pyramid only adds to DCP-inter)."""
 STRATEGIES = ("bucket", "bucket-per-batch", "bucket-best-static", "packed", "packed-best-static",
               "dcp-greedy-inter", "dcp-greedy", "ilp")

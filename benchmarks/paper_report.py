@@ -127,7 +127,7 @@ Strategies (speedups are bucket's mean step time over the strategy's, on the sam
   every layer checkpointed; micro-batches dealt round-robin to the groups, no balancing.
 - `bucket-best-static`, `packed-best-static`: the static SP size (at least bucket's) with the best mean
   step time on these batches: how much of a gain is just choosing the right static SP.
-- `bucket-per-batch`: dcp's default `bucket` (smallest SP that fits each batch's longest sample).
+- `bucket-per-batch`: bucket with the smallest SP that fits each batch's longest sample (`dcp compare` runs both).
 - `packed`: the same static SP, samples packed first-fit-decreasing to a token budget, LPT over groups.
 - `dcp-greedy-inter`: the paper's runtime (per-bucket SP and batch size, balanced accumulation), every
   layer checkpointed. `dcp-greedy`: the same with pyramid checkpointing (DCP-intra).
@@ -157,7 +157,7 @@ First global batch of the 2D model on opensora:balanced, every rank: {gantt}
 {detail_table(doc)}
 ## Why an earlier run saw 8-14x
 
-dcp's default `bucket` re-chooses its SP size for every global batch: the smallest that fits that
+`bucket-per-batch` (once dcp's default `bucket`) re-chooses its SP size for every global batch: the smallest that fits that
 batch's longest sample. On an H200 that is often SP 1 for text, so one long sample runs on one GPU while
 the others wait (groups of its first batch here: {per_batch}). Against that baseline ilp is
 {_span(paper, ilp_vs)} faster here (last column of the table). The paper's bucket parallel fixes one SP size for the whole training from the dataset's longest

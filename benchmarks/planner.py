@@ -28,6 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dcp.data.workloads import load_workload  # noqa: E402
 from dcp.planner import solve  # noqa: E402
 from dcp.planner.options import IlpOptions  # noqa: E402
 from dcp.planner.run import build_cost_model, default_model, make_batches, resolve_options  # noqa: E402
@@ -42,7 +43,9 @@ def run_case(workload: str, gpus: int, batch: int, steps: int, ilp: IlpOptions, 
     """Plan `steps` batches of one case with every strategy; per-step numbers and a summary."""
     model = default_model(workload)
     cm = build_cost_model(model, hardware, gpus)
-    batches = make_batches(workload, cm, global_batch=batch, steps=steps)
+    data = load_workload(workload)
+    batches = make_batches(data, cm, global_batch=batch, steps=steps)
+    longest = int(data.tokens.max())  # bucket and packed: one SP size for the dataset's longest sample
     rows = []
     for k, b in enumerate(batches):
         with warnings.catch_warnings(record=True) as caught:
@@ -57,7 +60,7 @@ def run_case(workload: str, gpus: int, batch: int, steps: int, ilp: IlpOptions, 
                "warnings": [str(w.message) for w in caught if "ilp" in str(w.message)]}
         for name in BASELINES:
             t0 = time.perf_counter()
-            other = solve(b, cm.cluster, cm, resolve_options(name))
+            other = solve(b, cm.cluster, cm, resolve_options(name, dataset_longest_tokens=longest))
             row[f"{name}_step_s"] = other.step_time_s
             row[f"{name}_solve_s"] = time.perf_counter() - t0
         rows.append(row)

@@ -6,7 +6,7 @@ Here each measurement is set beside two predictions made through the public `Cos
 
 - fitted:  the profile's least-squares coefficients (what the planner uses);
 - derived: the coefficients `CostModel` derives from FLOPs and bytes when no fit exists
-  (DESIGN.md, "The cost model"), priced with the profile's own device numbers
+  (docs/design.md, "The cost model"), priced with the profile's own device numbers
   (matmul and attention FLOP/s, memory bandwidth, kernel overhead and launch cost).
 
 The gap between the two is how far first principles get on this machine; the gap between fitted

@@ -6,6 +6,9 @@
     sampler = planned_batches(spec, state, options)   # planned global batches for this cluster
     for step, planned in zip(range(options.steps), sampler): ...
 
+    if __name__ == "__main__":
+        run_main(main)    # bad input or no torchrun: one `Error:` line, exit status 1
+
 Every rank draws and plans the same batches (dcp-greedy is deterministic; a time-limited ilp
 solve is not, so with ilp broadcast rank 0's plan, `dcp.executor.broadcast_plan`).
 """
@@ -16,6 +19,8 @@ import argparse
 import dataclasses
 import json
 import os
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -34,8 +39,16 @@ from dcp.costmodel import (
     load_hardware,
 )
 from dcp.data import GlobalBatchSampler, load_workload
-from dcp.executor import ParallelState, StepStats
+from dcp.executor import ExecutorError, ParallelState, StepStats
+from dcp.planner import STRATEGIES
 from dcp.planner.plan import Plan
+
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+"""What torchrun sets for every rank."""
+
+
+class LaunchError(RuntimeError):
+    """The script was not started the way it needs (e.g. without torchrun)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,12 +58,12 @@ class RunOptions:
     workload: str = "lognormal:mean=64,sigma=1,min=8,max=512"
     """`dcp.data.load_workload` spec of the sample lengths (scaled down for a tiny model)."""
     strategy: str = "dcp-greedy"
-    """Planner strategy: dcp-greedy, ilp, bucket, packed."""
+    """Planner strategy, a name of `dcp.planner.STRATEGIES`."""
     global_batch: int = 32
     """Samples per global batch."""
-    memory_mb: float | None = None
-    """Usable memory per rank for the planner (small values force SP and checkpointing); None:
-    the hardware profile's."""
+    memory_gb: float | None = None
+    """Usable memory per rank for the planner in GB (1e9 bytes; small values force SP and
+    checkpointing); None: the hardware profile's."""
     hardware: str | None = None
     """Hardware profile of the cost model; None: h200-sxm on GPUs, cpu otherwise."""
     steps: int = 20
@@ -76,8 +89,10 @@ class RunOptions:
             raise ValueError(f"global batch must be positive, got {self.global_batch}")
         if self.steps < 0:
             raise ValueError(f"steps must not be negative, got {self.steps}")
-        if self.memory_mb is not None and self.memory_mb <= 0:
-            raise ValueError(f"memory per rank must be positive, got {self.memory_mb} MB")
+        if self.memory_gb is not None and not 0 < self.memory_gb < float("inf"):
+            raise ValueError(f"memory per rank must be a positive number of GB, got {self.memory_gb}")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {self.strategy!r}; known: {', '.join(STRATEGIES)}")
         if self.precision is not None:
             get_recipe(self.precision)  # a clear error naming the known recipes
         if self.zero_stage not in (0, 1):
@@ -95,11 +110,12 @@ class RunOptions:
         d = cls()
         parser.add_argument("--workload", default=d.workload,
                             help="dcp.data.load_workload spec of the sample lengths")
-        parser.add_argument("--strategy", default=d.strategy,
-                            help="planner strategy: dcp-greedy, ilp, bucket, packed")
+        parser.add_argument("--strategy", default=d.strategy, choices=list(STRATEGIES),
+                            help="planner strategy (default %(default)s)")
         parser.add_argument("--global-batch", type=int, default=d.global_batch, help="samples per global batch")
-        parser.add_argument("--memory-mb", type=float, default=d.memory_mb,
-                            help="usable memory per rank for the planner (small values force SP and checkpointing)")
+        parser.add_argument("--memory-gb", type=float, default=d.memory_gb,
+                            help="usable memory per rank for the planner in GB (small values force SP and "
+                                 "checkpointing; default: the hardware profile's)")
         parser.add_argument("--hardware", default=d.hardware,
                             help="hardware profile for the cost model (default: cpu, or h200-sxm on GPUs)")
         parser.add_argument("--steps", type=int, default=d.steps, help="training steps")
@@ -124,9 +140,14 @@ def init_distributed(timeout_s: float = 300.0) -> ParallelState:
     """Join the torchrun job: this rank's GPU from LOCAL_RANK, nccl on GPUs or gloo on CPU, and
     every aligned process group. `timeout_s` bounds every collective, so a dead rank ends the job
     with an error instead of a hang."""
+    missing = [name for name in TORCHRUN_ENV if name not in os.environ]
+    if missing:
+        script = os.path.basename(sys.argv[0]) or "SCRIPT"
+        raise LaunchError(f"not started by torchrun ({', '.join(missing)} unset): run "
+                          f"`torchrun --nproc_per_node N {script} ...` (N=1 for one process)")
     cuda = torch.cuda.is_available()
     if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout_s))
     return ParallelState.create(timeout_s=timeout_s)
 
@@ -138,7 +159,7 @@ def planned_batches(spec: ModelSpec, state: ParallelState, options: RunOptions) 
     cuda = state.device.type == "cuda"
     hw = load_hardware(options.hardware or (DEFAULT_HARDWARE if cuda else "cpu"))
     cluster = Cluster(num_gpus=state.world_size, gpus_per_node=state.gpus_per_node,
-                      memory_bytes=options.memory_mb * 1e6 if options.memory_mb else hw.memory_bytes)
+                      memory_bytes=options.memory_gb * 1e9 if options.memory_gb else hw.memory_bytes)
     training = TrainingSetup(precision=options.recipe(cuda), zero_stage=options.zero_stage)
     cm = CostModel(spec, hw, cluster, training)
     # Planned inline (workers=0): on a CPU job the ranks already use every core.
@@ -162,3 +183,10 @@ def write_step_stats(path: str, step: int, stats: StepStats) -> None:
     with open(path, "a") as f:
         f.write(json.dumps({"step": step, "loss": stats.loss, "predicted_step_s": stats.predicted_step_s,
                             "measured_step_s": stats.measured_step_s, "microbatches": rows}) + "\n")
+def run_main(main: Callable[[], None]) -> None:
+    """Run a training script's `main`: a launch, input or plan error ends it with one `Error:` line
+    on stderr and exit status 1 (on every rank that hits it) instead of a traceback."""
+    try:
+        main()
+    except (LaunchError, ExecutorError, ValueError) as e:
+        sys.exit(f"Error: {' '.join(str(e).split())}")

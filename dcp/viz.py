@@ -17,7 +17,8 @@ from dcp.planner.plan import Plan
 from dcp.planner.simulate import Timeline, gantt
 
 STRATEGY_COLORS = {"ilp": "#4c72b0", "dcp-greedy": "#55a868", "dcp-greedy-inter": "#8fbc8f",
-                   "bucket": "#c44e52", "packed": "#dd8452"}
+                   "bucket": "#c44e52", "bucket-per-batch": "#e39a9c", "packed": "#dd8452",
+                   "packed-per-batch": "#efc19f"}
 LABELS = {"mean_step_time_s": "step time (s)", "throughput_tokens_per_s": "throughput (tokens/s)",
           "speedup_vs_bucket": "speedup over bucket", "speedup_vs_packed": "speedup over packed",
           "mean_solve_time_s": "planner solve time (s)", "memory_headroom": "memory headroom (free fraction)",

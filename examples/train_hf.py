@@ -1,12 +1,12 @@
 """Train a Hugging Face LlamaForCausalLM with dcp: sampler -> planner -> executor -> optimizer.
 
     .venv/bin/torchrun --nproc_per_node 4 examples/train_hf.py --steps 20
-    .venv/bin/torchrun --nproc_per_node 4 examples/train_hf.py --steps 3 --check-grads --memory-mb 3
+    .venv/bin/torchrun --nproc_per_node 4 examples/train_hf.py --steps 3 --check-grads --memory-gb 0.003
 
 The model is built from a small LlamaConfig with random weights (nothing is downloaded); with
 a checkpoint, `AutoModelForCausalLM.from_pretrained(...)` takes its place unchanged. The
 planner's ModelSpec comes from the model's config, so it only plans SP sizes that divide the
-heads and KV heads (on CPU, --memory-mb 3 makes it mix SP 1, 2 and 4). Samples are learnable
+heads and KV heads (on CPU, --memory-gb 0.003 makes it mix SP 1, 2 and 4). Samples are learnable
 arithmetic token sequences of variable length.
 --check-grads compares every step's gradients with plain single-process HF training on the same
 global batch (each sample alone, sdpa attention, `labels`, fp32) and prints
@@ -17,16 +17,34 @@ from __future__ import annotations
 
 import argparse
 import copy
+import sys
 
 import torch
 import torch.distributed as dist
-from transformers import LlamaConfig, LlamaForCausalLM
+
+try:  # transformers comes with dcp's hf extra
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from dcp.executor.hf import (
+        causal_lm_loss,
+        hf_executor,
+        lm_sample,
+        plain_hf_step,
+    )
+    from dcp.executor.hf_memory import measured_model_spec
+except ImportError as e:
+    sys.exit(f"Error: examples/train_hf.py needs transformers ({e}): pip install -e '.[hf]'")
 
 from dcp.executor import executor_optimizer
-from dcp.executor.hf import causal_lm_loss, hf_executor, lm_sample, plain_hf_step
-from dcp.executor.hf_memory import measured_model_spec
 from dcp.executor.reference import relative_grad_diff
-from dcp.launch import RunOptions, init_distributed, planned_batches, step_summary, write_step_stats
+from dcp.launch import (
+    RunOptions,
+    init_distributed,
+    planned_batches,
+    run_main,
+    step_summary,
+    write_step_stats,
+)
 from dcp.models import sample_tensors
 from dcp.models.precision import param_dtype
 
@@ -89,4 +107,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -23,7 +23,14 @@ import torch.distributed as dist
 from dcp.costmodel import load_model
 from dcp.executor import Executor, broadcast_plan, default_forward, executor_optimizer
 from dcp.executor.reference import reference_step, relative_grad_diff
-from dcp.launch import RunOptions, init_distributed, planned_batches, step_summary, write_step_stats
+from dcp.launch import (
+    RunOptions,
+    init_distributed,
+    planned_batches,
+    run_main,
+    step_summary,
+    write_step_stats,
+)
 from dcp.models import build_model, lm_loss, mse_loss, sample_tensors
 from dcp.models.precision import param_dtype
 
@@ -84,4 +91,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -15,6 +15,7 @@ from dcp.planner import (
     PackedOptions,
     lower_bound,
     solve,
+    with_dataset,
 )
 from dcp.planner.baselines import (
     by_bucket,
@@ -28,7 +29,7 @@ from dcp.planner.baselines import (
 from dcp.planner.common import allowed_sp_sizes
 from dcp.planner.greedy import profile_bucket, solve_greedy
 
-HEURISTICS = {"bucket": BucketOptions(), "packed": PackedOptions(), "dcp-greedy": GreedyOptions(),
+HEURISTICS = {"bucket-per-batch": BucketOptions(), "packed-per-batch": PackedOptions(), "dcp-greedy": GreedyOptions(),
               "dcp-greedy-inter": GreedyOptions(pyramid=False)}
 CLUSTERS = [(1, 8), (2, 8), (8, 8), (16, 8), (32, 8), (8, 4)]  # (GPUs, GPUs per node)
 
@@ -192,4 +193,4 @@ def test_strategy_table_names_match_plans() -> None:
     for name, options in STRATEGIES.items():
         if name == "ilp":
             continue  # owned and tested by the ILP module
-        assert solve(batch, cm.cluster, cm, options).strategy == name
+        assert solve(batch, cm.cluster, cm, with_dataset(options, 40_000)).strategy == name

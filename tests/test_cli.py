@@ -13,6 +13,7 @@ import pytest
 from cli_helpers import FAST, run, run_bad
 
 from dcp.cli import main
+from dcp.costmodel import load_hardware, preset_names
 from dcp.planner import STRATEGIES, Plan
 
 
@@ -123,7 +124,7 @@ def test_bad_lengths_file(tmp_path: Path, text: str, culprit: str) -> None:
 def test_sample_that_fits_nowhere(tmp_path: Path) -> None:
     path = tmp_path / "long.txt"
     path.write_text("1000\n9000000\n2000\n")
-    out = run_bad("plan", "--workload", str(path), "--gpus", "8", "--strategy", "dcp-greedy")
+    out = run_bad("plan", "--workload", str(path), "--gpus", "8", "--strategy", "dcp-greedy", "--global-batch", "3")
     assert "sample 1 (9000000 tokens) fits nowhere" in out and "GB per GPU" in out
 
 
@@ -159,3 +160,48 @@ def test_planner_never_imports_torch() -> None:
             "dcp.planner.simulate, dcp.planner.greedy, dcp.planner.baselines; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_progress_on_stderr_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    quiet = run("plan", "--strategy", "dcp-greedy", *FAST)
+    assert "planning" not in quiet.stderr
+    monkeypatch.setattr("dcp.commands.common.stderr_is_terminal", lambda: True)
+    shown = run("compare", "--strategies", "bucket,dcp-greedy", *FAST)
+    for name in ("bucket", "dcp-greedy"):
+        assert f"planning {name}: 2/2 global batches" in shown.stderr
+    assert "planning" not in shown.stdout  # the table stays clean for pipes
+
+
+def test_presets_list_their_sources() -> None:
+    out = run("presets").stdout
+    assert "source: Llama 2 7B shape (Touvron et al., arXiv 2307.09288" in " ".join(out.split())
+    assert out.count("source:") == len(preset_names("models")) and out.count("sources:") == len(preset_names("hardware"))
+    full = run("presets", "h200-sxm").stdout
+    assert "models:" not in full
+    for field in load_hardware("h200-sxm").sources:
+        assert f"{field}:" in full
+    assert "unknown preset 'h300'" in run_bad("presets", "h300")
+
+
+def test_plan_json_labels_its_samples(tmp_path: Path) -> None:
+    path = tmp_path / "plan.json"
+    run("plan", "--strategy", "bucket", *FAST, "--format", "json", "-o", str(path))
+    plan = json.loads(path.read_text())["steps"][0]["plan"]
+    assert plan["sample_fields"] == ["id", "tokens", "attn_pairs", "frames"]
+    assert all(len(s) == 4 for s in plan["samples"])
+    assert Plan.from_dict(plan).validate().samples[0].id == plan["samples"][0][0]
+
+
+def test_help_shows_defaults_and_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    text = " ".join(run("plan", "--help").output.split())
+    assert "ILP solver limit per global batch, in seconds. [default: 1.0" in text
+    assert "ZeRO sharding of the model states" in text and "gap = (step - bound) / step" in text
+    for name in STRATEGIES:
+        assert name in text
+    assert "[id, tokens, attn_pairs, frames]" in text
+    compare_help = " ".join(run("compare", "--help").output.split())
+    assert all(name in compare_help for name in STRATEGIES) and "idle is the share" in compare_help
+    profile_help = " ".join(run("profile", "--help").output.split())
+    for flag in ("--min-tokens", "--max-tokens", "--heldout"):
+        assert f"{flag} INTEGER RANGE" in profile_help
+    assert "held-out MAPE" in profile_help and "4x this many tokens" in profile_help

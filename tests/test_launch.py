@@ -17,16 +17,18 @@ def test_run_options_round_trip_through_argparse() -> None:
     parser.add_argument("--model", default="tiny-llama")  # a script's own option is left alone
     RunOptions.add_arguments(parser)
     assert RunOptions.from_args(parser.parse_args([])) == RunOptions()
-    args = parser.parse_args(["--global-batch", "8", "--memory-mb", "3", "--check-grads", "--strategy", "packed"])
-    assert RunOptions.from_args(args) == RunOptions(global_batch=8, memory_mb=3.0, check_grads=True,
+    args = parser.parse_args(["--global-batch", "8", "--memory-gb", "0.003", "--check-grads", "--strategy", "packed"])
+    assert RunOptions.from_args(args) == RunOptions(global_batch=8, memory_gb=0.003, check_grads=True,
                                                     strategy="packed")
-    with pytest.raises(ValueError, match="memory per rank must be positive, got 0"):
-        RunOptions(memory_mb=0)
+    with pytest.raises(ValueError, match="memory per rank must be a positive number of GB, got 0"):
+        RunOptions(memory_gb=0)
+    with pytest.raises(ValueError, match="unknown strategy 'magic'"):
+        RunOptions(strategy="magic")
 
 
 def test_planned_batches_are_planned_for_this_job() -> None:
     state = ParallelState(world_size=1, rank=0, gpus_per_node=1, device=torch.device("cpu"), groups={})
-    sampler = planned_batches(load_model("tiny-llama"), state, RunOptions(global_batch=4, memory_mb=50))
+    sampler = planned_batches(load_model("tiny-llama"), state, RunOptions(global_batch=4, memory_gb=0.05))
     with sampler:
         planned = next(iter(sampler))
     plan = planned.plan

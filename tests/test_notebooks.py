@@ -43,6 +43,6 @@ def test_committed_notebook_is_executed_small_and_logic_free(name: str) -> None:
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
     assert "parameters" in code[0].metadata.get("tags", []), "parameters come first, in one tagged cell"
     for cell in code:
-        # STYLE.md: every piece of logic comes from dcp; a notebook only calls and plots.
+        # Every piece of logic comes from dcp (as nanoGPT's transformer_sizing.ipynb does); a notebook only calls and plots.
         assert not any(line.lstrip().startswith(("def ", "class ", "lambda")) for line in cell.source.splitlines())
         assert all(out.output_type != "error" for out in cell.outputs)

@@ -63,6 +63,10 @@ BROKEN = [
     ("below the bound", _set("lower_bound_s", 1.5), "below the lower bound"),
     ("gap not a fraction", _set("gap", 1.5), "gap 1.5 is not a fraction"),
     ("no GPUs", _set("num_gpus", 0), "plan cluster is invalid"),
+    ("a 0-token sample", _set("samples.2", Sample(2, 0, 0)), "sample 2 has 0 tokens"),
+    ("frames that do not split the tokens", _set("samples.1", Sample(1, 20, 210, 3)),
+     "sample 1: 20 tokens do not split into 3 equal frames"),
+    ("no layers", _set("num_layers", 0), "a model of 0 layers"),
 ]
 
 
@@ -108,9 +112,16 @@ def test_digest_is_stable_and_ignores_timings() -> None:
     moved = copy.deepcopy(plan)
     moved.groups[1].microbatches[0].samples = [2, 0]
     assert moved.digest() != plan.digest()
+    # Frames shape the attention the ranks run: plans that differ only there must not agree.
+    framed = copy.deepcopy(plan)
+    framed.samples[1] = Sample(1, 20, 210, 2)
+    assert framed.digest() != plan.digest()
+    deeper = copy.deepcopy(plan)
+    deeper.num_layers = 3
+    assert deeper.digest() != plan.digest()
 
 
-GOLDEN_DIGEST = "343634daab7c0762afdeafa6f95b278a5018ef572d03af537ee796d132b3ab8d"
+GOLDEN_DIGEST = "e6b0d8d53b04f0dc7102972cff2f86f83c7250baa55b29cc7ef270e6a19d26f2"
 
 
 def test_same_inputs_same_plan() -> None:

@@ -232,7 +232,7 @@ def test_lengths_from_a_column_a_function_and_video_frames():
         assert smp.attn_pairs == attention_pairs("spatial_temporal", smp.tokens, smp.frames)
     with pytest.raises(ValueError, match="not 2 equal frames"):
         GlobalBatchSampler([17], video, frames=[2], batch_size=1, workers=0)
-    with pytest.raises(ValueError, match="needs the dataset"):
+    with pytest.raises(ValueError, match="'tokens': no such lengths file"):
         GlobalBatchSampler("tokens", cm, batch_size=5)
 
 

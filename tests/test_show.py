@@ -16,6 +16,7 @@ from dcp.planner.report import (
     kind_shares,
     load_plan_document,
     memory_headroom,
+    reprice,
     unused_ranks,
 )
 from dcp.planner.simulate import simulate
@@ -123,9 +124,39 @@ def test_show_bad_input(plan_file: Path, tmp_path: Path) -> None:
     broken.write_text("{\"steps\": [")
     assert "is not valid JSON" in run_bad("show", str(broken))
     assert "unknown model preset" in run_bad("show", str(plan_file), "--model", "gpt-9")
-    # Re-simulating on another model's cost model is caught, not drawn.
-    assert "another cost model" in run_bad("show", str(plan_file), "--model", "llama-13b")
-    assert "not supported" in run_bad("show", str(plan_file), "--gantt", str(tmp_path / "x.nope"))
+    assert "extension must be one of .png, .svg, .pdf" in run_bad("show", str(plan_file), "--gantt",
+                                                                   str(tmp_path / "x.nope"))
+    # A plan edited to claim another depth is refused, not re-simulated as if nothing had changed.
+    doc = json.loads(plan_file.read_text())
+    doc["steps"][0]["plan"]["num_layers"] = 1000
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(doc))
+    assert "plan is for a model of 1000 layers, the cost model's llama-7b has 32" in run_bad("show", str(edited))
+
+
+@pytest.mark.parametrize("override", [["--model", "llama-13b"], ["--hardware", "h100-sxm"], ["--zero-stage", "2"]])
+def test_show_overrides_reprice_the_plan(plan_file: Path, override: list[str]) -> None:
+    """--model/--hardware/--zero-stage keep the plan's groups and checkpointing and price them anew."""
+    out = run("show", str(plan_file), *override).stdout.splitlines()
+    doc = load_plan_document(plan_file)
+    flag, value = override[0].lstrip("-").replace("-", "_"), override[1]
+    cm = doc.cost_model(**{flag: int(value) if flag == "zero_stage" else value})
+    repriced = reprice(doc.step(0), cm)
+    assert "re-priced on" in out[0]
+    predicted = next(ln for ln in out if ln.startswith("predicted"))
+    assert predicted.startswith(f"predicted {repriced.step_time_s:.3f} s")
+    assert simulate(repriced, cm).step_time_s == pytest.approx(repriced.step_time_s)
+    assert repriced.digest() == doc.step(0).digest() or flag == "model"  # same plan, other prices
+    assert [[mb.samples for mb in g.microbatches] for g in repriced.groups] == \
+        [[mb.samples for mb in g.microbatches] for g in doc.step(0).groups]
+    peak = [max(mb.memory_bytes for g in plan.groups for mb in g.microbatches) for plan in (repriced, doc.step(0))]
+    # Another model or GPU changes the times; ZeRO-2 only the memory (sharded gradients).
+    assert repriced.step_time_s != pytest.approx(doc.step(0).step_time_s) or peak[0] < peak[1]
+
+
+def test_show_override_that_no_longer_fits_is_one_line(plan_file: Path) -> None:
+    line = run_bad("show", str(plan_file), "--model", "llama-70b")
+    assert "does not hold on llama-70b x h200-sxm" in line and "GB" in line
 
 
 def test_compare_plot(tmp_path: Path) -> None:
@@ -151,3 +182,23 @@ def test_compare_figure_marks_the_bound() -> None:
     assert bound_lines and bound_lines[0].get_ydata()[0] == pytest.approx(frame["mean_lower_bound_s"].max())
     with pytest.raises(ValueError, match="metric"):
         compare_figure(frame, metric="latency")
+
+
+def test_a_relative_profile_is_stored_relative_to_the_plan_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan written elsewhere records the profile's path from the plan's folder, so `dcp show` finds
+    that profile, and not a same-named file where it runs."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "plans").mkdir()
+    shutil.copy(NOTEBOOK_PROFILE, tmp_path / "a" / "prof.json")
+    monkeypatch.chdir(tmp_path / "a")
+    run("plan", "--hardware", "prof.json", "--model", "tiny-llama", "--gpus", "8", "--steps", "1",
+        "--global-batch", "16", "--workload", "lognormal:max=4096", "--strategy", "dcp-greedy",
+        "--format", "json", "-o", "../plans/plan.json")
+    assert json.loads((tmp_path / "plans" / "plan.json").read_text())["config"]["hardware"] == "../a/prof.json"
+    monkeypatch.chdir(tmp_path / "plans")
+    (tmp_path / "plans" / "prof.json").write_text("not the profile")  # a decoy in the current directory
+    assert "tiny-llama" in run("show", "plan.json").stdout.splitlines()[0]
+    printed = run("plan", "--hardware", "../a/prof.json", "--model", "tiny-llama", "--gpus", "8", "--steps", "1",
+                  "--global-batch", "16", "--workload", "lognormal:max=4096", "--strategy", "dcp-greedy",
+                  "--format", "json").stdout
+    assert json.loads(printed)["config"]["hardware"] == str(tmp_path / "a" / "prof.json")  # stdout: absolute

@@ -4,7 +4,8 @@ checkpointing buys over full checkpointing. Results are JSON files under --out.
 1. `dcp profile` of one llama-7b layer in bf16 over 1K..128K tokens (fit + held-out MAPE).
 2. `dcp profile --validate`: whole 4-layer micro-batches, r = 0, 2, 4, predicted vs measured.
 3. Checkpointing: a few-layer llama-7b-width model on micro-batches of Wikipedia lengths (short
-   samples dominate: median 347 tokens, REFERENCES.md), each run with the fewest checkpointed
+   samples dominate: median 347 tokens in FlexSP's
+   published lengths, arXiv 2412.01523), each run with the fewest checkpointed
    layers that fit memory by the profile's own memory model (DCP's per-micro-batch choice) and
    with every layer checkpointed (the bucket baseline's static choice). Reports the measured
    speedup, the cost model's predicted one, and each run's measured peak memory.

@@ -2,7 +2,7 @@
 
 A micro-batch is a set of samples run together (packed, varlen) by one sequence-parallel
 (SP) group of size p, with r of the model's K layers checkpointed. Per layer and per GPU
-(DESIGN.md, "The cost model"):
+(docs/design.md, "The cost model"):
 
     compute(T, A, p) = c0 + c_tok * T/p + c_attn * A/p       T = sum tokens, A = sum attn_pairs
     comm(T, p)       = 0 if p == 1 else n_a2a * lat(p) + bytes_per_token * T/p * (p-1)/p / bw(p)

@@ -35,15 +35,21 @@ def _load_json(path: Any, what: str) -> Any:
         return json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise CostModelError(f"{what} {path}: not valid JSON ({e.msg} at line {e.lineno})") from e
+    except UnicodeDecodeError:
+        raise CostModelError(f"{what} {path}: not a text file (not UTF-8 JSON)") from None
+    except OSError as e:
+        raise CostModelError(f"{what} {path}: cannot read ({e.strerror or e})") from e
 
 
 def _read(name_or_path: str, kind: Literal["models", "hardware"], file_what: str) -> Any:
     """The JSON of a preset by name, or of a file when given a path (or a name ending in .json)."""
     if name_or_path.endswith(".json") or Path(name_or_path).is_file():
         path = Path(name_or_path)
+        if path.is_dir():
+            raise CostModelError(f"{file_what} {name_or_path} is a directory")
         if not path.is_file():
             raise CostModelError(f"{file_what} {name_or_path} does not exist")
-        return _load_json(path, file_what)
+        return _check_kind(_load_json(path, file_what), kind, f"{file_what} {name_or_path}")
     what = "model preset" if kind == "models" else "hardware preset"
     known = preset_names(kind)
     if name_or_path not in known:
@@ -51,14 +57,35 @@ def _read(name_or_path: str, kind: Literal["models", "hardware"], file_what: str
     return _load_json(_preset_dir(kind) / f"{name_or_path}.json", what)
 
 
+def _check_kind(doc: Any, kind: str, what: str) -> Any:
+    """A hardware profile given as a model (or a model as hardware) is named as such, not
+    reported as a list of unknown fields."""
+    is_profile = isinstance(doc, dict) and doc.get("kind") == "dcp-hardware-profile"
+    if kind == "models" and is_profile:
+        raise CostModelError(f"{what} is a hardware profile, not a model spec: pass it as --hardware")
+    if kind == "hardware" and isinstance(doc, dict) and not is_profile and "num_layers" in doc:
+        raise CostModelError(f"{what} is a model spec, not a hardware profile: pass it as --model")
+    return doc
+
+
+def _parse(parse: Any, doc: Any, name_or_path: str) -> Any:
+    """`parse(doc)`, with a file's path in front of its error (the name inside may differ)."""
+    try:
+        return parse(doc)
+    except CostModelError as e:
+        if name_or_path.endswith(".json") or Path(name_or_path).is_file():
+            raise CostModelError(f"{name_or_path}: {e}") from e
+        raise
+
+
 def load_model(name_or_path: str) -> ModelSpec:
     """A model preset by name (see `dcp presets`) or a JSON file path."""
-    return ModelSpec.from_dict(_read(name_or_path, "models", "model file"))
+    return _parse(ModelSpec.from_dict, _read(name_or_path, "models", "model file"), name_or_path)
 
 
 def load_hardware(name_or_path: str) -> HardwareProfile:
     """A hardware preset by name (see `dcp presets`) or a profile JSON path from `dcp profile`."""
-    return HardwareProfile.from_dict(_read(name_or_path, "hardware", "hardware profile"))
+    return _parse(HardwareProfile.from_dict, _read(name_or_path, "hardware", "hardware profile"), name_or_path)
 
 
 def save_hardware(profile: HardwareProfile, path: str | Path) -> None:

@@ -153,10 +153,16 @@ class ModelSpec:
 def _from_dict(cls: type, d: dict[str, Any], what: str) -> Any:
     if not isinstance(d, dict):
         raise CostModelError(f"{what}: expected a JSON object, got {type(d).__name__}")
-    known = {f.name for f in fields(cls)}
-    unknown = set(d) - known
+    known = {f.name: f for f in fields(cls)}
+    unknown = set(d) - set(known)
     if unknown:
         raise CostModelError(f"{what}: unknown field(s) {sorted(unknown)}")
+    for name, value in d.items():
+        # Annotations are strings (postponed evaluation): the numeric fields say "int" or "float".
+        if known[name].type in ("int", "float") and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise CostModelError(f"{what} {d.get('name', '?')!r}: {name} must be a number, got {value!r}")
+        if known[name].type == "int" and isinstance(value, float):
+            raise CostModelError(f"{what} {d.get('name', '?')!r}: {name} must be an integer, got {value!r}")
     try:
         return cls(**d)
     except TypeError as e:

@@ -27,6 +27,9 @@ Planner = Callable[[Sequence[Sample]], Plan]
 """Plans one global batch. Must be picklable (a module-level function, a dataclass instance,
 a functools.partial of one) when plans are made in worker processes."""
 
+START_TIMEOUT_S = 120.0
+"""How long starting the worker processes may take (each imports dcp and unpickles the planner)."""
+
 StepKey = tuple[int, int]
 """(epoch, step within epoch) of a global batch."""
 
@@ -118,12 +121,18 @@ class PlanAhead:
         ctx = multiprocessing.get_context(self.mp_context)
         self._pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init_worker,
                                          initargs=(self.planner,))
-        # Concurrent no-op tasks make the pool spawn every worker now, not in the first step.
+        # Concurrent no-op tasks make the pool spawn every worker now, not in the first step. A
+        # spawned worker imports dcp (seconds on a loaded machine): `timeout_s` bounds a plan, not this.
+        wait_s = max(START_TIMEOUT_S, self.timeout_s or 0.0)
         try:
             warm = [self._pool.submit(_worker_pid) for _ in range(self.workers)]
             for f in warm:
-                f.result(timeout=self.timeout_s)
-        except (BrokenProcessPool, TimeoutError, RuntimeError) as e:
+                f.result(timeout=wait_s)
+        except TimeoutError as e:
+            self._abort()
+            raise RuntimeError(f"planner worker processes did not start within {wait_s:.0f} s; the machine may "
+                               "be overloaded: pass workers=0 to plan in the training process") from e
+        except (BrokenProcessPool, RuntimeError) as e:
             self._abort()
             raise RuntimeError(
                 f"planner worker processes failed to start ({type(e).__name__}: {e}). With "

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Iterator, Sequence
+import numbers
+from collections.abc import Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
@@ -20,46 +21,15 @@ from typing import Any
 import numpy as np
 
 from dcp.costmodel import CostModel, attention_pairs
+from dcp.data.lengths import LengthSource, resolve_lengths
 from dcp.data.local import LocalBatch, local_samples
 from dcp.data.prefetch import PlanAhead, Planner, SolvePlanner
 from dcp.data.workloads import Sample, Workload, cut_batches
 from dcp.planner.common import allowed_sp_sizes, check_feasible
-from dcp.planner.options import StrategyOptions
+from dcp.planner.options import StrategyOptions, with_dataset
 from dcp.planner.plan import InfeasibleError, Plan
 
 log = logging.getLogger(__name__)
-
-LengthSource = Sequence[int] | np.ndarray | str | Callable[[int], int]
-"""Per-sample counts: an array, a dataset column name, or a function of the sample index."""
-
-
-def resolve_lengths(source: LengthSource, dataset: Any = None, what: str = "lengths") -> np.ndarray:
-    """Counts for every sample as an int64 array. A column name reads `dataset[name]` when the
-    dataset has columns (HF datasets), else `dataset[i][name]`; a function is called per index."""
-    if isinstance(source, str) or callable(source):
-        if dataset is None:
-            raise ValueError(f"{what} given as {'column ' + repr(source) if isinstance(source, str) else 'a function'} "
-                             f"needs the dataset")
-        n = len(dataset)
-        if isinstance(source, str):
-            try:
-                values = list(dataset[source])
-            except (KeyError, TypeError, IndexError, ValueError):
-                values = [dataset[i][source] for i in range(n)]
-        else:
-            values = [source(i) for i in range(n)]
-    else:
-        values = list(source)
-    out = np.asarray(values, dtype=np.int64)
-    if out.ndim != 1 or len(out) == 0:
-        raise ValueError(f"{what} must be a non-empty 1-D sequence of integers")
-    if dataset is not None and len(out) != len(dataset):
-        raise ValueError(f"{len(out)} {what} for a dataset of {len(dataset)} samples")
-    bad = np.flatnonzero(out <= 0)
-    if len(bad):
-        raise ValueError(f"sample {bad[0]} has non-positive {what} {out[bad[0]]}")
-    return out
-
 
 def unfittable_ids(tokens: np.ndarray, cm: CostModel, sp_sizes: Sequence[int] | None = None) -> np.ndarray:
     """Ids of samples that fit nowhere: not even alone at the largest allowed SP size with every
@@ -130,14 +100,15 @@ class GlobalBatchSampler:
         plan_ahead: steps planned beyond the one training; workers: planner processes (0: plan
         inline when a step needs its plan). skip_unfittable: drop (and log) samples that fit
         nowhere instead of refusing to start."""
-        from dcp.planner import strategy_options
+        from dcp.planner.inputs import check_options
 
         if (batch_size is None) == (token_budget is None):
             raise ValueError("give exactly one of batch_size (samples) or token_budget (tokens)")
-        if (batch_size or token_budget or 0) <= 0:
-            raise ValueError(f"global batch size must be positive, got {batch_size or token_budget}")
-        if seed < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}")
+        for name, value in (("batch_size", batch_size), ("token_budget", token_budget)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
         self.cost_model = cost_model
         self.tokens = resolve_lengths(lengths, dataset, "lengths")
         self.frames = (np.ones_like(self.tokens) if frames is None
@@ -150,8 +121,7 @@ class GlobalBatchSampler:
             raise ValueError(f"sample {i}: {self.tokens[i]} tokens are not {self.frames[i]} equal frames")
         self.batch_size, self.token_budget = batch_size, token_budget
         self.seed, self.epoch, self.step = seed, 0, 0
-        options = strategy_options(strategy) if isinstance(strategy, str) else strategy
-        self.options = options
+        options = check_options(strategy)
 
         bad = unfittable_ids(self.tokens, cost_model, options.sp_sizes)
         if len(bad) and not skip_unfittable:
@@ -168,6 +138,8 @@ class GlobalBatchSampler:
         self.ids = np.setdiff1d(np.arange(len(self.tokens)), bad)
         if len(self.ids) == 0:
             raise InfeasibleError("no sample fits the cluster")
+        # The static baselines (bucket, packed) size their SP group for the longest sample trained.
+        self.options = options = with_dataset(options, int(self.tokens[self.ids].max()))
         self._ahead = PlanAhead(planner or SolvePlanner(cost_model, options), workers=workers,
                                 depth=plan_ahead, mp_context=mp_context, timeout_s=plan_timeout_s)
         self._cache: tuple[int, list[np.ndarray]] | None = None

@@ -5,9 +5,6 @@ Never imports torch: the planner and the CLI use this module on machines without
 
 from __future__ import annotations
 
-import gzip
-import io
-import json
 import math
 from dataclasses import dataclass
 from importlib import resources
@@ -16,10 +13,10 @@ from pathlib import Path
 import numpy as np
 
 from dcp.costmodel import attention_pairs
+from dcp.data.lengths import WorkloadError, read_lengths
 
-
-class WorkloadError(ValueError):
-    """A workload spec or lengths file is invalid."""
+__all__ = ["Sample", "Workload", "WorkloadError", "cut_batches", "global_batches", "load_workload", "lognormal",
+           "opensora", "read_lengths", "wikipedia"]
 
 
 @dataclass(frozen=True)
@@ -65,77 +62,12 @@ class Workload:
 
 
 # --------------------------------------------------------------------------------------------
-# Lengths files
-# --------------------------------------------------------------------------------------------
-
-
-def _parse_int(text: str, where: str) -> int:
-    try:
-        value = int(text.strip())
-    except ValueError:
-        raise WorkloadError(f"{where}: {text.strip()[:40]!r} is not an integer length") from None
-    if value <= 0:
-        raise WorkloadError(f"{where}: length {value} must be positive")
-    return value
-
-
-def read_lengths(path: str | Path) -> np.ndarray:
-    """Token counts from a file: .txt/.txt.gz (one integer per line), .csv, .parquet or .jsonl
-    (a `tokens` column; a CSV with a single column may omit the header)."""
-    path = Path(path)
-    if not path.is_file():
-        raise WorkloadError(f"lengths file {path} does not exist")
-    name = path.name.lower()
-    if name.endswith((".txt", ".txt.gz")):
-        opener = gzip.open if name.endswith(".gz") else open
-        try:
-            with opener(path, "rt") as f:
-                lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
-        except (OSError, UnicodeDecodeError) as e:
-            raise WorkloadError(f"lengths file {path}: cannot read ({e})") from e
-        values = [_parse_int(line, f"{path} line {n}") for n, line in lines]
-    elif name.endswith(".jsonl"):
-        values = []
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                raise WorkloadError(f"{path} line {n}: not valid JSON") from None
-            if not isinstance(row, dict) or "tokens" not in row:
-                raise WorkloadError(f"{path} line {n}: no 'tokens' field")
-            values.append(_parse_int(str(row["tokens"]), f"{path} line {n}"))
-    elif name.endswith((".csv", ".parquet")):
-        import pandas as pd
-
-        try:
-            if name.endswith(".csv"):
-                text = path.read_text()
-                first = text.splitlines()[0].strip() if text.strip() else ""
-                header = 0 if first and not first.lstrip("-").isdigit() else None
-                frame = pd.read_csv(io.StringIO(text), header=header)
-            else:
-                frame = pd.read_parquet(path)
-        except Exception as e:  # pandas raises many types for malformed files
-            raise WorkloadError(f"lengths file {path}: cannot read ({e})") from e
-        if "tokens" in frame.columns:
-            column = frame["tokens"]
-        elif frame.shape[1] == 1:
-            column = frame.iloc[:, 0]
-        else:
-            raise WorkloadError(f"lengths file {path}: no 'tokens' column among {list(frame.columns)}")
-        values = [_parse_int(str(v), f"{path} row {n}") for n, v in enumerate(column, 1)]
-    else:
-        raise WorkloadError(f"lengths file {path}: unknown format (use .txt, .txt.gz, .csv, .parquet or .jsonl)")
-    if not values:
-        raise WorkloadError(f"lengths file {path} holds no lengths")
-    return np.asarray(values, dtype=np.int64)
-
-
-# --------------------------------------------------------------------------------------------
 # Built-in workloads
 # --------------------------------------------------------------------------------------------
+
+MAX_GENERATED_SAMPLES = 10_000_000
+"""Built-in workloads draw at most this many samples (100x the shipped Wikipedia sample; more
+would take gigabytes, and a few global batches need only thousands)."""
 
 
 def wikipedia() -> Workload:
@@ -151,6 +83,8 @@ def lognormal(mean: float = 1024, sigma: float = 1.5, min_tokens: int = 128, max
               scale: float = 1.0, size: int = 100_000, seed: int = 0) -> Workload:
     """Megatron-LM's dynamic-CP mock lengths: lognormal with median `mean` (mu = ln mean) and
     shape `sigma`, clipped to [min, max], all multiplied by `scale` (16 turns 8K into 128K)."""
+    if size > MAX_GENERATED_SAMPLES:
+        raise WorkloadError(f"lognormal size={size} is more than {MAX_GENERATED_SAMPLES:,} samples")
     if not (mean > 0 and sigma > 0 and 0 < min_tokens <= max_tokens and scale > 0 and size > 0):
         raise WorkloadError(
             f"lognormal needs mean, sigma, scale, size > 0 and 0 < min <= max; got mean={mean} "
@@ -174,7 +108,8 @@ def opensora_tokens(height: int, width: int, frames: int) -> tuple[int, int]:
     """(latent frames, tokens per latent frame) after Open-Sora's VAE and patchify.
 
     VAE: 8x spatial and 17 -> 5 temporal compression (an image stays one frame); patch 2x2.
-    720p x 408 frames -> 120 frames of 45 x 80 = 432,000 tokens (REFERENCES.md)."""
+    720p x 408 frames -> 120 frames of 45 x 80 = 432,000 tokens (the DCP paper's benchmark,
+    NUS-HPC-AI-Lab/VideoSys docs/dcp.md)."""
     latent_frames = 1 if frames == 1 else frames * 5 // 17
     per_frame = math.ceil(math.ceil(height / 8) / 2) * math.ceil(math.ceil(width / 8) / 2)
     return latent_frames, per_frame
@@ -188,6 +123,8 @@ def opensora(variant: str = "balanced", offset: float = 5.0, alpha: float = 3.0,
     balanced: the buckets nearest the middle."""
     if variant not in OPENSORA_VARIANTS:
         raise WorkloadError(f"unknown opensora variant {variant!r}; expected one of {OPENSORA_VARIANTS}")
+    if size > MAX_GENERATED_SAMPLES:
+        raise WorkloadError(f"opensora size={size} is more than {MAX_GENERATED_SAMPLES:,} samples")
     if size <= 0 or alpha <= 0 or offset < 0:
         raise WorkloadError(f"opensora needs size > 0, alpha > 0, offset >= 0; got {size}, {alpha}, {offset}")
     rng = np.random.default_rng(seed)
@@ -223,15 +160,21 @@ def _parse_params(text: str, spec: str) -> dict[str, float]:
         if not sep:
             raise WorkloadError(f"workload {spec!r}: parameter {item!r} is not key=value")
         try:
-            params[key.strip()] = float(value)
+            number = float(value)
         except ValueError:
-            raise WorkloadError(f"workload {spec!r}: {key}={value!r} is not a number") from None
+            number = math.nan
+        if not math.isfinite(number):
+            raise WorkloadError(f"workload {spec!r}: {key}={value!r} is not a finite number")
+        params[key.strip()] = number
     return params
 
 
 def load_workload(spec: str, seed: int = 0) -> Workload:
     """A workload by spec: `wikipedia`, `lognormal[:mean=1024,sigma=1.5,min=128,max=8192,scale=1]`,
     `opensora[:short|balanced|long]` (or `opensora-long`), or a lengths file path."""
+    if not spec.strip():
+        raise WorkloadError("empty workload: use wikipedia, lognormal[:k=v,...], opensora[:short|balanced|long] "
+                            "or a lengths file")
     name, _, rest = spec.partition(":")
     if name == "wikipedia" and not rest:
         return wikipedia()
@@ -241,6 +184,9 @@ def load_workload(spec: str, seed: int = 0) -> Workload:
         unknown = set(p) - set(keys)
         if unknown:
             raise WorkloadError(f"workload {spec!r}: unknown parameter(s) {sorted(unknown)}; known: {sorted(keys)}")
+        fractional = [k for k in ("min", "max", "size") if k in p and p[k] != int(p[k])]
+        if fractional:
+            raise WorkloadError(f"workload {spec!r}: {fractional[0]}={p[fractional[0]]:g} is not an integer")
         kw = {keys[k]: (int(v) if k in ("min", "max", "size") else v) for k, v in p.items()}
         return lognormal(seed=seed, **kw)
     if name.startswith("opensora"):
@@ -257,9 +203,12 @@ def load_workload(spec: str, seed: int = 0) -> Workload:
 
 def global_batches(workload: Workload, attention: str, *, batch_size: int | None = None,
                    token_budget: int | None = None, steps: int | None = None, seed: int = 0,
-                   ) -> list[list[Sample]]:
+                   full_only: bool = False) -> list[list[Sample]]:
     """Seeded shuffle, then consecutive global batches of `batch_size` samples or of at most
-    `token_budget` tokens (a longer sample gets a batch of its own). The last batch may be partial."""
+    `token_budget` tokens (a longer sample gets a batch of its own), the first `steps` of them.
+    The last batch may be partial, unless `full_only`: then a last batch cut short by the end of
+    the workload is left out, and a workload without one full batch, or a planned sample longer
+    than the token budget, is a WorkloadError (what `dcp plan` wants: every step a real batch)."""
     if (batch_size is None) == (token_budget is None):
         raise WorkloadError("give exactly one of a global batch size (samples) or a token budget")
     if batch_size is not None and batch_size <= 0:
@@ -270,7 +219,31 @@ def global_batches(workload: Workload, attention: str, *, batch_size: int | None
         raise WorkloadError(f"steps must be positive, got {steps}")
     order = np.random.default_rng(seed).permutation(len(workload))
     batches = cut_batches(order, workload.tokens[order], batch_size=batch_size, token_budget=token_budget)
+    if full_only:
+        batches = _full_batches(workload, batches, batch_size, token_budget)[:steps]
+        over = [ids[0] for ids in batches if token_budget is not None and _total(workload, ids) > token_budget]
+        if over:
+            raise WorkloadError(f"global token budget {token_budget:,} is less than sample {over[0]}'s "
+                                f"{workload.tokens[over[0]]:,} tokens: a global batch must hold its longest sample")
     return [workload.samples(attention, ids) for ids in batches[:steps]]
+
+
+def _total(workload: Workload, ids: np.ndarray | None = None) -> int:
+    """Tokens of `ids` (default all) as a Python int: an int64 sum of long samples can wrap."""
+    return sum((workload.tokens if ids is None else workload.tokens[ids]).tolist())
+
+
+def _full_batches(workload: Workload, batches: list[np.ndarray], batch_size: int | None,
+                  token_budget: int | None) -> list[np.ndarray]:
+    """`batches` without a last one that the end of the workload cut short; error if none is left."""
+    last = batches[-1]
+    if len(last) < (batch_size or 0) or (token_budget is not None and _total(workload, last) < token_budget):
+        batches = batches[:-1]
+    if not batches:
+        size = f"{batch_size:,} samples" if batch_size is not None else f"{token_budget:,} tokens"
+        raise WorkloadError(f"workload {workload.name} holds {len(workload):,} samples of "
+                            f"{_total(workload):,} tokens, less than one global batch of {size}")
+    return batches
 
 
 def cut_batches(order: np.ndarray, tokens: np.ndarray, *, batch_size: int | None = None,

@@ -28,7 +28,7 @@ from dcp.executor.batch import PackedBatch, SampleTensors, check_sample_tensors,
 from dcp.executor.checkpoint import CheckpointSwitches
 from dcp.executor.comm import GradBuffer, broadcast_params
 from dcp.executor.parallel_state import ParallelState
-from dcp.executor.plan_check import agree_on_plan, check_plan
+from dcp.executor.plan_check import ExecutorError, agree_on_plan, check_plan
 from dcp.executor.ulysses import SPContext, install_ulysses
 from dcp.models.losses import IGNORE_INDEX
 from dcp.models.precision import check_param_dtypes, forward_autocast, recipe_for_model, torch_dtype
@@ -120,14 +120,21 @@ class Executor:
         rank's group) and leave the reduced, normalized gradients in `.grad` (overwritten)."""
         start = time.perf_counter()
         state = self.state
-        check_plan(plan, state, len(self.switches.layers), self.heads)
-        group = plan.group_of_rank(state.rank)
-        specs = plan.sample_map()
-        error = check_sample_tensors(local_samples(plan, state.rank), specs, samples, self.per_sample_keys)
+        # Every check before the first collective, and with check_agreement every rank learns of
+        # any rank's failure in the same all-gather: one bad plan or missing sample anywhere stops
+        # all ranks with the same error, instead of leaving the others waiting in a collective.
+        try:
+            check_plan(plan, state, len(self.switches.layers), self.heads)
+            error = check_sample_tensors(local_samples(plan, state.rank), plan.sample_map(), samples,
+                                         self.per_sample_keys)
+        except ExecutorError as e:
+            error = str(e)
         if self.check_agreement:
             agree_on_plan(plan, state, error)
         elif error:
-            raise ValueError(error)
+            raise ExecutorError(error)
+        group = plan.group_of_rank(state.rank)
+        specs = plan.sample_map()
         self.grads.attach()
         loss_sum = torch.zeros((), dtype=torch.float64, device=state.device)
         loss_tokens = torch.zeros((), dtype=torch.float64, device=state.device)

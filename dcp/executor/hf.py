@@ -31,7 +31,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from transformers import AttentionInterface
+
+try:
+    from transformers import AttentionInterface
+except ImportError as e:  # transformers is an extra, not a dependency
+    raise ImportError(f"dcp.executor.hf needs transformers ({e}): pip install 'dcp[hf]'") from e
 
 from dcp.executor.batch import PackedBatch
 from dcp.executor.executor import Executor

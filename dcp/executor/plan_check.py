@@ -36,20 +36,34 @@ def agree_on_plan(plan: Plan, state: ParallelState, local_error: str | None = No
     """One small all-gather of (plan digest, this rank's error or None). Every rank then raises
     the same ExecutorError if any rank had an error or any plan differs from rank 0's, so a
     problem seen by one rank stops all of them instead of leaving the others in a collective."""
-    mine = (plan.digest(), local_error)
+    try:
+        digest = plan.digest()
+    except Exception as e:  # a plan too broken to hash is that rank's error, not a crash before the gather
+        digest, local_error = "", local_error or f"plan cannot be hashed ({type(e).__name__}: {e})"
+    mine = (digest, local_error)
     if state.world_size == 1:
         everyone = [mine]
     else:
         everyone = [None] * state.world_size
         dist.all_gather_object(everyone, mine)
-    errors = [f"rank {r}: {err}" for r, (_, err) in enumerate(everyone) if err]
-    if errors:
-        raise ExecutorError("cannot run the step; " + "; ".join(errors))
-    differ = [r for r, (digest, _) in enumerate(everyone) if digest != everyone[0][0]]
+    by_error: dict[str, list[int]] = {}
+    for r, (_, err) in enumerate(everyone):
+        if err:
+            by_error.setdefault(err, []).append(r)
+    if by_error:
+        raise ExecutorError("cannot run the step; " + "; ".join(
+            f"{_ranks(ranks, state.world_size)}: {err}" for err, ranks in by_error.items()))
+    differ = [r for r, (d, _) in enumerate(everyone) if d != everyone[0][0]]
     if differ:
         raise ExecutorError(f"ranks disagree on the plan: rank(s) {differ} hold a plan whose digest differs "
                             f"from rank 0's ({everyone[0][0][:12]}); plan on rank 0 and broadcast it "
                             "(broadcast_plan) or plan deterministically")
+
+
+def _ranks(ranks: list[int], world_size: int) -> str:
+    if len(ranks) == world_size > 1:
+        return "every rank"
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
 
 
 def broadcast_plan(plan: Plan | None, state: ParallelState, src: int = 0) -> Plan:

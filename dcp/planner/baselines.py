@@ -1,8 +1,9 @@
 """The static baselines DCP is measured against: bucket parallel and token-budget packing.
 
-Both fix one SP size for the whole step (the smallest that fits the batch's longest sample with
-every layer checkpointed, or `static_sp`: one size for the whole training, as the DCP paper's
-baselines run) and split the cluster into N/p identical groups; they differ in how samples
+Both fix one SP size: for the whole training (`static_sp=DATASET`, the smallest that fits the
+dataset's longest sample with every layer checkpointed, as the DCP paper's baselines run;
+strategies `bucket` and `packed`), or a given size, or per step (the smallest that fits the
+batch's longest sample; `bucket-per-batch`, `packed-per-batch`), and split the cluster into N/p identical groups; they differ in how samples
 become micro-batches and how micro-batches reach groups.
 """
 
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 from dcp.costmodel import CostModel
 from dcp.data.workloads import Sample
 from dcp.planner.common import aligned_layout, allowed_sp_sizes, assemble, check_feasible
-from dcp.planner.options import BucketOptions, PackedOptions
+from dcp.planner.options import DATASET, BucketOptions, PackedOptions
 from dcp.planner.plan import InfeasibleError, Plan
 
 
@@ -49,15 +50,27 @@ def smallest_fitting_sp(tokens: int, cm: CostModel, sizes: Sequence[int]) -> int
     for p in sorted(sizes):
         if cm.min_ckpt_layers(tokens, p) is not None:
             return p
-    raise InfeasibleError(f"no allowed SP size {list(sizes)} fits a sample of {tokens} tokens")
+    raise InfeasibleError(f"no allowed SP size {list(sizes)} fits a sample of {tokens} tokens, even with "
+                          "every layer checkpointed")
 
 
 def static_sp_size(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int],
-                   fixed: int | None = None) -> int:
+                   fixed: int | str | None = None, dataset_longest_tokens: int | None = None) -> int:
     """The SP size of a static baseline: `fixed` (checked against the allowed sizes and the
-    batch's longest sample) or else the smallest allowed size that fits the batch's longest
-    sample fully checkpointed."""
+    batch's longest sample); for `fixed=DATASET` the smallest allowed size that fits the
+    dataset's longest sample fully checkpointed; for None the smallest that fits the batch's."""
     longest = max(s.tokens for s in batch)
+    if fixed == DATASET:
+        if dataset_longest_tokens is None:
+            raise ValueError("a static baseline (strategy bucket or packed) fixes one SP size for the whole "
+                             "training: give dataset_longest_tokens (the dataset's longest sample, see "
+                             "dcp.planner.options.with_dataset) or use bucket-per-batch / packed-per-batch")
+        longest = max(longest, dataset_longest_tokens)
+        try:
+            return smallest_fitting_sp(longest, cm, sizes)
+        except InfeasibleError as e:
+            raise InfeasibleError(f"static SP size for the dataset's longest sample: {e}; the per-batch "
+                                  "baselines (bucket-per-batch, packed-per-batch) size each batch instead") from e
     if fixed is None:
         # check_feasible has already proven the largest size fits.
         return smallest_fitting_sp(longest, cm, sizes)
@@ -80,7 +93,7 @@ def solve_bucket(batch: Sequence[Sample], cm: CostModel, options: BucketOptions 
     options = options or BucketOptions()
     sizes = allowed_sp_sizes(cm, options.sp_sizes)
     check_feasible(batch, cm, sizes)
-    p, k = static_sp_size(batch, cm, sizes, options.static_sp), cm.model.num_layers
+    p, k = static_sp_size(batch, cm, sizes, options.static_sp, options.dataset_longest_tokens), cm.model.num_layers
     n_groups = cm.cluster.num_gpus // p
     mbs_per_group: list[list[list[int]]] = [[] for _ in range(n_groups)]
     turn = 0
@@ -94,7 +107,7 @@ def solve_bucket(batch: Sequence[Sample], cm: CostModel, options: BucketOptions 
     layout = aligned_layout({p: n_groups}, cm.cluster.num_gpus, cm.cluster.gpus_per_node)
     groups = [(start, sp, mbs_per_group[gi]) for gi, (start, sp) in enumerate(layout)]
     return assemble(
-        "bucket", batch, cm, groups,
+        "bucket" if options.static_sp is not None else "bucket-per-batch", batch, cm, groups,
         ckpt=[[k] * len(mbs) for mbs in mbs_per_group], started=started,
         notes=[f"static SP size {p}, {n_groups} groups, all {k} layers checkpointed"],
     )
@@ -142,7 +155,7 @@ def solve_packed(batch: Sequence[Sample], cm: CostModel, options: PackedOptions 
     options = options or PackedOptions()
     sizes = allowed_sp_sizes(cm, options.sp_sizes)
     check_feasible(batch, cm, sizes)
-    p, k = static_sp_size(batch, cm, sizes, options.static_sp), cm.model.num_layers
+    p, k = static_sp_size(batch, cm, sizes, options.static_sp, options.dataset_longest_tokens), cm.model.num_layers
     budget = options.token_budget or min(
         cm.max_tokens(p, k),
         group_share(sum(s.tokens for s in batch), p, cm.cluster.num_gpus),
@@ -162,5 +175,5 @@ def solve_packed(batch: Sequence[Sample], cm: CostModel, options: PackedOptions 
     jobs = lpt_assign(times, n_groups)
     layout = aligned_layout({p: n_groups}, cm.cluster.num_gpus, cm.cluster.gpus_per_node)
     groups = [(start, sp, [[s.id for s in bins[j]] for j in jobs[gi]]) for gi, (start, sp) in enumerate(layout)]
-    return assemble("packed", batch, cm, groups, started=started,
+    return assemble("packed" if options.static_sp is not None else "packed-per-batch", batch, cm, groups, started=started,
                     notes=[f"static SP size {p}, {n_groups} groups, {budget} tokens per micro-batch"])

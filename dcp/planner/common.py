@@ -48,7 +48,8 @@ def check_feasible(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int])
             raise InfeasibleError(
                 f"sample {s.id} ({s.tokens} tokens) is beyond what the profile can price: "
                 f"{s.tokens / p:.0f} tokens per GPU at SP size {p}, more than {cm.hardware.extrapolation_factor}x "
-                f"the largest fitted micro-batch ({cm.fit.max_fitted_tokens} tokens); profile longer sequences"
+                f"the largest fitted micro-batch ({cm.fit.max_fitted_tokens} tokens); profile longer sequences "
+                f"(dcp profile --max-tokens)"
             )
         if cm.min_ckpt_layers(s.tokens, p) is None:
             need = cm.memory_bytes(s.tokens, p, k)

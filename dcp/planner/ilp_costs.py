@@ -1,6 +1,6 @@
 """Per-sample cost tables for the ILP planner, and the canonical micro-batching of one group.
 
-For every sample i and allowed SP size p the table holds (DESIGN.md, "The cost model"):
+For every sample i and allowed SP size p the table holds (docs/design.md, "The cost model"):
 
     r[i, p]     fewest checkpointed layers with which sample i fits alone at p (-1: never)
     solo[i, p]  t_ip = fixed(p, r) + per_token(p, r) T_i + per_pair(p, r) A_i, its time alone

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 
 SOLVERS = ("highs", "cbc")
@@ -16,9 +18,18 @@ class StrategyOptions:
     name = "base"
 
 
-def _check_static_sp(static_sp: int | None) -> None:
-    if static_sp is not None and (static_sp < 1 or static_sp & (static_sp - 1)):
-        raise ValueError(f"static_sp must be a power of two, got {static_sp}")
+DATASET = "dataset"
+"""`static_sp=DATASET`: one SP size for the whole training, the smallest that fits the dataset's
+longest sample fully checkpointed (how the DCP paper runs its static baselines)."""
+
+
+def _check_static(static_sp: int | str | None, dataset_longest_tokens: int | None) -> None:
+    if static_sp == DATASET or static_sp is None:
+        pass
+    elif isinstance(static_sp, str) or static_sp < 1 or static_sp & (static_sp - 1):
+        raise ValueError(f"static_sp must be a power of two, {DATASET!r} or None, got {static_sp!r}")
+    if dataset_longest_tokens is not None and dataset_longest_tokens < 1:
+        raise ValueError(f"dataset_longest_tokens must be positive, got {dataset_longest_tokens}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,14 +37,17 @@ class BucketOptions(StrategyOptions):
     """Bucket parallel: one static SP size (the smallest that fits the batch's longest sample),
     a batch size per length bucket, full checkpointing, no balancing across groups."""
 
-    static_sp: int | None = None
-    """SP size fixed for the whole training, as the DCP paper's bucket parallel chooses it (the
-    smallest that fits the dataset's longest sample, see `baselines.smallest_fitting_sp`);
-    None: the smallest that fits this batch's longest sample."""
+    static_sp: int | str | None = None
+    """The SP size: a power of two fixed for the whole training; `DATASET`: the smallest that
+    fits `dataset_longest_tokens` (the DCP paper's bucket parallel, strategy `bucket`); None: the
+    smallest that fits this batch's longest sample (strategy `bucket-per-batch`)."""
+    dataset_longest_tokens: int | None = None
+    """The longest sample of the whole training data, for `static_sp=DATASET` (the sampler and
+    `dcp.planner.run` fill it in from the workload)."""
     name = "bucket"
 
     def __post_init__(self) -> None:
-        _check_static_sp(self.static_sp)
+        _check_static(self.static_sp, self.dataset_longest_tokens)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,12 +56,17 @@ class PackedOptions(StrategyOptions):
 
     token_budget: int | None = None
     """Tokens per micro-batch; None: the most that fit at the static SP size fully checkpointed."""
-    static_sp: int | None = None
-    """SP size fixed for the whole training; None: the smallest that fits the batch's longest sample."""
+    static_sp: int | str | None = None
+    """As `BucketOptions.static_sp`: a fixed size, `DATASET` (strategy `packed`) or None, per
+    batch (strategy `packed-per-batch`)."""
+    dataset_longest_tokens: int | None = None
+    """The longest sample of the whole training data, for `static_sp=DATASET`."""
     name = "packed"
 
     def __post_init__(self) -> None:
-        _check_static_sp(self.static_sp)
+        _check_static(self.static_sp, self.dataset_longest_tokens)
+        if self.token_budget is not None and self.token_budget < 1:
+            raise ValueError(f"token_budget must be positive, got {self.token_budget}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,9 +96,17 @@ class IlpOptions(StrategyOptions):
     def __post_init__(self) -> None:
         if self.solver not in SOLVERS:
             raise ValueError(f"unknown MILP solver {self.solver!r}; expected one of {SOLVERS}")
-        if not self.time_limit_s > 0:
-            raise ValueError(f"ILP time limit must be positive, got {self.time_limit_s}")
+        if not (self.time_limit_s > 0 and math.isfinite(self.time_limit_s)):
+            raise ValueError(f"ILP time limit must be a positive, finite number of seconds, got {self.time_limit_s}")
         if not self.mip_rel_gap >= 0:
             raise ValueError(f"mip_rel_gap must be >= 0, got {self.mip_rel_gap}")
         if self.max_microbatches is not None and self.max_microbatches < 1:
             raise ValueError(f"max_microbatches must be at least 1, got {self.max_microbatches}")
+
+
+def with_dataset(options: StrategyOptions, longest_tokens: int) -> StrategyOptions:
+    """`options` with the dataset's longest sample filled in where a static baseline needs it
+    (`static_sp=DATASET`); other options are returned as they are."""
+    if getattr(options, "static_sp", None) == DATASET and getattr(options, "dataset_longest_tokens", 0) is None:
+        return dataclasses.replace(options, dataset_longest_tokens=int(longest_tokens))  # type: ignore[type-var]
+    return options

@@ -15,12 +15,20 @@ from typing import Any
 from dcp.data.workloads import Sample
 
 PLAN_SCHEMA_VERSION = 1
+SAMPLE_FIELDS = ("id", "tokens", "attn_pairs", "frames")
+"""What each entry of a plan JSON's `samples` list holds, in order."""
 # Predicted times are sums of floats computed in different orders by planner and validator.
 _TIME_RTOL = 1e-6
 
 
+def _integer(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{where}: {value!r} is not an integer")  # from_dict reports it as a PlanError
+    return value
+
+
 class PlanError(ValueError):
-    """A plan breaks an invariant (DESIGN.md, "The planner")."""
+    """A plan breaks an invariant (see `Plan.validate`)."""
 
 
 class InfeasibleError(ValueError):
@@ -85,9 +93,22 @@ class Plan:
 
     # -- invariants ------------------------------------------------------------------------
     def validate(self) -> Plan:
-        """Check every invariant of DESIGN.md; raise PlanError naming the first broken one."""
+        """Check every invariant; raise PlanError naming the first broken one.
+
+        Every sample has at least one token, split into equal frames, and appears in exactly one
+        micro-batch; groups are disjoint, aligned power-of-two blocks of ranks (inside one node
+        when they fit one) within the cluster; every micro-batch fits in memory and checkpoints
+        0..num_layers layers; step_time_s is the slowest group plus the gradient sync, at least
+        the lower bound."""
         if self.num_gpus <= 0 or self.gpus_per_node <= 0:
             raise PlanError(f"plan cluster is invalid: {self.num_gpus} GPUs, {self.gpus_per_node} per node")
+        if self.num_layers <= 0:
+            raise PlanError(f"plan is for a model of {self.num_layers} layers")
+        for s in self.samples:
+            if s.tokens < 1:
+                raise PlanError(f"sample {s.id} has {s.tokens} tokens; a sample needs at least 1")
+            if s.frames < 1 or s.tokens % s.frames:
+                raise PlanError(f"sample {s.id}: {s.tokens} tokens do not split into {s.frames} equal frames")
         ids = Counter(s.id for s in self.samples)
         dup = [i for i, n in ids.items() if n > 1]
         if dup:
@@ -142,9 +163,10 @@ class Plan:
 
     # -- serialization ---------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: `samples` as [id, tokens, attn_pairs, frames] lists, labelled by `sample_fields`."""
         d = asdict(self)
         d["samples"] = [[s.id, s.tokens, s.attn_pairs, s.frames] for s in self.samples]
-        return {"schema_version": PLAN_SCHEMA_VERSION, **d}
+        return {"schema_version": PLAN_SCHEMA_VERSION, "sample_fields": list(SAMPLE_FIELDS), **d}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Plan:
@@ -155,7 +177,8 @@ class Plan:
         try:
             d = dict(d)
             d.pop("schema_version")
-            d["samples"] = [Sample(int(i), int(t), int(a), int(f)) for i, t, a, f in d["samples"]]
+            d.pop("sample_fields", None)
+            d["samples"] = [Sample(*(_integer(v, f"sample {row!r:.60}") for v in row)) for row in d["samples"]]
             d["groups"] = [
                 Group(list(g["ranks"]), int(g["sp"]), [MicroBatch(**mb) for mb in g["microbatches"]])
                 for g in d["groups"]
@@ -175,9 +198,11 @@ class Plan:
             raise PlanError(f"plan is not valid JSON ({e.msg} at line {e.lineno})") from e
 
     def digest(self) -> str:
-        """Hash of what ranks must agree on (assignment and checkpointing, not timings)."""
+        """Hash of what ranks must agree on: the cluster, the model depth, every sample's tokens
+        and frames (frames shape the attention), groups, assignment and checkpointing; not timings."""
         key = [(g.ranks, g.sp, [(mb.samples, mb.ckpt_layers) for mb in g.microbatches]) for g in self.groups]
-        key_json = json.dumps([self.num_gpus, [[s.id, s.tokens] for s in self.samples], key])
+        samples = [[s.id, s.tokens, s.frames] for s in self.samples]
+        key_json = json.dumps([self.num_gpus, self.gpus_per_node, self.num_layers, samples, key])
         return hashlib.sha256(key_json.encode()).hexdigest()
 
     def to_frame(self) -> Any:

@@ -4,6 +4,7 @@
     cm = doc.cost_model()
     plan = doc.step(0)
     timeline = simulate(plan, cm)
+    other = reprice(plan, doc.cost_model(model="llama-13b"))   # the same plan on another model
     group_rows(plan)            # one row per SP group
     kind_shares(timeline)       # share of rank-seconds per event kind
 
@@ -12,12 +13,15 @@ Used by `dcp show` and the notebooks. Never imports torch, click or matplotlib.
 
 from __future__ import annotations
 
+import copy
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dcp.costmodel import DEFAULT_HARDWARE, DEFAULT_MODEL, CostModel
+from dcp.planner.bounds import lower_bound
 from dcp.planner.plan import Plan, PlanError
 from dcp.planner.run import build_cost_model
 from dcp.planner.simulate import EVENT_KINDS, Timeline
@@ -54,15 +58,71 @@ class PlanDocument:
         """The cost model the plans were made with, from the stored config; arguments override it.
 
         A bare plan carries its cluster (GPUs, per node, memory) but not its model or hardware:
-        they default to `dcp plan`'s (llama-7b on h200-sxm). A hardware profile given as a
-        relative path is looked up next to the plan file as well."""
+        they default to `dcp plan`'s (llama-7b on h200-sxm). A model or hardware file stored as a
+        relative path is relative to the plan file's folder (see `stored_path`); overrides are
+        taken as given."""
         c, p = self.config, self.plans[0]
-        hw = hardware or c.get("hardware") or DEFAULT_HARDWARE
-        if hw.endswith(".json") and not Path(hw).is_file() and (self.path.parent / hw).is_file():
-            hw = str(self.path.parent / hw)
+        hw = hardware or self._stored(c.get("hardware")) or DEFAULT_HARDWARE
+        spec = model or self._stored(c.get("model")) or DEFAULT_MODEL
         memory_gb = c.get("memory_gb") if c else p.memory_limit_bytes / 1e9
-        return build_cost_model(model or c.get("model") or DEFAULT_MODEL, hw, p.num_gpus, p.gpus_per_node,
-                                memory_gb, int(zero_stage if zero_stage is not None else c.get("zero_stage", 1)))
+        return build_cost_model(spec, hw, p.num_gpus, p.gpus_per_node, memory_gb,
+                                int(zero_stage if zero_stage is not None else c.get("zero_stage", 1)))
+
+    def _stored(self, value: Any) -> str | None:
+        if value is None:
+            return None
+        value = str(value)
+        if is_file_ref(value) and not Path(value).is_absolute():
+            return str(self.path.parent / value)
+        return value
+
+
+def is_file_ref(value: str) -> bool:
+    """Whether a --model or --hardware value names a file rather than a preset (as
+    `dcp.costmodel.load_model` tells them apart)."""
+    return value.endswith(".json") or Path(value).is_file()
+
+
+def stored_path(value: str, document: Path | None) -> str:
+    """How a plan document records a --model or --hardware value: a preset name as it is, a file
+    relative to the document's folder (absolute when the document goes to stdout), so `dcp show`
+    finds it from any directory."""
+    if not is_file_ref(value):
+        return value
+    path = Path(value).resolve()
+    if document is None:
+        return str(path)
+    return os.path.relpath(path, document.resolve().parent)
+
+
+def reprice(plan: Plan, cm: CostModel) -> Plan:
+    """The same plan (groups, assignment, checkpointed layers) priced on another cost model:
+    new micro-batch times and memory, gradient sync, step time and lower bound. PlanError if it
+    no longer holds there (more checkpointed layers than the model has, memory over the limit)."""
+    if plan.num_gpus != cm.cluster.num_gpus:
+        raise PlanError(f"plan is for {plan.num_gpus} GPUs, the cost model for {cm.cluster.num_gpus}")
+    k = cm.model.num_layers
+    new = copy.deepcopy(plan)
+    by_id = new.sample_map()
+    for gi, g in enumerate(new.groups):
+        for mi, mb in enumerate(g.microbatches):
+            if mb.ckpt_layers > k:
+                raise PlanError(f"group {gi} micro-batch {mi} checkpoints {mb.ckpt_layers} layers; {cm.model.name} "
+                                f"has {k}")
+            tokens = sum(by_id[i].tokens for i in mb.samples)
+            pairs = sum(by_id[i].attn_pairs for i in mb.samples)
+            mb.time_s = cm.time_s(tokens, pairs, g.sp, mb.ckpt_layers)
+            mb.memory_bytes = cm.memory_bytes(tokens, g.sp, mb.ckpt_layers)
+    new.num_layers, new.memory_limit_bytes = k, cm.cluster.memory_bytes
+    new.grad_sync_s = cm.grad_sync_s()
+    new.step_time_s = new.busy_s() + new.grad_sync_s
+    new.lower_bound_s = min(lower_bound(new.samples, cm), new.step_time_s)
+    new.gap, new.solve_time_s = None, 0.0
+    new.notes = [*plan.notes, f"re-priced on {cm.model.name} x {cm.hardware.name}"]
+    try:
+        return new.validate()
+    except PlanError as e:
+        raise PlanError(f"the plan does not hold on {cm.model.name} x {cm.hardware.name}: {e}") from e
 
 
 def parse_plan_document(doc: Any, path: str | Path = "<plan>") -> PlanDocument:

@@ -1,9 +1,13 @@
 """Orchestration shared by the CLI, notebooks and benchmarks: workload -> batches -> plans -> numbers.
 
     cm = build_cost_model("llama-7b", "h200-sxm", gpus=32)
-    batches = make_batches("wikipedia", cm, global_batch=512, steps=10)
+    workload = load_workload("wikipedia")
+    batches = make_batches(workload, cm, global_batch=512, steps=10)
     plans = plan_steps(batches, cm, "dcp-greedy")
-    compare(batches, cm, ["bucket", "dcp-greedy"])
+    compare(batches, cm, ["bucket", "dcp-greedy"], dataset_longest_tokens=int(workload.tokens.max()))
+
+`bucket` and `packed` fix one SP size for the whole training from the dataset's longest sample:
+pass `dataset_longest_tokens` (without it, the longest sample of the batches given stands in).
 
 Never imports torch or click.
 """
@@ -11,7 +15,7 @@ Never imports torch or click.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from dcp.costmodel import (
@@ -22,9 +26,10 @@ from dcp.costmodel import (
     load_hardware,
     load_model,
 )
-from dcp.data.workloads import Sample, global_batches, load_workload
-from dcp.planner import STRATEGIES, solve, strategy_options
-from dcp.planner.options import IlpOptions, StrategyOptions
+from dcp.data.workloads import Sample, Workload, global_batches, load_workload
+from dcp.planner import STRATEGIES, solve
+from dcp.planner.inputs import check_options
+from dcp.planner.options import IlpOptions, StrategyOptions, with_dataset
 from dcp.planner.plan import Plan
 from dcp.planner.simulate import Timeline, simulate
 
@@ -49,30 +54,56 @@ def build_cost_model(model: str, hardware: str, gpus: int, gpus_per_node: int | 
     return CostModel(spec, hw, cluster, TrainingSetup(zero_stage=zero_stage))
 
 
-def make_batches(workload: str, cm: CostModel, *, global_batch: int | None = None,
-                 global_tokens: int | None = None, steps: int | None = 10, seed: int = 0) -> list[list[Sample]]:
-    """Global batches of a workload spec, `global_batch` samples (default 512) or at most
-    `global_tokens` tokens each, with attention pairs for the cost model's model."""
+def make_batches(workload: str | Workload, cm: CostModel, *, global_batch: int | None = None,
+                 global_tokens: int | None = None, steps: int | None = 10, seed: int = 0,
+                 full_only: bool = False) -> list[list[Sample]]:
+    """Global batches of a workload (or its spec), `global_batch` samples (default 512) or at most
+    `global_tokens` tokens each, with attention pairs for the cost model's model; `full_only`:
+    no partial last batch (see `dcp.data.workloads.global_batches`)."""
     if global_batch is None and global_tokens is None:
         global_batch = DEFAULT_GLOBAL_BATCH
-    return global_batches(load_workload(workload, seed=seed), cm.model.attention, batch_size=global_batch,
-                          token_budget=global_tokens, steps=steps, seed=seed)
+    if isinstance(workload, str):
+        workload = load_workload(workload, seed=seed)
+    return global_batches(workload, cm.model.attention, batch_size=global_batch,
+                          token_budget=global_tokens, steps=steps, seed=seed, full_only=full_only)
 
 
-def resolve_options(name: str | StrategyOptions, time_limit_s: float | None = None) -> StrategyOptions:
-    """Options for a strategy name (or the options themselves); `time_limit_s` applies to the ILP only."""
-    # strategy_options raises ValueError naming an unknown strategy.
-    options = name if isinstance(name, StrategyOptions) else strategy_options(name)
+def resolve_options(name: str | StrategyOptions, time_limit_s: float | None = None,
+                    dataset_longest_tokens: int | None = None) -> StrategyOptions:
+    """Options for a strategy name (or the options themselves); `time_limit_s` applies to the ILP
+    only, `dataset_longest_tokens` to the static baselines (`bucket`, `packed`)."""
+    options = check_options(name)  # raises ValueError naming an unknown strategy
     if time_limit_s is not None and isinstance(options, IlpOptions):
         options = dataclasses.replace(options, time_limit_s=time_limit_s)
+    if dataset_longest_tokens is not None:
+        options = with_dataset(options, dataset_longest_tokens)
     return options
 
 
+Progress = Callable[[str, int, int], None]
+"""progress(what, done, total): called before each global batch is planned and once at the end."""
+
+
+def _longest(batches: Sequence[Sequence[Sample]]) -> int:
+    return max((s.tokens for b in batches for s in b), default=1)
+
+
 def plan_steps(batches: Sequence[Sequence[Sample]], cm: CostModel, strategy: str | StrategyOptions = "ilp",
-               time_limit_s: float | None = None) -> list[Plan]:
-    """One plan per global batch (every strategy returns validated plans)."""
-    options = resolve_options(strategy, time_limit_s)
-    return [solve(batch, cm.cluster, cm, options) for batch in batches]
+               time_limit_s: float | None = None, *, dataset_longest_tokens: int | None = None,
+               progress: Progress | None = None) -> list[Plan]:
+    """One plan per global batch (every strategy returns validated plans). The static baselines
+    size their SP group for `dataset_longest_tokens`, or else for the longest sample in `batches`."""
+    longest = dataset_longest_tokens if dataset_longest_tokens is not None else _longest(batches)
+    options = resolve_options(strategy, time_limit_s, longest)
+    what = strategy if isinstance(strategy, str) else options.name
+    plans = []
+    for i, batch in enumerate(batches):
+        if progress is not None:
+            progress(what, i, len(batches))
+        plans.append(solve(batch, cm.cluster, cm, options))
+    if progress is not None:
+        progress(what, len(batches), len(batches))
+    return plans
 
 
 def gap(plan: Plan) -> float:
@@ -136,18 +167,25 @@ def strategy_metrics(plans: Sequence[Plan], cm: CostModel) -> dict[str, float]:
 
 
 def compare(batches: Sequence[Sequence[Sample]], cm: CostModel, strategies: Sequence[str] | None = None,
-            time_limit_s: float | None = None) -> Any:
+            time_limit_s: float | None = None, *, dataset_longest_tokens: int | None = None,
+            progress: Progress | None = None) -> Any:
     """The same batches through every strategy: one row per strategy (pandas DataFrame).
 
-    speedup_vs_bucket is bucket's mean step time over the strategy's (NaN without bucket)."""
+    speedup_vs_bucket is bucket's mean step time over the strategy's (NaN without bucket): the
+    static bucket baseline, one SP size for `dataset_longest_tokens` (see `plan_steps`)."""
     import pandas as pd
 
     names = list(strategies) if strategies is not None else list(STRATEGIES)
     for name in names:
         resolve_options(name, time_limit_s)  # fail on a bad name before any solving
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"strategy {twice[0]!r} is listed more than once")
     rows = []
     for name in names:
-        rows.append({"strategy": name, **strategy_metrics(plan_steps(batches, cm, name, time_limit_s), cm)})
+        plans = plan_steps(batches, cm, name, time_limit_s, dataset_longest_tokens=dataset_longest_tokens,
+                           progress=progress)
+        rows.append({"strategy": name, **strategy_metrics(plans, cm)})
     frame = pd.DataFrame(rows)
     ref = frame.loc[frame["strategy"] == REFERENCE_STRATEGY, "mean_step_time_s"]
     frame.insert(2, "speedup_vs_bucket", ref.iloc[0] / frame["mean_step_time_s"] if len(ref) else float("nan"))

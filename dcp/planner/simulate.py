@@ -124,6 +124,9 @@ def simulate(plan: Plan, cm: CostModel) -> Timeline:
     """Replay `plan` on `cm`; the step time equals plan.step_time_s (checked)."""
     if plan.num_gpus != cm.cluster.num_gpus:
         raise PlanError(f"plan is for {plan.num_gpus} GPUs, the cost model for {cm.cluster.num_gpus}")
+    if plan.num_layers != cm.model.num_layers:
+        raise PlanError(f"plan is for a model of {plan.num_layers} layers, the cost model's {cm.model.name} "
+                        f"has {cm.model.num_layers}")
     per_rank: list[list[Event]] = [[] for _ in range(plan.num_gpus)]
     for g in plan.groups:
         events = _group_events(plan, g, cm)

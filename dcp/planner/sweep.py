@@ -18,13 +18,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from dcp.costmodel import DEFAULT_HARDWARE, DEFAULT_MODEL, CostModel, CostModelError
-from dcp.data.workloads import Sample
+from dcp.data.workloads import Sample, Workload, load_workload
 from dcp.planner.plan import InfeasibleError, Plan
 from dcp.planner.report import checkpoint_share, memory_headroom
 from dcp.planner.run import build_cost_model, make_batches, plan_steps, strategy_metrics
 
 SWEEP_STRATEGIES = ("ilp", "dcp-greedy", "bucket", "packed")
 BASELINES = ("bucket", "packed")
+"""The static baselines speedups are reported against: one SP size for the whole training, the
+smallest that fits the workload's longest sample (the DCP paper's; see `dcp.planner.STRATEGIES`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,9 +62,11 @@ class Scenario:
         return build_cost_model(self.model, self.hardware, self.gpus, self.gpus_per_node, self.memory_gb,
                                 self.zero_stage)
 
-    def batches(self, cm: CostModel, steps: int, seed: int = 0) -> list[list[Sample]]:
+    def batches(self, cm: CostModel, steps: int, seed: int = 0,
+                workload: Workload | None = None) -> list[list[Sample]]:
+        """`steps` global batches of the workload (`workload`: the scenario's, already loaded)."""
         tokens = None if self.tokens_per_gpu is None else self.tokens_per_gpu * self.gpus
-        return make_batches(self.workload, cm, global_batch=self.global_batch, global_tokens=tokens,
+        return make_batches(workload or self.workload, cm, global_batch=self.global_batch, global_tokens=tokens,
                             steps=steps, seed=seed)
 
 
@@ -95,12 +99,15 @@ def run_scenario(scenario: Scenario, strategies: Sequence[str] = SWEEP_STRATEGIE
     """Rows for one scenario, one per strategy; a strategy that cannot plan it gets its reason
     in `status` (the planner's infeasibility, or a profile asked beyond its fitted range)."""
     cm = scenario.cost_model()
-    batches = scenario.batches(cm, steps, seed)
+    workload = load_workload(scenario.workload, seed=seed)
+    batches = scenario.batches(cm, steps, seed, workload)
     base = {**dataclasses.asdict(scenario), **_batch_facts(batches)}
+    longest = int(workload.tokens.max())  # the static baselines' SP size fits the dataset's longest
     rows = []
     for name in strategies:
         try:
-            metrics: dict[str, Any] = {"status": "ok", **_metrics(plan_steps(batches, cm, name, time_limit_s), cm)}
+            plans = plan_steps(batches, cm, name, time_limit_s, dataset_longest_tokens=longest)
+            metrics: dict[str, Any] = {"status": "ok", **_metrics(plans, cm)}
         except (InfeasibleError, CostModelError) as e:
             metrics = {"status": f"cannot plan: {e}"}
         rows.append({**base, "strategy": name, **metrics})

@@ -111,7 +111,7 @@ def heldout_batches(bench: LayerBench, min_tokens: int, max_tokens: int, count: 
                     seed: int = 0, min_sample: int = 32) -> list[list[SampleShape]]:
     """Random mixed micro-batches inside the fitted range, unlike any grid point: a token count
     log-uniform in the range, filled with log-normally distributed sample lengths (the shape
-    of real length distributions, e.g. Wikipedia's; REFERENCES.md)."""
+    of real length distributions, e.g. Wikipedia's: FlexSP, arXiv 2412.01523)."""
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(count):

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dcp import costmodel
+from dcp.commands.common import check_output, write_whole
 from dcp.costmodel import load_hardware, load_model, save_hardware
 
 DEFAULT_MODEL = {"cpu": "tiny-llama", "cuda": costmodel.DEFAULT_MODEL}
@@ -33,11 +34,17 @@ def _progress(console: Console) -> Progress:
 @click.option("--quick", is_flag=True, help="Smaller grid, fewer repeats.")
 @click.option("--base", default=None, help="Preset or profile JSON for the numbers not measured "
               f"(default: cpu / {costmodel.DEFAULT_HARDWARE}). A previous profile keeps its other models' fits.")
-@click.option("--min-tokens", type=click.IntRange(min=16), default=None)
-@click.option("--max-tokens", type=click.IntRange(min=16), default=None)
-@click.option("--heldout", type=click.IntRange(min=0), default=None, help="Held-out micro-batches.")
+@click.option("--min-tokens", type=click.IntRange(min=16), default=None,
+              help="Smallest micro-batch of the grid, in tokens (default 256 on cpu, 1024 on cuda).")
+@click.option("--max-tokens", type=click.IntRange(min=16), default=None,
+              help="Largest micro-batch of the grid, in tokens (default on cpu 8192, 4096 with --quick; on cuda "
+                   "131072, 32768 with --quick). The profile prices micro-batches up to "
+                   "4x this many tokens per GPU: raise it to plan longer samples.")
+@click.option("--heldout", type=click.IntRange(min=0), default=None,
+              help="Random mixed micro-batches measured but never fitted on; their error is the profile's "
+                   "held-out MAPE (default 10, 8 with --quick).")
 @click.option("--threads", type=click.IntRange(min=0), default=None, help="CPU: torch threads (default 1; 0: torch's).")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the held-out packings.")
 @click.option("--name", default=None, help="Profile name (default: <base>-profiled).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Where to write the profile JSON.")
@@ -61,7 +68,7 @@ def profile(model: str | None, device: str, dtype: str | None, quick: bool, base
     Example:
       dcp profile --device cpu --quick -o p.json
       dcp profile --validate p.json --device cpu
-      dcp plan --hardware p.json --model tiny-llama --gpus 8
+      dcp plan --hardware p.json --model tiny-llama --workload lognormal --gpus 8
       torchrun --nproc-per-node 8 -m dcp.cli profile --device cuda -o h200.json
     """
     from dcp.profiler import comm
@@ -70,6 +77,7 @@ def profile(model: str | None, device: str, dtype: str | None, quick: bool, base
     from dcp.profiler.validate import validate_profile
 
     console = Console(stderr=True)
+    _check_device(device)
     if validate_path is not None:
         prof = load_hardware(str(validate_path))
         spec = load_model(model or _only_model(prof.fits))
@@ -81,21 +89,34 @@ def profile(model: str | None, device: str, dtype: str | None, quick: bool, base
         return
     if output is None:
         raise click.UsageError("give -o/--output for the profile (or --validate PROFILE)")
+    check_output(output, "-o")  # before minutes of measuring, not after
     spec = load_model(model or DEFAULT_MODEL[device])
     base_profile = load_hardware(base or DEFAULT_BASE[device])
     opts = ProfileOptions(device=device, dtype=dtype, quick=quick, min_tokens=min_tokens, max_tokens=max_tokens,
                           heldout=heldout, threads=threads, seed=seed, name=name)
+    grid = opts.resolved()
+    if grid.min_tokens > grid.max_tokens:  # type: ignore[operator]
+        given = "--min-tokens" if min_tokens is not None else f"the default --min-tokens for {device}"
+        raise click.BadParameter(f"{grid.max_tokens} is below {given} ({grid.min_tokens})", param_hint="--max-tokens")
     distributed = comm.init_from_torchrun(device)
     with _progress(console) as progress:
         prof = profile_model(spec, base_profile, opts, progress=progress)
     if distributed and comm.dist.get_rank() != 0:
         return
-    save_hardware(prof, output)
+    write_whole(output, lambda tmp: save_hardware(prof, tmp))
     console.print(fit_table(prof, spec.name))
     if not prof.meta.get("comm", {}).get("measured"):
         console.print(f"[yellow]{prof.meta['comm']['why']}[/yellow]")
     console.print(mape_panel(spec.name, prof.fits[spec.name].heldout_mape))
     click.echo(f"wrote {output}")
+
+
+def _check_device(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise click.BadParameter("no CUDA device is visible to torch (use --device cpu)", param_hint="--device")
 
 
 def _only_model(fits: dict[str, object]) -> str:

@@ -1,6 +1,6 @@
 """Least-squares fitting of the cost model's linear terms, and the error measures reported with it.
 
-Every cost-model term is linear in its coefficients (DESIGN.md, "The cost model"):
+Every cost-model term is linear in its coefficients (docs/design.md, "The cost model"):
 time = c0 + c_tok * T + c_attn * A, all-to-all = lat + bytes / bw, and so on. We fit them
 with non-negative least squares (scipy.optimize.nnls) because a negative per-token or
 per-pair cost is physically meaningless and would let the planner exploit a fitting artefact.

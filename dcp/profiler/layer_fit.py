@@ -1,6 +1,6 @@
 """From measured points to a `LayerFit`: the cost model's per-layer and per-micro-batch terms.
 
-Per layer at SP size 1 (DESIGN.md, "The cost model"), each of forward, backward and recompute:
+Per layer at SP size 1 (docs/design.md, "The cost model"), each of forward, backward and recompute:
 
     t(T, A) = fixed + per_token * T + per_pair * A         T tokens, A attention pairs
 

@@ -1,0 +1,85 @@
+"""What `solve` accepts, checked before any planning: one clear ValueError naming the culprit.
+
+    batch = check_batch([512, 2048, 300], cost_model)   # token counts become Samples
+    options = check_options("bucket-per-batch")          # a strategy name becomes its options
+
+Never imports torch.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+from typing import Any
+
+from dcp.costmodel import CostModel, attention_pairs
+from dcp.data.workloads import Sample
+from dcp.planner.options import StrategyOptions
+
+
+def _whole(value: Any) -> bool:
+    """An integer (Python or numpy), not a bool, not a float that happens to be whole."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _sample(item: Any, position: int, attention: str) -> Sample:
+    if isinstance(item, Sample):
+        return item
+    if _whole(item):
+        if attention == "spatial_temporal":
+            raise ValueError(f"batch item {position} is a bare token count; a spatial_temporal model needs "
+                             "Samples with their frames (dcp.data.Sample(id, tokens, attn_pairs, frames))")
+        tokens = int(item)
+        if tokens < 1:
+            raise ValueError(f"batch item {position}: {tokens} tokens; a sample needs at least 1")
+        return Sample(position, tokens, attention_pairs(attention, tokens))
+    raise ValueError(f"batch item {position} is a {type(item).__name__} ({item!r:.40}); expected a "
+                     "dcp.data.Sample or a token count")
+
+
+def check_sample(s: Sample) -> None:
+    """Raise ValueError if a sample cannot be planned: tokens, frames and attention pairs must be
+    whole numbers, at least 1 token, tokens that split into equal frames, and tokens <= pairs <=
+    tokens * (tokens + 1): each token attends to at least itself, and at most to every token of
+    its sample (tokens^2) plus, in spatial-temporal attention, once more along its frame axis."""
+    for name in ("id", "tokens", "attn_pairs", "frames"):
+        value = getattr(s, name)
+        if not _whole(value):
+            raise ValueError(f"sample {s.id}: {name} {value!r} is not an integer")
+    if s.tokens < 1:
+        raise ValueError(f"sample {s.id}: {s.tokens} tokens; a sample needs at least 1")
+    if s.frames < 1 or s.tokens % s.frames:
+        raise ValueError(f"sample {s.id}: {s.tokens} tokens do not split into {s.frames} equal frames")
+    most = s.tokens * (s.tokens + 1)
+    if not s.tokens <= s.attn_pairs <= most:
+        raise ValueError(f"sample {s.id}: attn_pairs {s.attn_pairs} is outside [tokens, tokens * (tokens + 1)] = "
+                         f"[{s.tokens}, {most}] (dcp.costmodel.attention_pairs computes it)")
+
+
+def check_batch(batch: Any, cost_model: CostModel) -> list[Sample]:
+    """The batch as a list of valid Samples. Accepts Samples or token counts (a list or a 1-D
+    numpy array; ids are then positions, attention pairs the model's); ids must be unique."""
+    if isinstance(batch, (str, bytes)) or not isinstance(batch, Sequence) and not hasattr(batch, "__array__"):
+        raise ValueError(f"batch must be a sequence of dcp.data.Sample or token counts, got {type(batch).__name__}")
+    items = list(batch.tolist() if hasattr(batch, "tolist") else batch)
+    if not items:
+        raise ValueError("cannot plan an empty batch")
+    samples = [_sample(item, i, cost_model.model.attention) for i, item in enumerate(items)]
+    seen: set[int] = set()
+    for s in samples:
+        check_sample(s)
+        if s.id in seen:
+            raise ValueError(f"batch lists sample {s.id} more than once")
+        seen.add(s.id)
+    return samples
+
+
+def check_options(options: Any) -> StrategyOptions:
+    """Strategy options from options or a strategy name (see `dcp.planner.STRATEGIES`)."""
+    from dcp.planner import strategy_options
+
+    if isinstance(options, str):
+        return strategy_options(options)
+    if not isinstance(options, StrategyOptions):
+        raise ValueError(f"options must be a strategy name or StrategyOptions, got {type(options).__name__}")
+    return options

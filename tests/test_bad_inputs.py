@@ -1,0 +1,237 @@
+"""Bad input, as a new user types it: a non-zero exit, one `Error:` line naming the culprit, no
+traceback, and no file left behind (output paths are checked before any work, written whole)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cli_helpers import run, run_bad
+from conftest import cost_model, make_batch
+
+from dcp.costmodel import Cluster, CostModel, load_hardware, load_model
+from dcp.data import GlobalBatchSampler, Sample
+from dcp.planner import IlpOptions, solve
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESETS = ROOT / "dcp" / "presets"
+FAST = ["--steps", "1", "--global-batch", "64"]
+
+
+def inputs(where: Path) -> None:
+    """The files the table's commands read."""
+    (where / "big.txt").write_text("100\n99999999999999999999\n")
+    (where / "empty_cell.csv").write_text("tokens,source\n100,a\n\n,b\n200,c\n")
+    (where / "four.txt").write_text("100\n200\n300\n400\n")
+    (where / "long.txt").write_text("1000\n9000000\n2000\n")
+    (where / "a_dir").mkdir()
+    hw = json.loads((PRESETS / "hardware" / "h200-sxm.json").read_text())
+    (where / "string_memory.json").write_text(json.dumps(dict(hw, memory_bytes="80e9")))
+    shutil.copy(ROOT / "notebooks" / "data" / "cpu-tiny-llama.json", where / "profile.json")  # a quick CPU profile
+    (where / "binary.json").write_bytes(bytes(range(256)))
+    run("plan", "--strategy", "dcp-greedy", "--gpus", "8", *FAST, "--format", "json", "-o", str(where / "plan.json"))
+    plan = json.loads((where / "plan.json").read_text())
+    plan["steps"][0]["plan"]["num_layers"] = 1000
+    (where / "deep.json").write_text(json.dumps(plan))
+
+
+# (arguments, what the one error line must say). `-o out.json` is added where the command
+# writes a file, and must not exist afterwards.
+CASES = [
+    # Tracebacks before.
+    (["plan", "--workload", "big.txt"], "big.txt line 2: length 99999999999999999999 is too large"),
+    (["plan", "--time-limit", "inf"], "'--time-limit': inf is not a finite number"),
+    (["plan", "--workload", "lognormal:size=2000000000"], "lognormal size=2000000000 is more than 10,000,000 samples"),
+    # Misleading before.
+    (["plan", "--workload", "a_dir"], "lengths file a_dir is a directory"),
+    (["plan", "--workload", ""], "empty workload: use wikipedia"),
+    (["plan", "--workload", "empty_cell.csv"], "empty_cell.csv line 4: empty, not a length"),
+    (["plan", "--hardware", "string_memory.json"], "string_memory.json: hardware profile 'h200-sxm': memory_bytes "
+                                                   "must be a number, got '80e9'"),
+    (["plan", "--model", "profile.json"], "model file profile.json is a hardware profile, not a model spec: "
+                                          "pass it as --hardware"),
+    (["plan", "--model", "binary.json"], "model file binary.json: not a text file"),
+    (["plan", "--seed", "-5"], "'--seed': -5 is not in the range x>=0"),
+    (["profile", "--max-tokens", "64", "-o", "p.json"], "--max-tokens: 64 is below the default --min-tokens for cpu (256)"),
+    (["plan", "--hardware", "profile.json", "--model", "tiny-llama", "--gpus", "8", "--workload", "wikipedia"],
+     "profile longer sequences (dcp profile --max-tokens)"),
+    # Silent before.
+    (["plan", "--workload", "four.txt", "--global-batch", "4", "--steps", "5"],
+     "--steps: 5 steps asked for, but four.txt's 4 samples make 1 full global batch of 4 samples"),
+    (["plan", "--workload", "four.txt", "--steps", "1"],
+     "--global-batch: workload four.txt holds 4 samples of 1,000 tokens, less than one global batch of 512"),
+    (["plan", "--global-batch", "60000", "--steps", "2"],
+     "--steps: 2 steps asked for, but wikipedia's 100,000 samples make 1 full global batch of 60,000 samples"),
+    (["plan", "--global-tokens", "10", "--steps", "1"], "--global-tokens: global token budget 10 is less than sample"),
+    (["plan", "--gpus", "32", "--gpus-per-node", "64"], "--gpus-per-node: 64 is more than --gpus 32"),
+    (["show", "deep.json"], "plan is for a model of 1000 layers, the cost model's llama-7b has 32"),
+    (["compare", "--strategies", ""], "--strategies: no strategy given"),
+    (["compare", "--strategies", "ilp,ilp"], "--strategies: 'ilp' is listed twice"),
+    # Checked after the work before.
+    (["plan", "-o", "no/such/dir/plan.json"], "-o: folder no/such/dir of no/such/dir/plan.json does not exist"),
+    (["plan", "-o", "a_dir"], "'--output': File 'a_dir' is a directory"),
+    (["compare", "--plot", "bars.nope"], "--plot: bars.nope: the extension must be one of .png, .svg, .pdf"),
+    (["compare", "--plot", "no/dir/bars.png"], "--plot: folder no/dir of no/dir/bars.png does not exist"),
+    (["show", "plan.json", "--gantt", "no/dir/g.png"], "--gantt: folder no/dir of no/dir/g.png does not exist"),
+    (["show", "plan.json", "--gantt", "g.bmp"], "--gantt: g.bmp: the extension must be one of"),
+    (["profile", "--device", "cpu", "--quick", "-o", "no/dir/p.json"], "-o: folder no/dir of no/dir/p.json"),
+    # Planning fails after the output was checked: nothing half-written either.
+    (["plan", "--workload", "long.txt", "--global-batch", "3", "--gpus", "8"], "sample 1 (9000000 tokens) fits nowhere"),
+]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    where = tmp_path_factory.mktemp("bad")
+    inputs(where)
+    return where
+
+
+@pytest.mark.parametrize(("args", "culprit"), CASES, ids=[" ".join(a)[:60] for a, _ in CASES])
+def test_bad_input_is_one_line_and_leaves_nothing(args: list[str], culprit: str, workdir: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(workdir)
+    before = sorted(p.name for p in workdir.rglob("*"))
+    writes = args[0] in ("plan", "compare") and "-o" not in args
+    line = run_bad(*args, *(["--strategy", "bucket"] if args[0] == "plan" and "--strategy" not in args else []),
+                   *(["-o", "out.json"] if writes else []))
+    assert culprit in line, line
+    assert sorted(p.name for p in workdir.rglob("*")) == before  # no output, no temporary file
+
+
+def test_profile_output_is_checked_before_measuring(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(workdir)
+    result = run("profile", "--device", "cpu", "--quick", "-o", "no/dir/p.json", ok=False)
+    assert result.exit_code == 2 and "does not exist" in result.output
+    # Only click's usage lines and the error: no progress bar, no fit table, nothing measured.
+    assert all(line.startswith(("Usage:", "Try ", "Error:")) for line in result.output.splitlines() if line.strip())
+
+
+def test_cuda_without_a_gpu_is_one_line() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert "--device: no CUDA device is visible to torch" in run_bad("profile", "--device", "cuda", "-o", "p.json")
+
+
+@pytest.mark.parametrize("script", ["train_reference.py", "train_hf.py"])
+def test_examples_without_torchrun_say_so(script: str) -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / script), "--steps", "1"], capture_output=True,
+                          text=True, timeout=300, env={"PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]  # one line
+    assert proc.stderr.startswith("Error: not started by torchrun") and f"torchrun --nproc_per_node N {script}" in proc.stderr
+
+
+MISSING = "import sys; sys.modules[{name!r}] = None; "
+"""Python code that makes `import name` fail, as on an install without the extra."""
+
+
+@pytest.mark.parametrize(("code", "extra"), [
+    ("import runpy; runpy.run_path('examples/train_hf.py', run_name='__main__')", "transformers"),
+    ("import dcp.executor.hf", "transformers"),
+    ("from dcp.data import read_lengths; open('x.parquet', 'wb').write(b'PAR1'); read_lengths('x.parquet')", "pyarrow"),
+])
+def test_a_missing_extra_is_named(code: str, extra: str, tmp_path: Path) -> None:
+    name = {"transformers": "hf", "pyarrow": "parquet"}[extra]
+    cwd = ROOT if "examples" in code else tmp_path
+    proc = subprocess.run([sys.executable, "-c", MISSING.format(name=extra) + code], capture_output=True,
+                          text=True, timeout=300, cwd=cwd)
+    assert proc.returncode != 0
+    assert f"dcp[{name}]" in proc.stderr or f".[{name}]" in proc.stderr, proc.stderr[-2000:]
+
+
+# -- the library: solve and the sampler -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("batch", "options", "message"), [
+    ([Sample(0, -5, 0)], "bucket-per-batch", "sample 0: -5 tokens; a sample needs at least 1"),
+    ([Sample(0, 0, 0)], "dcp-greedy", "sample 0: 0 tokens"),
+    ([Sample(0, 2.5, 3)], "dcp-greedy", "sample 0: tokens 2.5 is not an integer"),
+    ([Sample(0, 100, 7)], "dcp-greedy", "sample 0: attn_pairs 7 is outside [tokens, tokens * (tokens + 1)]"),
+    ([Sample(0, 100, 5050, 3)], "dcp-greedy", "sample 0: 100 tokens do not split into 3 equal frames"),
+    ([Sample(0, 100, 5050), Sample(0, 50, 1275)], "dcp-greedy", "batch lists sample 0 more than once"),
+    ([100, -3], "dcp-greedy", "batch item 1: -3 tokens"),
+    ([100, 2.5], "dcp-greedy", "batch item 1 is a float"),
+    ("100", "dcp-greedy", "batch must be a sequence"),
+    ([], "dcp-greedy", "cannot plan an empty batch"),
+    ([100], "magic", "unknown strategy 'magic'"),
+    ([100], 3, "options must be a strategy name or StrategyOptions, got int"),
+    ([100], "bucket", "give dataset_longest_tokens"),
+])
+def test_solve_refuses_bad_inputs(batch: object, options: object, message: str) -> None:
+    cm = cost_model(gpus=8)
+    with pytest.raises(ValueError, match=_literal(message)):
+        solve(batch, cm.cluster, cm, options)  # type: ignore[arg-type]
+
+
+def _literal(text: str) -> str:
+    import re
+
+    return re.escape(text)
+
+
+def test_solve_takes_token_counts_and_strategy_names() -> None:
+    cm = cost_model(gpus=8)
+    lengths = [300, 5000, 40_000, 12]
+    reference = solve(make_batch(lengths), cm.cluster, cm, "dcp-greedy")
+    assert solve(lengths, cm.cluster, cm, "dcp-greedy").digest() == reference.digest()
+    assert solve(np.array(lengths), cm.cluster, cm, "dcp-greedy").digest() == reference.digest()
+
+
+def test_ilp_time_limit_must_be_finite() -> None:
+    with pytest.raises(ValueError, match="positive, finite number of seconds, got inf"):
+        IlpOptions(time_limit_s=math.inf)
+
+
+def _cm() -> CostModel:
+    return CostModel(load_model("tiny-llama"), load_hardware("cpu"), Cluster(num_gpus=4, gpus_per_node=4,
+                                                                            memory_bytes=1e9))
+
+
+@pytest.mark.parametrize(("lengths", "kwargs", "message"), [
+    ([100, 200], {"batch_size": 0}, "batch_size must be a positive integer, got 0"),
+    ([100, 200], {"token_budget": -1}, "token_budget must be a positive integer, got -1"),
+    ([100, 200], {"batch_size": 1.5}, "batch_size must be a positive integer, got 1.5"),
+    ([100, 200], {"batch_size": 1, "seed": -5}, "seed must be an integer >= 0, got -5"),
+    ([100, 200.5], {"batch_size": 1}, "sample 1: lengths 200.5 is not a whole number"),
+    ([100, "x"], {"batch_size": 1}, "sample 1: lengths 'x' is not an integer"),
+    ("missing.txt", {"batch_size": 1}, "lengths 'missing.txt': no such lengths file"),
+    ([100], {"batch_size": 1, "strategy": "magic"}, "unknown strategy 'magic'"),
+])
+def test_sampler_refuses_bad_inputs(lengths: object, kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=_literal(message)):
+        GlobalBatchSampler(lengths, _cm(), workers=0, **kwargs)  # type: ignore[arg-type]
+
+
+def test_sampler_reads_a_lengths_file_and_whole_floats(tmp_path: Path) -> None:
+    path = tmp_path / "lengths.txt"
+    path.write_text("100\n\n200\n300\n")
+    assert GlobalBatchSampler(str(path), _cm(), batch_size=2, workers=0).tokens.tolist() == [100, 200, 300]
+    assert GlobalBatchSampler([100.0, 200.0], _cm(), batch_size=2, workers=0).tokens.tolist() == [100, 200]
+
+
+def test_a_short_plan_timeout_does_not_block_starting_the_workers() -> None:
+    """Starting a spawn worker takes seconds; plan_timeout_s bounds a plan, not that."""
+    with GlobalBatchSampler([100, 200, 300, 400], _cm(), batch_size=2, strategy="dcp-greedy", workers=1,
+                            plan_timeout_s=0.3) as sampler:
+        plans = [b.plan for b in sampler]
+    assert [len(p.samples) for p in plans] == [2, 2]
+
+
+def test_static_baselines_size_for_the_sampler_data() -> None:
+    """`bucket` by name fixes one SP size for the whole training: the longest sample's."""
+    cm = _cm()
+    lengths = [100] * 7 + [cm.max_tokens(1, cm.model.num_layers) + 1]  # needs SP 2
+    with GlobalBatchSampler(lengths, cm, batch_size=2, strategy="bucket", workers=0) as sampler:
+        sizes = {g.sp for b in sampler for g in b.plan.groups}
+    with GlobalBatchSampler(lengths, cm, batch_size=2, strategy="bucket-per-batch", workers=0) as sampler:
+        per_batch = {g.sp for b in sampler for g in b.plan.groups}
+    assert sizes == {2} and per_batch == {1, 2}
