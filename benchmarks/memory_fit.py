@@ -27,6 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dcp.costmodel import Cluster, CostModel, TrainingSetup, load_hardware, load_model  # noqa: E402
+from dcp.data import load_workload  # noqa: E402
 from dcp.planner import STRATEGIES, solve  # noqa: E402
 from dcp.planner.plan import InfeasibleError, Plan  # noqa: E402
 from dcp.planner.run import make_batches, resolve_options  # noqa: E402
@@ -66,7 +67,8 @@ def run_case(model: str, workload: str, recipe: str, strategies: list[str], step
     hw = load_hardware(HARDWARE)
     cm = CostModel(load_model(model), hw, Cluster(num_gpus=GPUS, gpus_per_node=GPUS_PER_NODE, memory_bytes=hw.memory_bytes),
                    TrainingSetup(precision=recipe, zero_stage=1))
-    batches = make_batches(workload, cm, global_batch=SAMPLES_PER_GPU[workload] * GPUS, steps=steps, seed=0)
+    loaded = load_workload(workload, seed=0)
+    batches = make_batches(loaded, cm, global_batch=SAMPLES_PER_GPU[workload] * GPUS, steps=steps, seed=0)
     out: dict[str, Any] = {"model": model, "workload": workload, "recipe": recipe, "batches": len(batches),
                            "usable_memory_gb": cm.hardware.memory_bytes / 1e9,
                            "capacity_gb": cm.hardware.memory_capacity_bytes / 1e9,
@@ -74,7 +76,8 @@ def run_case(model: str, workload: str, recipe: str, strategies: list[str], step
                            "strategies": {}}
     for name in strategies:
         started, rows, infeasible = time.perf_counter(), [], 0
-        options = resolve_options(name, time_limit_s)
+        # The static baselines fix one SP size for the workload's longest sample.
+        options = resolve_options(name, time_limit_s, dataset_longest_tokens=int(loaded.tokens.max()))
         for batch in batches:
             try:
                 rows.append(check_plan(solve(batch, cm.cluster, cm, options), cm))

@@ -32,7 +32,7 @@ def inputs(where: Path) -> None:
     (where / "long.txt").write_text("1000\n9000000\n2000\n")
     (where / "a_dir").mkdir()
     hw = json.loads((PRESETS / "hardware" / "h200-sxm.json").read_text())
-    (where / "string_memory.json").write_text(json.dumps(dict(hw, memory_bytes="80e9")))
+    (where / "string_memory.json").write_text(json.dumps(dict(hw, memory_capacity_bytes="80e9")))
     shutil.copy(ROOT / "notebooks" / "data" / "cpu-tiny-llama.json", where / "profile.json")  # a quick CPU profile
     (where / "binary.json").write_bytes(bytes(range(256)))
     run("plan", "--strategy", "dcp-greedy", "--gpus", "8", *FAST, "--format", "json", "-o", str(where / "plan.json"))
@@ -52,7 +52,7 @@ CASES = [
     (["plan", "--workload", "a_dir"], "lengths file a_dir is a directory"),
     (["plan", "--workload", ""], "empty workload: use wikipedia"),
     (["plan", "--workload", "empty_cell.csv"], "empty_cell.csv line 4: empty, not a length"),
-    (["plan", "--hardware", "string_memory.json"], "string_memory.json: hardware profile 'h200-sxm': memory_bytes "
+    (["plan", "--hardware", "string_memory.json"], "string_memory.json: hardware profile 'h200-sxm': memory_capacity_bytes "
                                                    "must be a number, got '80e9'"),
     (["plan", "--model", "profile.json"], "model file profile.json is a hardware profile, not a model spec: "
                                           "pass it as --hardware"),

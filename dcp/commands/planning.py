@@ -26,7 +26,7 @@ from dcp.commands.common import (
     table,
     write_whole,
 )
-from dcp.costmodel import DEFAULT_HARDWARE, DEFAULT_MODEL, CostModel
+from dcp.costmodel import DEFAULT_HARDWARE, DEFAULT_MODEL, RECIPES, CostModel
 from dcp.data.workloads import Sample, WorkloadError, load_workload
 from dcp.planner import STRATEGIES, STRATEGY_HELP
 from dcp.planner.options import IlpOptions
@@ -65,6 +65,9 @@ def planning_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--zero-stage", type=click.Choice(["0", "1", "2", "3"]), default="1", show_default=True,
                      help="ZeRO sharding of the model states over all GPUs: 0 none, 1 optimizer state, "
                           "2 also gradients, 3 also parameters (gathered per layer)."),
+        click.option("--precision", type=click.Choice(list(RECIPES)), default="bf16", show_default=True,
+                     help="Precision recipe the training runs (as the executor's): bf16 parameters with fp32 "
+                          "master weights, fp32 parameters under bf16 autocast, or fp32."),
         click.option("--global-batch", type=click.IntRange(min=1), default=None,
                      help="Samples per global batch (default 512 unless --global-tokens is given)."),
         click.option("--global-tokens", type=click.IntRange(min=1), default=None,
@@ -105,7 +108,7 @@ def setup(o: dict[str, Any]) -> Setup:
     config.pop("fmt")
     output = config.pop("output")
     cm = build_cost_model(config["model"], config["hardware"], config["gpus"], config["gpus_per_node"],
-                          config["memory_gb"], config["zero_stage"])
+                          config["memory_gb"], config["zero_stage"], config["precision"])
     config["gpus_per_node"] = cm.cluster.gpus_per_node
     for note in cm.notes():
         click.echo(f"note: {note}", err=True)

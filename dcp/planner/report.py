@@ -27,7 +27,7 @@ from dcp.planner.run import build_cost_model
 from dcp.planner.simulate import EVENT_KINDS, Timeline
 
 # The `dcp plan` config keys a cost model is rebuilt from.
-COST_MODEL_KEYS = ("model", "hardware", "gpus", "gpus_per_node", "memory_gb", "zero_stage")
+COST_MODEL_KEYS = ("model", "hardware", "gpus", "gpus_per_node", "memory_gb", "zero_stage", "precision")
 
 
 @dataclass
@@ -66,7 +66,8 @@ class PlanDocument:
         spec = model or self._stored(c.get("model")) or DEFAULT_MODEL
         memory_gb = c.get("memory_gb") if c else p.memory_limit_bytes / 1e9
         return build_cost_model(spec, hw, p.num_gpus, p.gpus_per_node, memory_gb,
-                                int(zero_stage if zero_stage is not None else c.get("zero_stage", 1)))
+                                int(zero_stage if zero_stage is not None else c.get("zero_stage", 1)),
+                                c.get("precision", "bf16"))
 
     def _stored(self, value: Any) -> str | None:
         if value is None:
