@@ -28,9 +28,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dcp.data.batches import make_batches  # noqa: E402
 from dcp.planner import solve  # noqa: E402
 from dcp.planner.options import IlpOptions  # noqa: E402
-from dcp.planner.run import build_cost_model, default_model, make_batches, resolve_options  # noqa: E402
+from dcp.planner.run import build_cost_model, default_model, resolve_options  # noqa: E402
 
 WORKLOADS = ("wikipedia", "lognormal:scale=16", "opensora:short", "opensora:balanced", "opensora:long")
 GPUS = (8, 32, 64, 128)

@@ -22,8 +22,9 @@ from dcp.costmodel import (
     load_model,
     preset_names,
 )
-from dcp.data.workloads import Sample, WorkloadError
-from dcp.planner import STRATEGIES
+from dcp.data.batches import make_batches
+from dcp.data.workloads import WorkloadError
+from dcp.planner import STRATEGIES, Sample
 from dcp.planner.plan import InfeasibleError, PlanError
 from dcp.planner.report import (
     group_rows,
@@ -38,7 +39,6 @@ from dcp.planner.run import (
     default_model,
     gap,
     groups_label,
-    make_batches,
     plan_steps,
     simulate_all,
     step_rows,

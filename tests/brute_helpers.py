@@ -9,7 +9,7 @@ import itertools
 import math
 
 from dcp.costmodel import Cluster, CostModel, ModelSpec, TrainingSetup, load_hardware
-from dcp.planner.common import allowed_sp_sizes
+from dcp.planner.feasibility import allowed_sp_sizes
 
 TINY_MODEL = ModelSpec(name="brute", num_layers=4, hidden=64, heads=4, kv_heads=4, ffn_hidden=256, vocab=0,
                        source="test model: a few hundred tokens fill the memory")

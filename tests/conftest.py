@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from dcp.costmodel import Cluster, CostModel, TrainingSetup, load_hardware, load_model
-from dcp.data.workloads import Sample
+from dcp.planner.sample import Sample
 
 # Seeded and without deadlines: CI machines (2 cores) vary in speed, results must not.
 settings.register_profile("dcp", derandomize=True, deadline=None, max_examples=40,
@@ -46,6 +46,6 @@ def llama_cm() -> CostModel:
 @pytest.fixture(scope="session")
 def wiki_batches(llama_cm: CostModel) -> list[list[Sample]]:
     """Three 512-sample global batches of the built-in Wikipedia lengths."""
-    from dcp.planner.run import make_batches
+    from dcp.data.batches import make_batches
 
     return make_batches("wikipedia", llama_cm, global_batch=512, steps=3)

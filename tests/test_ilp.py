@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from dcp.planner import IlpOptions, InfeasibleError, lower_bound, solve
 from dcp.planner import ilp as ilp_module
 from dcp.planner.bounds import capacity_bound
-from dcp.planner.common import allowed_sp_sizes
+from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.ilp import baseline_plans
-from dcp.planner.ilp_costs import cost_table
-from dcp.planner.ilp_patterns import solve_patterns
+from dcp.planner.ilp.costs import cost_table
+from dcp.planner.ilp.patterns import solve_patterns
 from tests.brute_helpers import TINY_CASES, brute_force, tiny_cm
 from tests.conftest import cost_model, make_batch
 
@@ -114,7 +114,7 @@ def test_tiny_random_batches_match_brute_force(lengths: list[int], cap: int) -> 
 
 def test_time_limit_is_respected() -> None:
     """A large batch with a small limit: the whole solve stays within 20% of it."""
-    from dcp.planner.run import make_batches
+    from dcp.data.batches import make_batches
 
     cm = cost_model(gpus=128)
     batch = make_batches("wikipedia", cm, global_batch=2048, steps=1)[0]

@@ -1,4 +1,4 @@
-"""`ilp_fill`: exact vectorized prices, and the ILP's warm start under ZeRO-3's heavy fixed costs."""
+"""`fill`: exact vectorized prices, and the ILP's warm start under ZeRO-3's heavy fixed costs."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from dcp.planner import IlpOptions, lower_bound, solve
-from dcp.planner.common import allowed_sp_sizes
+from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.ilp import baseline_plans
-from dcp.planner.ilp_fill import _Prices, fill_plans
+from dcp.planner.ilp.fill import _Prices, fill_plans
 from tests.conftest import ZERO3_LENGTHS, cost_model, make_batch
 
 

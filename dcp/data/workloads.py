@@ -16,21 +16,11 @@ from pathlib import Path
 import numpy as np
 
 from dcp.costmodel import attention_pairs
+from dcp.planner.sample import Sample
 
 
 class WorkloadError(ValueError):
     """A workload spec or lengths file is invalid."""
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One training sample as the planner sees it."""
-
-    id: int
-    tokens: int
-    attn_pairs: int
-    frames: int = 1
-    """Latent frames of a video sample (1 for text and images); tokens = frames * tokens per frame."""
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dcp.costmodel import Cluster, CostModel
-from dcp.data.workloads import Sample
 from dcp.planner.bounds import lower_bound
 from dcp.planner.options import (
     BucketOptions,
@@ -15,6 +14,7 @@ from dcp.planner.options import (
     StrategyOptions,
 )
 from dcp.planner.plan import Group, InfeasibleError, MicroBatch, Plan, PlanError
+from dcp.planner.sample import Sample
 
 STRATEGIES: dict[str, StrategyOptions] = {
     "ilp": IlpOptions(),
@@ -60,6 +60,6 @@ def solve(batch: Sequence[Sample], cluster: Cluster, cost_model: CostModel,
 
 __all__ = [
     "STRATEGIES", "BucketOptions", "GreedyOptions", "Group", "IlpOptions", "InfeasibleError",
-    "MicroBatch", "PackedOptions", "Plan", "PlanError", "StrategyOptions", "lower_bound", "solve",
+    "MicroBatch", "PackedOptions", "Plan", "PlanError", "Sample", "StrategyOptions", "lower_bound", "solve",
     "strategy_options",
 ]

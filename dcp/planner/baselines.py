@@ -13,10 +13,11 @@ import time
 from collections.abc import Sequence
 
 from dcp.costmodel import CostModel
-from dcp.data.workloads import Sample
-from dcp.planner.common import aligned_layout, allowed_sp_sizes, assemble, check_feasible
+from dcp.planner.common import aligned_layout, assemble
+from dcp.planner.feasibility import allowed_sp_sizes, check_feasible
 from dcp.planner.options import BucketOptions, PackedOptions
 from dcp.planner.plan import InfeasibleError, Plan
+from dcp.planner.sample import Sample
 
 
 def length_bucket(tokens: int) -> int:

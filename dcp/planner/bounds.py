@@ -9,7 +9,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from dcp.costmodel import CostModel
-from dcp.data.workloads import Sample
+from dcp.planner.feasibility import allowed_sp_sizes
+from dcp.planner.sample import Sample
 
 _MEMORY_RTOL = 1e-9
 """`Plan.validate` lets a micro-batch exceed the memory limit by this fraction; capacities here do too."""
@@ -37,7 +38,6 @@ def lower_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] 
     whose per-micro-batch parameter gathers make fixed costs large: a short step leaves room for
     few tokens per micro-batch to share them (at M = inf it is the plain GPU-seconds bound).
     """
-    from dcp.planner.common import allowed_sp_sizes  # common imports this module
 
     sizes = tuple(allowed_sp_sizes(cm, sp_sizes))
     key = (sizes, tuple((s.tokens, s.attn_pairs) for s in batch))  # all of a sample that _Work reads
@@ -60,7 +60,6 @@ def capacity_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[in
     marginal cost at r_i(p), plus its tokens' share p * fixed(p, 0) / max_tokens(p, K) of the
     micro-batch's fixed cost (it holds at most max_tokens(p, K) tokens).
     """
-    from dcp.planner.common import allowed_sp_sizes  # common imports this module
 
     sizes = allowed_sp_sizes(cm, sp_sizes)
     k = cm.model.num_layers

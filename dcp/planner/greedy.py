@@ -23,11 +23,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dcp.costmodel import CostModel
-from dcp.data.workloads import Sample
 from dcp.planner.baselines import by_bucket, group_share, lpt_assign
-from dcp.planner.common import aligned_layout, allowed_sp_sizes, assemble, check_feasible
+from dcp.planner.common import aligned_layout, assemble
+from dcp.planner.feasibility import allowed_sp_sizes, check_feasible
 from dcp.planner.options import GreedyOptions
 from dcp.planner.plan import Plan
+from dcp.planner.sample import Sample
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
-"""Orchestration shared by the CLI, notebooks and benchmarks: workload -> batches -> plans -> numbers.
+"""Orchestration shared by the CLI, notebooks and benchmarks: batches -> plans -> numbers.
 
     cm = build_cost_model("llama-7b", "h200-sxm", gpus=32)
-    batches = make_batches("wikipedia", cm, global_batch=512, steps=10)
+    batches = make_batches("wikipedia", cm, global_batch=512, steps=10)   # dcp.data.batches
     plans = plan_steps(batches, cm, "dcp-greedy")
     compare(batches, cm, ["bucket", "dcp-greedy"])
 
@@ -22,13 +22,12 @@ from dcp.costmodel import (
     load_hardware,
     load_model,
 )
-from dcp.data.workloads import Sample, global_batches, load_workload
 from dcp.planner import STRATEGIES, solve, strategy_options
 from dcp.planner.options import IlpOptions, StrategyOptions
 from dcp.planner.plan import Plan
+from dcp.planner.sample import Sample
 from dcp.planner.simulate import Timeline, simulate
 
-DEFAULT_GLOBAL_BATCH = 512
 REFERENCE_STRATEGY = "bucket"
 
 
@@ -47,16 +46,6 @@ def build_cost_model(model: str, hardware: str, gpus: int, gpus_per_node: int | 
     cluster = Cluster(num_gpus=gpus, gpus_per_node=gpus_per_node or hw.gpus_per_node,
                       memory_bytes=hw.memory_bytes if memory_gb is None else memory_gb * 1e9)
     return CostModel(spec, hw, cluster, TrainingSetup(zero_stage=zero_stage))
-
-
-def make_batches(workload: str, cm: CostModel, *, global_batch: int | None = None,
-                 global_tokens: int | None = None, steps: int | None = 10, seed: int = 0) -> list[list[Sample]]:
-    """Global batches of a workload spec, `global_batch` samples (default 512) or at most
-    `global_tokens` tokens each, with attention pairs for the cost model's model."""
-    if global_batch is None and global_tokens is None:
-        global_batch = DEFAULT_GLOBAL_BATCH
-    return global_batches(load_workload(workload, seed=seed), cm.model.attention, batch_size=global_batch,
-                          token_budget=global_tokens, steps=steps, seed=seed)
 
 
 def resolve_options(name: str | StrategyOptions, time_limit_s: float | None = None) -> StrategyOptions:

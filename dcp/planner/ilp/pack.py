@@ -4,7 +4,7 @@ moves and swaps samples between groups to shorten the slowest one, and plan asse
 A solution here is a list of groups `(j, sample indices)`, j indexing `CostTable.sizes`.
 Group time is estimated as (sum over checkpointing samples of their solo time) + (sum over
 the others of their marginal time) + fixed(p, 0) * ceil(their tokens / max_tokens(p, 0)):
-the canonical micro-batching of `ilp_costs` with perfect packing. The plan is priced exactly
+the canonical micro-batching of `costs` with perfect packing. The plan is priced exactly
 by `assemble` afterwards.
 """
 
@@ -19,11 +19,11 @@ from typing import TypeVar
 import numpy as np
 
 from dcp.costmodel import Cluster, CostModel
-from dcp.data.workloads import Sample
 from dcp.planner.baselines import lpt_assign
 from dcp.planner.common import aligned_layout, assemble
-from dcp.planner.ilp_costs import CostTable, form_microbatches
+from dcp.planner.ilp.costs import CostTable, form_microbatches
 from dcp.planner.plan import Plan
+from dcp.planner.sample import Sample
 
 Groups = list[tuple[int, list[int]]]
 T = TypeVar("T")

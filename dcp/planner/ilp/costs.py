@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dcp.costmodel import CostModel
-from dcp.data.workloads import Sample
+from dcp.planner.sample import Sample
 
 
 @dataclass

@@ -5,16 +5,16 @@ layers, minimizing the step time under the memory limit.
 Pipeline, all inside `IlpOptions.time_limit_s`:
 1. warm start: the best of the baseline plans (dcp-greedy, bucket, packed, re-priced with the
    fewest checkpointed layers), of few large micro-batches balanced on exact prices where
-   fixed costs are heavy (ZeRO-3, `ilp_fill`) and of a quick heuristic, each improved by local
-   search (`ilp_pack`); it is the program's MIP start and incumbent;
+   fixed costs are heavy (ZeRO-3, `fill`) and of a quick heuristic, each improved by local
+   search (`pack`); it is the program's MIP start and incumbent;
 2. tiny batches (a few samples, a few GPUs): the exact program over every group, micro-batch
-   and checkpoint level (`ilp_exact`), proven optimal;
-3. otherwise the aggregated program (`ilp_model`: count variables per SP size, not per group),
+   and checkpoint level (`exact`), proven optimal;
+3. otherwise the aggregated program (`model`: count variables per SP size, not per group),
    its classes spread over groups (MULTIFIT), and beside it the configuration program
-   (`ilp_patterns`: the large samples packed exactly as patterns, at a level between the bound
+   (`patterns`: the large samples packed exactly as patterns, at a level between the bound
    and the incumbent; infeasible raises the bound to that level); the better candidate gets
-   moves and swaps (`ilp_pack`) and small exact re-solves of the slowest group's neighbourhood
-   (`ilp_lns`), priced exactly by `assemble`; configuration rounds repeat while they improve.
+   moves and swaps (`pack`) and small exact re-solves of the slowest group's neighbourhood
+   (`lns`), priced exactly by `assemble`; configuration rounds repeat while they improve.
 The better of the program's plan and the warm start is returned (never worse than dcp-greedy),
 with the gap to the best proven bound: max(`lower_bound`, the solver's dual bound + gradient
 sync); the search itself runs on `capacity_bound`, see `_Run`. On solver failure the warm
@@ -30,14 +30,14 @@ import warnings
 from collections.abc import Sequence
 
 from dcp.costmodel import CostModel
-from dcp.data.workloads import Sample
 from dcp.planner.bounds import capacity_bound, lower_bound
-from dcp.planner.common import allowed_sp_sizes, assemble, check_feasible
-from dcp.planner.ilp_costs import CostTable, cost_table
-from dcp.planner.ilp_fill import fill_plans
-from dcp.planner.ilp_lns import lns
-from dcp.planner.ilp_model import solve_classes
-from dcp.planner.ilp_pack import (
+from dcp.planner.common import assemble
+from dcp.planner.feasibility import allowed_sp_sizes, check_feasible
+from dcp.planner.ilp.costs import CostTable, cost_table
+from dcp.planner.ilp.fill import fill_plans
+from dcp.planner.ilp.lns import lns
+from dcp.planner.ilp.model import solve_classes
+from dcp.planner.ilp.pack import (
     Groups,
     estimate,
     groups_of_plan,
@@ -46,9 +46,10 @@ from dcp.planner.ilp_pack import (
     multifit,
     to_plan,
 )
-from dcp.planner.ilp_patterns import solve_patterns
+from dcp.planner.ilp.patterns import solve_patterns
 from dcp.planner.options import BucketOptions, GreedyOptions, IlpOptions, PackedOptions
 from dcp.planner.plan import InfeasibleError, Plan
+from dcp.planner.sample import Sample
 
 EXACT_MAX_SAMPLES = 6
 """Batches up to this many samples (on up to `EXACT_MAX_GPUS`) get the exact program."""
@@ -80,9 +81,10 @@ def baseline_plans(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int],
                    notes: list[str] | None = None) -> list[Plan]:
     """The baseline strategies' plans for this batch (those that exist and succeed); why one
     failed goes to `notes` (a baseline that cannot plan a batch is not the ILP's problem)."""
-    from dcp.planner import solve
-    from dcp.planner.baselines import smallest_fitting_sp
+    from dcp.planner.baselines import smallest_fitting_sp, solve_bucket, solve_packed
+    from dcp.planner.greedy import solve_greedy
 
+    solvers = {GreedyOptions: solve_greedy, BucketOptions: solve_bucket, PackedOptions: solve_packed}
     plans = []
     candidates = [GreedyOptions(sp_sizes=tuple(sizes)), BucketOptions(sp_sizes=tuple(sizes)),
                   PackedOptions(sp_sizes=tuple(sizes))]
@@ -93,7 +95,7 @@ def baseline_plans(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int],
     candidates += [PackedOptions(sp_sizes=tuple(sizes), static_sp=p) for p in sizes if p > smallest]
     for opts in candidates:
         try:
-            plans.append(solve(batch, cm.cluster, cm, opts))
+            plans.append(solvers[type(opts)](batch, cm, opts))
         except ImportError:
             continue  # that strategy's module is not there
         except Exception as e:  # a baseline's failure must not stop the ILP planner
@@ -177,7 +179,7 @@ class _Run:
 
     def warm_start(self) -> None:
         """Baselines (re-priced with the fewest checkpointed layers), few large micro-batches where
-        fixed costs are heavy (`ilp_fill`), the heuristic, local search."""
+        fixed costs are heavy (`fill`), the heuristic, local search."""
         cap, index = self.options.max_microbatches, {s.id: k for k, s in enumerate(self.batch)}
         for plan in baseline_plans(self.batch, self.cm, self.sizes, self.notes):
             groups = groups_of_plan(plan, self.table, index)
@@ -200,7 +202,7 @@ class _Run:
 
     def exact_program(self) -> None:
         """Tiny batches: the exact program, proven optimal within the time limit."""
-        from dcp.planner.ilp_exact import solve_exact
+        from dcp.planner.ilp.exact import solve_exact
 
         try:
             res = solve_exact(self.batch, self.cm, self.table, self.options, _busy(self.best.plan), self.left())
@@ -250,7 +252,7 @@ class _Run:
                 break
 
     def configurations(self, upper: float) -> Groups | None:
-        """The configuration program (`ilp_patterns`) at a level theta `_PATTERN_STEP` of the way
+        """The configuration program (`patterns`) at a level theta `_PATTERN_STEP` of the way
         from the proven bound to `upper` (the best busy time in hand): infeasible proves busy time
         > theta (then a higher level); feasible gives groups packing the large samples as the
         class program's counting cuts cannot, locally searched. None when it finds none."""

@@ -34,9 +34,9 @@ from dataclasses import dataclass
 import numpy as np
 import pulp
 
-from dcp.planner.ilp_costs import CostTable
-from dcp.planner.ilp_pack import Groups
-from dcp.planner.ilp_solvers import SolveResult, new_var, run_solver
+from dcp.planner.ilp.costs import CostTable
+from dcp.planner.ilp.pack import Groups
+from dcp.planner.ilp.solvers import SolveResult, new_var, run_solver
 
 SMALL = 0.03
 """A sample whose fastest solo time is below this fraction of U is treated as fluid."""

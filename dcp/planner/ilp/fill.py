@@ -1,6 +1,6 @@
 """Few large micro-batches, balanced on exact prices: a warm start for fixed-cost-heavy settings.
 
-The ILP's own search prices groups by its canonical micro-batching (`ilp_costs`): samples that
+The ILP's own search prices groups by its canonical micro-batching (`costs`): samples that
 need no checkpointing share micro-batches of at most max_tokens(p, 0) tokens. Under ZeRO-3 every
 micro-batch gathers all parameters (seconds for a 70B model), so the best plans run one or two
 large micro-batches per group, checkpointing as much as their tokens need, which that model
@@ -20,9 +20,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from dcp.costmodel import CostModel
-from dcp.data.workloads import Sample
 from dcp.planner.common import assemble
 from dcp.planner.plan import Plan
+from dcp.planner.sample import Sample
 
 _EXTRA_MICROBATCHES = 1
 """Micro-batches per group beyond the fewest that hold the batch fully checkpointed."""

@@ -1,10 +1,10 @@
 """The configuration program at one busy-time level theta: can every group run within theta?
 
-The aggregated program (`ilp_model`) bounds each class's large samples with counting cuts, which
+The aggregated program (`model`) bounds each class's large samples with counting cuts, which
 miss how a handful of large videos actually combine in groups. Here the large samples of each
 class are packed exactly, as patterns (Gilmore-Gomory configurations): a pattern of size p is a
 multiset of large types whose loads sum to at most theta. Smaller samples stay counts and
-fractions per class, filling the room the patterns leave (`ilp_model.program_items`: exact types and
+fractions per class, filling the room the patterns leave (`model.program_items`: exact types and
 fluid buckets; large means load above theta / `PARTS` at that size).
 
     find z[p,q] >= 0 integer (groups of size p with pattern q), c[t,p] (integer), y[b,p] in [0, 1]
@@ -26,10 +26,10 @@ from dataclasses import dataclass
 import numpy as np
 import pulp
 
-from dcp.planner.ilp_costs import CostTable
-from dcp.planner.ilp_model import Item, program_items, split_fluid
-from dcp.planner.ilp_pack import Groups
-from dcp.planner.ilp_solvers import new_var, run_solver
+from dcp.planner.ilp.costs import CostTable
+from dcp.planner.ilp.model import Item, program_items, split_fluid
+from dcp.planner.ilp.pack import Groups
+from dcp.planner.ilp.solvers import new_var, run_solver
 
 PARTS = 8
 """A sample is large at a size when its load there exceeds theta / PARTS."""
