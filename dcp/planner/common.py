@@ -5,9 +5,12 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+import numpy as np
+
 from dcp.costmodel import CostModel
 from dcp.planner.bounds import lower_bound
 from dcp.planner.plan import Group, InfeasibleError, MicroBatch, Plan
+from dcp.planner.pricing import BatchArrays, Pricer, price_layout
 from dcp.planner.sample import Sample
 
 
@@ -28,27 +31,33 @@ def assemble(strategy: str, batch: Sequence[Sample], cm: CostModel,
              layout: Sequence[tuple[int, int, Sequence[Sequence[int]]]],
              ckpt: Sequence[Sequence[int]] | None = None, *, started: float | None = None,
              solver_status: str = "heuristic", gap: float | None = None,
-             lower_bound_s: float | None = None, notes: Sequence[str] = ()) -> Plan:
+             lower_bound_s: float | None = None, notes: Sequence[str] = (),
+             pricer: Pricer | None = None) -> Plan:
     """Build and validate a Plan from (first rank, SP size, micro-batches as sample-id lists).
 
     Each micro-batch gets the fewest checkpointed layers that fit, unless `ckpt` gives them
-    (one list per group). Times and memory come from the cost model."""
-    by_id = {s.id: s for s in batch}
-    groups = []
-    for gi, (start, p, mbs) in enumerate(layout):
+    (one list per group). Times and memory come from the cost model, priced for all
+    micro-batches at once (`pricing.Pricer`); empty micro-batches are dropped."""
+    position = {s.id: k for k, s in enumerate(batch)}
+    index_layout = [(start, p, [[position[i] for i in mb] for mb in mbs]) for start, p, mbs in layout]
+    pricer = pricer or Pricer(cm, sorted({p for _, p, _ in layout}))
+    priced = price_layout(index_layout, BatchArrays.of(batch), pricer, ckpt)
+    k = cm.model.num_layers
+    act = {p: np.array([cm.activation_bytes_per_token(p, r) for r in range(k + 2)]) for p in pricer.sizes}
+    groups, m = [], 0
+    for start, p, mbs in layout:
         g = Group(list(range(start, start + p)), p)
-        for mi, ids in enumerate(mbs):
-            if not ids:
-                continue
-            tokens = sum(by_id[i].tokens for i in ids)
-            pairs = sum(by_id[i].attn_pairs for i in ids)
-            r = ckpt[gi][mi] if ckpt is not None else cm.min_ckpt_layers(tokens, p)
-            if r is None:
-                raise InfeasibleError(f"{strategy}: micro-batch of samples {list(ids)[:8]} ({tokens} tokens) "
-                                      f"does not fit at SP size {p}")
-            g.microbatches.append(MicroBatch(list(ids), int(r), cm.time_s(tokens, pairs, p, r),
-                                             cm.memory_bytes(tokens, p, r)))
+        r = priced.levels[m:m + len(mbs)]
+        bad = np.flatnonzero(r > k)
+        if len(bad):
+            ids = list(mbs[int(bad[0])])
+            raise InfeasibleError(f"{strategy}: micro-batch of samples {ids[:8]} ({int(priced.tokens[m + bad[0]])} "
+                                  f"tokens) does not fit at SP size {p}" + (" with the given checkpointing" if ckpt else ""))
+        memory = (cm.static_bytes + act[p][r] * priced.tokens[m:m + len(mbs)]).tolist()
+        times = priced.times_s[m:m + len(mbs)].tolist()
+        g.microbatches = [MicroBatch(list(ids), int(r[mi]), times[mi], memory[mi]) for mi, ids in enumerate(mbs) if len(ids)]
         groups.append(g)
+        m += len(mbs)
     sync = cm.grad_sync_s()
     busy = max((g.busy_s for g in groups), default=0.0)
     lb = lower_bound(batch, cm) if lower_bound_s is None else lower_bound_s

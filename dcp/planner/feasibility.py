@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from dcp.costmodel import CostModel
 from dcp.planner.plan import InfeasibleError
 from dcp.planner.sample import Sample
@@ -41,7 +43,12 @@ def check_feasible(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int])
             f"model states of {cm.model.name} need {cm.static_bytes / 1e9:.1f} GB per GPU, more than the "
             f"{room / 1e9:.1f} GB usable; shard more (zero stage 3) or use more GPUs"
         )
-    for s in batch:
+    # Both limits grow with the tokens alone: only samples longer than the largest micro-batch
+    # the cost model accepts can fail, and the first of those in batch order is named.
+    tokens = np.fromiter((s.tokens for s in batch), dtype=np.float64, count=len(batch))
+    too_long = np.flatnonzero(tokens > min(cm.priceable_tokens(p), cm.max_tokens(p, k)))
+    for i in too_long:
+        s = batch[int(i)]
         if s.tokens > cm.priceable_tokens(p):
             raise InfeasibleError(
                 f"sample {s.id} ({s.tokens} tokens) is beyond what the profile can price: "
