@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from dcp.costmodel import CostModel
-from dcp.planner.common import aligned_layout, assemble
+from dcp.planner.common import aligned_layout, assemble_indices
 from dcp.planner.feasibility import allowed_sp_sizes, check_feasible
 from dcp.planner.options import BucketOptions, PackedOptions
 from dcp.planner.plan import InfeasibleError, Plan
@@ -107,7 +107,7 @@ def solve_bucket(batch: Sequence[Sample], cm: CostModel, options: BucketOptions 
     check_feasible(batch, cm, sizes)
     arrays = BatchArrays.of(batch)
     layout, ckpt, notes = bucket_layout(batch, cm, options, sizes, arrays)
-    return assemble("bucket", batch, cm, with_ids(layout, arrays), ckpt=ckpt, started=started, notes=notes)
+    return assemble_indices("bucket", batch, cm, layout, ckpt=ckpt, started=started, notes=notes, arrays=arrays)
 
 
 def first_fit_decreasing(batch: Sequence[Sample], budget_tokens: int) -> list[list[Sample]]:
@@ -197,10 +197,4 @@ def solve_packed(batch: Sequence[Sample], cm: CostModel, options: PackedOptions 
     check_feasible(batch, cm, sizes)
     arrays = BatchArrays.of(batch)
     layout, ckpt, notes = packed_layout(batch, cm, options, sizes, arrays, Pricer(cm, sizes))
-    return assemble("packed", batch, cm, with_ids(layout, arrays), ckpt=ckpt, started=started, notes=notes)
-
-
-def with_ids(layout: Layout, arrays: BatchArrays) -> list[tuple[int, int, list[list[int]]]]:
-    """A layout of batch indices as `assemble` takes it: sample ids."""
-    ids = arrays.ids
-    return [(start, p, [ids[mb].tolist() for mb in mbs]) for start, p, mbs in layout]
+    return assemble_indices("packed", batch, cm, layout, ckpt=ckpt, started=started, notes=notes, arrays=arrays)

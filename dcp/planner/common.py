@@ -10,7 +10,7 @@ import numpy as np
 from dcp.costmodel import CostModel
 from dcp.planner.bounds import lower_bound
 from dcp.planner.plan import Group, InfeasibleError, MicroBatch, Plan
-from dcp.planner.pricing import BatchArrays, Pricer, price_layout
+from dcp.planner.pricing import BatchArrays, Layout, Pricer, price_layout
 from dcp.planner.sample import Sample
 
 
@@ -32,7 +32,7 @@ def assemble(strategy: str, batch: Sequence[Sample], cm: CostModel,
              ckpt: Sequence[Sequence[int]] | None = None, *, started: float | None = None,
              solver_status: str = "heuristic", gap: float | None = None,
              lower_bound_s: float | None = None, notes: Sequence[str] = (),
-             pricer: Pricer | None = None) -> Plan:
+             pricer: Pricer | None = None, arrays: BatchArrays | None = None) -> Plan:
     """Build and validate a Plan from (first rank, SP size, micro-batches as sample-id lists).
 
     Each micro-batch gets the fewest checkpointed layers that fit, unless `ckpt` gives them
@@ -40,8 +40,20 @@ def assemble(strategy: str, batch: Sequence[Sample], cm: CostModel,
     micro-batches at once (`pricing.Pricer`); empty micro-batches are dropped."""
     position = {s.id: k for k, s in enumerate(batch)}
     index_layout = [(start, p, [[position[i] for i in mb] for mb in mbs]) for start, p, mbs in layout]
+    return assemble_indices(strategy, batch, cm, index_layout, ckpt, started=started, solver_status=solver_status,
+                            gap=gap, lower_bound_s=lower_bound_s, notes=notes, pricer=pricer, arrays=arrays)
+
+
+def assemble_indices(strategy: str, batch: Sequence[Sample], cm: CostModel, layout: Layout,
+                     ckpt: Sequence[Sequence[int]] | None = None, *, started: float | None = None,
+                     solver_status: str = "heuristic", gap: float | None = None,
+                     lower_bound_s: float | None = None, notes: Sequence[str] = (),
+                     pricer: Pricer | None = None, arrays: BatchArrays | None = None) -> Plan:
+    """`assemble` for micro-batches given as batch indices (what the strategies compute)."""
+    arrays = arrays if arrays is not None else BatchArrays.of(batch)
     pricer = pricer or Pricer(cm, sorted({p for _, p, _ in layout}))
-    priced = price_layout(index_layout, BatchArrays.of(batch), pricer, ckpt)
+    priced = price_layout(layout, arrays, pricer, ckpt)
+    ids = arrays.ids.tolist()
     k = cm.model.num_layers
     act = {p: np.array([cm.activation_bytes_per_token(p, r) for r in range(k + 2)]) for p in pricer.sizes}
     groups, m = [], 0
@@ -50,12 +62,14 @@ def assemble(strategy: str, batch: Sequence[Sample], cm: CostModel,
         r = priced.levels[m:m + len(mbs)]
         bad = np.flatnonzero(r > k)
         if len(bad):
-            ids = list(mbs[int(bad[0])])
-            raise InfeasibleError(f"{strategy}: micro-batch of samples {ids[:8]} ({int(priced.tokens[m + bad[0]])} "
+            members = [ids[i] for i in mbs[int(bad[0])]]
+            raise InfeasibleError(f"{strategy}: micro-batch of samples {members[:8]} ({int(priced.tokens[m + bad[0]])} "
                                   f"tokens) does not fit at SP size {p}" + (" with the given checkpointing" if ckpt else ""))
         memory = (cm.static_bytes + act[p][r] * priced.tokens[m:m + len(mbs)]).tolist()
         times = priced.times_s[m:m + len(mbs)].tolist()
-        g.microbatches = [MicroBatch(list(ids), int(r[mi]), times[mi], memory[mi]) for mi, ids in enumerate(mbs) if len(ids)]
+        levels = r.tolist()
+        g.microbatches = [MicroBatch([ids[i] for i in mb], levels[mi], times[mi], memory[mi])
+                          for mi, mb in enumerate(mbs) if len(mb)]
         groups.append(g)
         m += len(mbs)
     sync = cm.grad_sync_s()

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from dcp.costmodel import CostModel
-from dcp.planner.baselines import group_share, lpt_assign, with_ids
-from dcp.planner.common import aligned_layout, assemble
+from dcp.planner.baselines import group_share, lpt_assign
+from dcp.planner.common import aligned_layout, assemble_indices
 from dcp.planner.feasibility import allowed_sp_sizes, check_feasible
 from dcp.planner.options import GreedyOptions
 from dcp.planner.plan import Plan
@@ -95,9 +95,6 @@ class _MicroBatches:
     starts: np.ndarray
     home: np.ndarray
     times: np.ndarray
-
-    def members(self, m: int) -> np.ndarray:
-        return self.order[self.starts[m]:self.starts[m + 1]]
 
     def rehomed(self, home: np.ndarray) -> _MicroBatches:
         return _MicroBatches(self.order, self.starts, home, self.times)
@@ -297,12 +294,17 @@ def greedy_layout(batch: Sequence[Sample], cm: CostModel, options: GreedyOptions
     ckpt: list[list[int]] = []
     k = cm.model.num_layers
     tokens = np.add.reduceat(arrays.tokens[mbs.order], mbs.starts[:-1])
+    order, starts = mbs.order.tolist(), mbs.starts.tolist()
+    # Each group's micro-batches longest first (ties by number), groups numbered as _Schedule does.
+    by_group = np.lexsort((np.arange(len(schedule.where)),
+                           -mbs.times[np.arange(len(schedule.where)), schedule.size_of[schedule.where]],
+                           schedule.where))
+    cuts = np.searchsorted(schedule.where[by_group], np.arange(len(schedule.size_of) + 1)).tolist()
     # aligned_layout places groups largest first, as _Schedule numbers them.
     for g, (start, p) in enumerate(aligned_layout(counts, cm.cluster.num_gpus, cm.cluster.gpus_per_node)):
-        jobs = np.flatnonzero(schedule.where == g)
-        jobs = jobs[np.argsort(-mbs.times[jobs, schedule.size_of[g]], kind="stable")]
+        jobs = by_group[cuts[g]:cuts[g + 1]]
         levels = pricer.levels(p, tokens[jobs], None if options.pyramid else k)
-        layout.append((start, p, [mbs.members(m).tolist() for m in jobs]))
+        layout.append((start, p, [order[starts[m]:starts[m + 1]] for m in jobs.tolist()]))
         ckpt.append(levels.tolist())
     return layout, ckpt, notes
 
@@ -315,5 +317,5 @@ def solve_greedy(batch: Sequence[Sample], cm: CostModel, options: GreedyOptions 
     check_feasible(batch, cm, sizes)
     arrays = BatchArrays.of(batch)
     layout, ckpt, notes = greedy_layout(batch, cm, options, sizes, arrays, Pricer(cm, sizes))
-    return assemble("dcp-greedy" if options.pyramid else "dcp-greedy-inter", batch, cm, with_ids(layout, arrays),
-                    ckpt=ckpt, started=started, notes=notes)
+    return assemble_indices("dcp-greedy" if options.pyramid else "dcp-greedy-inter", batch, cm, layout,
+                            ckpt=ckpt, started=started, notes=notes, arrays=arrays)

@@ -42,15 +42,22 @@ SMALL = 0.03
 """A sample whose fastest solo time is below this fraction of U is treated as fluid."""
 RATIO_TOL = 0.005
 """Fluid bucket: each size's load ratio (to the bucket's reference size) varies by at most this."""
+MAX_EXACT = 48
+"""Exact types at most (the program's integer columns): the longest samples; the rest are fluid."""
+MAX_BUCKETS = 96
+"""Fluid buckets at most: past it the ratio tolerance doubles."""
 LEVELS = 8
 """Busy-time levels between the lower bound and the incumbent at which bin-packing cuts apply."""
+COUNT_MAX_K = 64
+"""Counting cuts (CN) for items down to theta / (this + 1)."""
 
 
 @dataclass
 class Item:
     """A program item: an exact type (identical large samples) or a fluid bucket of small ones."""
 
-    members: list[int]
+    members: np.ndarray
+    """Batch indices (table rows) of the samples it stands for."""
     options: list[int]
     exact: bool
     coef: dict[int, float]
@@ -69,41 +76,70 @@ class ClassSolution:
 
 def program_items(table: CostTable, upper: float) -> list[Item]:
     """Exact types and fluid buckets; a sample's classes are the sizes where it runs alone
-    within U (no plan better than the incumbent puts it elsewhere)."""
+    within U (no plan better than the incumbent puts it elsewhere). The program's size does not
+    grow with the batch: at most `MAX_EXACT` exact types (the largest; the other large samples
+    join the fluid ones), and buckets of samples whose load ratios across sizes agree to within
+    `RATIO_TOL`, the tolerance doubled until at most `MAX_BUCKETS` remain."""
     n = len(table.tokens)
     opts = (table.ckpt >= 0) & (table.solo <= upper * (1 + 1e-9))
-    small = table.solo.min(axis=1) < SMALL * upper
+    best_solo = table.solo.min(axis=1)
+    large = np.flatnonzero(best_solo >= SMALL * upper)
+    exact_ids = _exact_types(table, large, best_solo)
     items: list[Item] = []
-    exact: dict[tuple[int, float], list[int]] = {}
-    for i in range(n):
-        if not small[i]:
-            exact.setdefault((int(table.tokens[i]), float(table.pairs[i])), []).append(i)
-    for key in sorted(exact):
-        ids = exact[key]
+    for ids in exact_ids:
         o = np.flatnonzero(opts[ids[0]]).tolist()
         items.append(Item(ids, o, True, {j: float(table.load[ids[0], j]) for j in o}))
-    order = sorted(np.flatnonzero(small).tolist(), key=lambda i: (table.tokens[i], table.pairs[i], i))
-    bucket: list[int] = []
-    lo = hi = None
-    for i in order + [-1]:
-        if i >= 0:
-            o = np.flatnonzero(opts[i])
-            ratio = table.load[i, o] / table.load[i, o[0]]
-            if bucket and np.array_equal(o, np.flatnonzero(opts[bucket[0]])):
-                nlo, nhi = np.minimum(lo, ratio), np.maximum(hi, ratio)
-                if np.all(nhi <= nlo * (1 + RATIO_TOL)):
-                    bucket.append(i)
-                    lo, hi = nlo, nhi
-                    continue
-        if bucket:
-            o = np.flatnonzero(opts[bucket[0]]).tolist()
-            ref = float(table.load[bucket, o[0]].sum())
-            items.append(Item(bucket, o, False, {j: ref * float(r) for j, r in zip(o, lo, strict=True)}))
-        if i >= 0:
-            o = np.flatnonzero(opts[i])
-            bucket, lo = [i], table.load[i, o] / table.load[i, o[0]]
-            hi = lo
+    fluid = np.setdiff1d(np.arange(n), np.concatenate(exact_ids) if exact_ids else np.zeros(0, dtype=np.int64))
+    if not len(fluid):
+        return items
+    mask = (opts[fluid] * (1 << np.arange(opts.shape[1]))).sum(axis=1)
+    ref = np.argmax(opts[fluid], axis=1)  # the smallest size where each sample may go
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(opts[fluid], table.load[fluid] / table.load[fluid, ref][:, None], 1.0)
+    tol = RATIO_TOL
+    while True:
+        cells = np.floor(np.log(ratio) / np.log1p(tol)).astype(np.int64)
+        keys = np.column_stack([mask, cells])
+        _, bucket = _unique_rows(keys)
+        if bucket.max() + 1 <= MAX_BUCKETS:
+            break
+        tol *= 2
+    order = np.lexsort((fluid, bucket))
+    starts = np.flatnonzero(np.concatenate([[True], bucket[order][1:] != bucket[order][:-1]]))
+    for lo, hi in zip(starts, np.append(starts[1:], len(order)), strict=True):
+        members = fluid[order[lo:hi]]
+        o = np.flatnonzero(opts[members[0]]).tolist()
+        low = ratio[order[lo:hi]].min(axis=0)
+        total = float(table.load[members, o[0]].sum())
+        # Coefficients use the smallest ratio in the bucket: the program stays a relaxation.
+        items.append(Item(members, o, False, {j: total * float(low[j]) for j in o}))
     return items
+
+
+def _exact_types(table: CostTable, large: np.ndarray, best_solo: np.ndarray) -> list[np.ndarray]:
+    """Identical large samples grouped (same tokens and pairs), at most `MAX_EXACT` groups: the
+    ones with the longest solo times."""
+    if not len(large):
+        return []
+    keys = np.column_stack([table.tokens[large], table.pairs[large]])
+    _, inverse = _unique_rows(keys)
+    order = np.lexsort((large, inverse))
+    starts = np.flatnonzero(np.concatenate([[True], inverse[order][1:] != inverse[order][:-1]]))
+    groups = [large[order[lo:hi]] for lo, hi in zip(starts, np.append(starts[1:], len(order)), strict=True)]
+    if len(groups) > MAX_EXACT:
+        groups = sorted(groups, key=lambda g: (-best_solo[g[0]], int(g[0])))[:MAX_EXACT]
+    return sorted(groups, key=lambda g: (int(table.tokens[g[0]]), float(table.pairs[g[0]])))
+
+
+def _unique_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """First index of each distinct row and the row number of every row (rows in sorted order)."""
+    order = np.lexsort(keys.T[::-1])
+    sk = keys[order]
+    new = np.concatenate([[True], (sk[1:] != sk[:-1]).any(axis=1)])
+    rank = np.cumsum(new) - 1
+    inverse = np.empty(len(keys), dtype=np.int64)
+    inverse[order] = rank
+    return order[new], inverse
 
 
 def solve_classes(table: CostTable, num_gpus: int, upper: float, lower: float, start: Groups | None,
@@ -178,6 +214,7 @@ def _level_cuts(prob: pulp.LpProblem, items: list[Item], x: dict, n_groups: dict
     dual feasible functions):
       (Ck) sum (ceil((k+1) g / theta) - 1) <= k n_p, k = 1..4 (k = 1: one item > theta/2 per group)
       (C5) theta #{g > theta - a} + sum{a <= g <= theta - a} g <= theta n_p, for a in `_alphas`
+      (CN) #{g > theta / (k + 1)} <= k n_p, for the k smaller items give (`_count_rows`)
     """
     zeta: dict[int, pulp.LpVariable] = {}
     exact = [t for t, it in enumerate(items) if it.exact]
@@ -190,26 +227,46 @@ def _level_cuts(prob: pulp.LpProblem, items: list[Item], x: dict, n_groups: dict
         z = None
         for j in range(m):
             sized = np.flatnonzero(g[:, j] > theta / 5)
-            if not len(sized):
+            rows = []
+            if len(sized):
+                gs = g[sized, j]
+                rows = [(f"C{k}", np.ceil((k + 1) * gs / theta - 1e-12) - 1, float(k), sized) for k in (1, 2, 3, 4)]
+                for n, a in enumerate(_alphas(gs, theta)):
+                    rows.append((f"C5{n}", np.where(gs > theta - a, theta, np.where(gs >= a, gs, 0.0)), theta, sized))
+            rows += _count_rows(g[:, j], mult, theta)
+            if not rows:
                 continue
             if z is None:
                 z = zeta[lv] = new_var(prob, f"zeta_{lv}", cat=pulp.LpBinary)
                 # (C0) level l's cuts may be switched off only if B >= theta_l
                 prob += busy >= theta * z, f"C0_{lv}"
-            gs = g[sized, j]
-            rows = [(f"C{k}", np.ceil((k + 1) * gs / theta - 1e-12) - 1, float(k)) for k in (1, 2, 3, 4)]
-            for n, a in enumerate(_alphas(gs, theta)):
-                rows.append((f"C5{n}", np.where(gs > theta - a, theta, np.where(gs >= a, gs, 0.0)), theta))
-            for name, coef, per_group in rows:
+            for name, coef, per_group, rows_of in rows:
                 on = np.flatnonzero(coef > 0)
                 if not len(on):
                     continue
-                big_m = float((coef[on] * mult[sized[on]]).sum())
-                lhs = pulp.LpAffineExpression([(x[exact[sized[i]], j], float(coef[i])) for i in on])
+                big_m = float((coef[on] * mult[rows_of[on]]).sum())
+                lhs = pulp.LpAffineExpression([(x[exact[rows_of[i]], j], float(coef[i])) for i in on])
                 prob += lhs <= per_group * n_groups[j] + big_m * z, f"{name}_{lv}_{j}"
         if z is not None and lv - 1 in zeta:
             prob += zeta[lv - 1] >= z, f"C0m_{lv}"  # monotone: B >= theta_l implies B >= theta_(l-1)
     return zeta
+
+
+def _count_rows(g: np.ndarray, mult: np.ndarray, theta: float) -> list[tuple[str, np.ndarray, float, np.ndarray]]:
+    """(CN) a group within theta holds at most k items larger than theta / (k + 1): for each k
+    that some exact type's size gives (k = floor(theta / g), up to `COUNT_MAX_K`), the number of
+    items at least that large is at most k n_p. Written only where it can bind: when more such
+    items exist than k (with one group they would not fit)."""
+    rows = []
+    on = np.flatnonzero((g > theta / (COUNT_MAX_K + 1)) & (g <= theta / 5))  # (C1)-(C4) cover the larger
+    if not len(on):
+        return rows
+    ks = np.floor(theta / g[on] * (1 - 1e-12)).astype(np.int64)
+    for k in np.unique(ks):
+        members = on[ks <= k]
+        if mult[members].sum() > k:
+            rows.append((f"CN{k}", np.ones(len(members)), float(k), members))
+    return rows
 
 
 def _alphas(sizes: np.ndarray, theta: float, most: int = 4) -> list[float]:
@@ -235,17 +292,15 @@ def _warm_start(items: list[Item], table: CostTable, start: Groups, upper: float
     init: dict[pulp.LpVariable, float] = {busy: upper}
     init.update({z: 1.0 for z in zeta.values()})
     for t, it in enumerate(items):
-        for j in it.options:
-            inside = [i for i in it.members if cls[i] == j]
-            if it.exact:
-                init[x[t, j]] = float(len(inside))
-            else:
-                ref = table.load[it.members, it.options[0]].sum()
-                init[x[t, j]] = float(table.load[inside, it.options[0]].sum() / ref)
-            if (t, j) in delta:
-                init[delta[t, j]] = float(bool(inside))
-        if any(cls[i] not in it.options for i in it.members):
+        where = cls[it.members]
+        if not np.isin(where, it.options).all():
             return None
+        ref = table.load[it.members, it.options[0]]
+        for j in it.options:
+            inside = where == j
+            init[x[t, j]] = float(inside.sum()) if it.exact else float(ref[inside].sum() / ref.sum())
+            if (t, j) in delta:
+                init[delta[t, j]] = float(inside.any())
     for (j, k), var in beta.items():
         on = (counts.get(j, 0) >> k) & 1
         init[var] = float(on)
@@ -255,19 +310,22 @@ def _warm_start(items: list[Item], table: CostTable, start: Groups, upper: float
 
 def split_fluid(it: Item, table: CostTable, share: dict[int, float]) -> tuple[list[tuple[int, list[int]]], list[int]]:
     """A fluid bucket's samples over its classes, `share[j]` the fraction of the bucket's load
-    at class j: largest samples to the largest sizes, each class up to its share. Returns the
+    at class j: largest samples to the largest sizes, each class up to its share (a sample goes
+    while the class's load before it plus half its own stays within the share). Returns the
     (class, samples) taken and the samples rounding left over."""
     ref = it.options[0]
-    total = float(table.load[it.members, ref].sum())
-    members = sorted(it.members, key=lambda i: (-table.tokens[i], i))
+    members = it.members[np.lexsort((it.members, -table.tokens[it.members]))]
+    load = table.load[members, ref]
+    total = float(load.sum())
+    mid = np.cumsum(load) - load / 2  # where each sample's middle falls, from the front
+    done = np.concatenate([[0.0], np.cumsum(load)])
     out: list[tuple[int, list[int]]] = []
+    start = 0
     for j in sorted(share, reverse=True):
-        target, got, ids = share[j] * total, 0.0, []
-        while members and got + table.load[members[0], ref] / 2 <= target:
-            got += table.load[members[0], ref]
-            ids.append(members.pop(0))
-        out.append((j, ids))
-    return out, members
+        end = max(start, int(np.searchsorted(mid, done[start] + share[j] * total, side="right")))
+        out.append((j, members[start:end].tolist()))
+        start = end
+    return out, members[start:].tolist()
 
 
 def _extract(items: list[Item], table: CostTable, res: SolveResult, x: dict, beta: dict,
@@ -279,7 +337,7 @@ def _extract(items: list[Item], table: CostTable, res: SolveResult, x: dict, bet
     classes: dict[int, list[int]] = {j: [] for j in counts}
     for t, it in enumerate(items):
         if it.exact:
-            members = list(it.members)
+            members = it.members.tolist()
             for j in it.options:
                 c = int(round(val[x[t, j]]))
                 classes[j] += members[:c]

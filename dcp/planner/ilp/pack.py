@@ -1,11 +1,11 @@
 """From SP classes to concrete groups: longest-processing-time packing, a local search that
-moves and swaps samples between groups to shorten the slowest one, and plan assembly.
+moves and swaps samples between groups to shorten the slowest one, and the layout of groups.
 
 A solution here is a list of groups `(j, sample indices)`, j indexing `CostTable.sizes`.
 Group time is estimated as (sum over checkpointing samples of their solo time) + (sum over
 the others of their marginal time) + fixed(p, 0) * ceil(their tokens / max_tokens(p, 0)):
-the canonical micro-batching of `costs` with perfect packing. The plan is priced exactly
-by `assemble` afterwards.
+the canonical micro-batching of `costs` with perfect packing, so never above its exact price
+(`to_layout`, then `pricing.price_layout`).
 """
 
 from __future__ import annotations
@@ -19,17 +19,23 @@ from typing import TypeVar
 import numpy as np
 
 from dcp.costmodel import Cluster, CostModel
-from dcp.planner.baselines import lpt_assign
-from dcp.planner.common import aligned_layout, assemble
+from dcp.planner.common import aligned_layout
 from dcp.planner.ilp.costs import CostTable, form_microbatches
-from dcp.planner.plan import Plan
-from dcp.planner.sample import Sample
+from dcp.planner.pricing import Layout
 
 Groups = list[tuple[int, list[int]]]
 T = TypeVar("T")
 _TOL = 1e-9
+IMPROVE_STEPS = 300
+"""Local-search steps after each warm start and after each program solve."""
 _SWAP_TOP = 24
-"""Swaps try this many of the slowest group's largest samples."""
+"""Swaps try this many of the slowest group's largest samples..."""
+_SWAP_GROUPS = 8
+"""...against every sample of this many least-loaded groups (those with room to take one)."""
+_MULTIFIT_ITEMS = 8
+"""MULTIFIT spreads a class of at most this many samples per group (and `_MULTIFIT_MAX` in all:
+each bisection step is a pass per sample); LPT (vectorized) beyond."""
+_MULTIFIT_MAX = 600
 
 
 class _Loads:
@@ -44,12 +50,12 @@ class _Loads:
                              / np.maximum(table.cap0, 1)[None, :], table.solo)
         self.gj = np.array([j for j, _ in groups], dtype=np.int64)
         self.where = np.full(len(table.tokens), -1, dtype=np.int64)
-        self.base = np.zeros(len(groups))
-        self.tok = np.zeros(len(groups))
-        for g, (j, ids) in enumerate(groups):
+        for g, (_, ids) in enumerate(groups):
             self.where[ids] = g
-            self.base[g] = self.marg[ids, j].sum()
-            self.tok[g] = self.short_tok[ids, j].sum()
+        placed = np.flatnonzero(self.where >= 0)
+        cols = self.gj[self.where[placed]]
+        self.base = np.bincount(self.where[placed], weights=self.marg[placed, cols], minlength=len(groups))
+        self.tok = np.bincount(self.where[placed], weights=self.short_tok[placed, cols], minlength=len(groups))
 
     def est(self, base: np.ndarray, tok: np.ndarray, gj: np.ndarray | int) -> np.ndarray:
         """base + fixed(p, 0) * ceil(tokens / max_tokens(p, 0)), elementwise (broadcasting)."""
@@ -95,8 +101,9 @@ def improve(groups: Groups, table: CostTable, deadline: float, max_iter: int = 2
         best_val, best = lc * (1 - _TOL) - _TOL, None
         if val.flat[k] < best_val:
             best_val, best = float(val.flat[k]), (int(members[k // val.shape[1]]), k % val.shape[1], -1)
-        # swaps: one of the largest members s with any sample u of another group
-        others = np.flatnonzero(st.where != c)
+        # swaps: one of the largest members s with any sample u of the least-loaded groups
+        partners = np.argsort(loads, kind="stable")[:_SWAP_GROUPS]
+        others = np.flatnonzero(np.isin(st.where, partners[partners != c]))
         if len(others):
             top = np.argsort(-st.marg[members, jc], kind="stable")[:_SWAP_TOP]
             s_idx, og = members[top], st.where[others]
@@ -117,45 +124,74 @@ def improve(groups: Groups, table: CostTable, deadline: float, max_iter: int = 2
         if u >= 0:
             st.move(u, c)
         st.move(s, h)
-    out: Groups = [(int(st.gj[g]), []) for g in range(len(groups))]
-    for i in range(len(table.tokens)):
-        out[st.where[i]][1].append(i)
-    return out
+    return _groups_of(st.where, st.gj)
 
 
-def lpt(ids: Sequence[int], n_groups: int, j: int, table: CostTable) -> list[list[int]]:
-    """`lpt_assign` of the samples by their additive estimates at size index j (ties by index)."""
+def _groups_of(where: np.ndarray, gj: np.ndarray) -> Groups:
+    """Groups (size index, sample indices ascending) from each sample's group number."""
+    order = np.argsort(where, kind="stable")
+    cuts = np.searchsorted(where[order], np.arange(len(gj) + 1))
+    return [(int(gj[g]), order[cuts[g]:cuts[g + 1]].tolist()) for g in range(len(gj))]
+
+
+def spread(ids: Sequence[int], n_groups: int, j: int, table: CostTable) -> list[list[int]]:
+    """One class's samples over `n_groups` groups by their additive estimates at size index j:
+    MULTIFIT (Coffman, Garey, Johnson 1978) when a group gets few samples, whose packing it
+    improves over LPT; longest processing time first otherwise, where LPT is within a small
+    sample of the mean and MULTIFIT would cost a pass per sample per bisection step."""
     if n_groups == 0:
         return []
-    order = sorted(ids)
-    return [[order[k] for k in b] for b in lpt_assign([float(table.add[i, j]) for i in order], n_groups)]
+    ids = np.asarray(sorted(ids), dtype=np.int64)
+    if len(ids) <= min(_MULTIFIT_ITEMS * n_groups, _MULTIFIT_MAX):
+        return multifit(ids, n_groups, j, table)
+    return lpt_chunked(table.add[ids, j], ids, n_groups)
 
 
-def multifit(ids: Sequence[int], n_groups: int, j: int, table: CostTable, rounds: int = 20) -> list[list[int]]:
-    """MULTIFIT (Coffman, Garey, Johnson 1978): bisect on a capacity for which first-fit-decreasing
-    packs every sample into `n_groups` groups; LPT's packing when it is better."""
-    best = lpt(ids, n_groups, j, table)
+def lpt_chunked(sizes: np.ndarray, ids: np.ndarray, n_groups: int) -> list[list[int]]:
+    """LPT in rounds of `n_groups` samples: the next n longest go, longest first, to the groups
+    from least to most loaded (ties by index). The same as LPT while a round's samples differ
+    less than the groups' loads; one numpy step per round instead of a heap step per sample."""
+    order = np.lexsort((ids, -sizes))
+    loads = np.zeros(n_groups)
+    owner = np.empty(len(ids), dtype=np.int64)
+    for start in range(0, len(order), n_groups):
+        chunk = order[start:start + n_groups]
+        targets = np.lexsort((np.arange(n_groups), loads))[:len(chunk)]
+        owner[chunk] = targets
+        loads[targets] += sizes[chunk]
+    by_group = np.argsort(owner, kind="stable")
+    cuts = np.searchsorted(owner[by_group], np.arange(n_groups + 1))
+    return [ids[by_group[cuts[g]:cuts[g + 1]]].tolist() for g in range(n_groups)]
+
+
+def multifit(ids: np.ndarray, n_groups: int, j: int, table: CostTable, rounds: int = 12) -> list[list[int]]:
+    """MULTIFIT: bisect on a capacity for which first-fit-decreasing packs every sample into
+    `n_groups` groups; LPT's packing when it is better."""
+    size = table.add[ids, j].astype(np.float64)
+    best = lpt_chunked(size, ids, n_groups) if len(ids) > n_groups else \
+        [[int(i)] for i in ids] + [[] for _ in range(n_groups - len(ids))]
     if n_groups <= 1 or len(ids) <= n_groups:
         return best
-    size = {i: float(table.add[i, j]) for i in ids}
-    order = sorted(ids, key=lambda i: (-size[i], i))
-    hi = max(sum(size[i] for i in b) for b in best)
-    lo = max(sum(size.values()) / n_groups, size[order[0]])
+    order = np.lexsort((ids, -size))
+    by_id = dict(zip(ids.tolist(), size.tolist(), strict=True))
+    hi = max(sum(by_id[i] for i in b) for b in best)
+    lo = max(float(size.sum()) / n_groups, float(size.max()))
     for _ in range(rounds):
         if hi - lo <= 1e-4 * hi:
             break
         cap = (lo + hi) / 2
-        bins: list[list[int]] = [[] for _ in range(n_groups)]
-        room = [cap] * n_groups
-        for i in order:
-            k = next((k for k in range(n_groups) if size[i] <= room[k] + 1e-12), None)
-            if k is None:
+        room = np.full(n_groups, cap)
+        owner = np.empty(len(ids), dtype=np.int64)
+        for k in order:
+            g = int(np.argmax(room >= size[k] - 1e-12))
+            if room[g] < size[k] - 1e-12:
                 lo = cap
                 break
-            bins[k].append(i)
-            room[k] -= size[i]
+            owner[k] = g
+            room[g] -= size[k]
         else:
-            hi, best = cap, bins
+            hi = cap
+            best = [ids[owner == g].tolist() for g in range(n_groups)]
     return best
 
 
@@ -164,16 +200,18 @@ def estimate(groups: Groups, table: CostTable) -> float:
     return float(_Loads(groups, table).loads().max()) if groups else 0.0
 
 
-def groups_of_plan(plan: Plan, table: CostTable, index: dict[int, int]) -> Groups | None:
-    """A plan's groups in table indices; None if it uses an SP size outside the table."""
+def groups_of_layout(layout: Layout, table: CostTable) -> Groups | None:
+    """A layout's groups in table indices; None if a sample cannot run alone at its group's
+    size in the table (an SP size outside it)."""
     out: Groups = []
-    for g in plan.groups:
-        if g.sp not in table.sizes:
+    for _, p, mbs in layout:
+        if p not in table.sizes:
             return None
-        ids = [index[i] for mb in g.microbatches for i in mb.samples]
-        if not np.all(table.ckpt[ids, table.sizes.index(g.sp)] >= 0):
+        ids = [i for mb in mbs for i in mb]
+        j = table.sizes.index(p)
+        if not np.all(table.ckpt[ids, j] >= 0):
             return None
-        out.append((table.sizes.index(g.sp), ids))
+        out.append((j, ids))
     return out
 
 
@@ -185,17 +223,17 @@ def place(groups: Sequence[tuple[int, T]], cluster: Cluster) -> list[tuple[int, 
     return [(start, p, payload) for (start, p), (_, payload) in zip(starts, ordered, strict=True)]
 
 
-def to_plan(groups: Groups, batch: Sequence[Sample], cm: CostModel, table: CostTable,
-            max_microbatches: int | None, **kw: object) -> Plan | None:
-    """Aligned ranks, canonical micro-batches, exact prices (assemble validates). None when a
-    group cannot meet the micro-batch cap."""
-    layout = []
-    for start, p, (j, ids) in place([(table.sizes[j], (j, ids)) for j, ids in groups if ids], cm.cluster):
+def to_layout(groups: Groups, cm: CostModel, table: CostTable,
+              max_microbatches: int | None) -> Layout | None:
+    """Aligned ranks and canonical micro-batches of batch indices (`pricing.price_layout`
+    prices them exactly, at their fewest layers). None when a group cannot meet the cap."""
+    layout: Layout = []
+    for start, p, (j, ids) in place([(table.sizes[j], (j, ids)) for j, ids in groups if len(ids)], cm.cluster):
         mbs = form_microbatches(ids, j, table, cm, max_microbatches)
         if mbs is None:
             return None
-        layout.append((start, p, [[batch[i].id for i in mb] for mb in mbs]))
-    return assemble("ilp", batch, cm, layout, **kw)  # type: ignore[arg-type]
+        layout.append((start, p, mbs))
+    return layout
 
 
 def class_counts(loads: dict[int, float], sizes: Sequence[int], num_gpus: int) -> dict[int, int]:
@@ -245,5 +283,5 @@ def heuristic(table: CostTable, num_gpus: int, target: float) -> Groups:
     groups: Groups = []
     for j in used:
         ids = np.flatnonzero(choice == j).tolist()
-        groups += [(j, b) for b in multifit(ids, counts[j], j, table)]
+        groups += [(j, b) for b in spread(ids, counts[j], j, table)]
     return groups
