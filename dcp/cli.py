@@ -44,6 +44,7 @@ from dcp.planner.run import (
     step_rows,
     summarize,
 )
+from dcp.planner.status import program_outcome
 
 # Errors that mean "bad input", reported as one line, never a traceback. OSError covers an
 # output path that cannot be written.
@@ -185,7 +186,7 @@ def plan(strategy: str, **o: Any) -> None:
     else:
         table = _table(step_rows(plans, timelines), {
             **_STEP_COLUMNS, "lower_bound_s": ("bound (s)", _secs), "gap": ("gap", _pct),
-            "solve_time_s": ("solve (s)", _secs)})
+            "solve_time_s": ("solve (s)", _secs), "program": ("program", str)})
         text = (f"{strategy} on {cm.cluster.num_gpus} x {cm.hardware.name}, {cm.model.name}, "
                 f"{config['workload']}\n{table}\n"
                 f"mean step {summary['mean_step_time_s']:.3f} s | "
@@ -226,7 +227,7 @@ def compare_cmd(strategies: str | None, plot: Path | None, plot_metric: str, **o
             "strategy": ("strategy", str), "mean_step_time_s": ("step (s)", _secs),
             "speedup_vs_bucket": ("vs bucket", lambda x: "-" if x != x else f"{x:.2f}x"), "idle_fraction": ("idle", _pct),
             "comm_fraction": ("comm", _pct), "gap_to_lower_bound": ("gap to bound", _pct),
-            "mean_solve_time_s": ("solve (s)", _secs)})
+            "mean_solve_time_s": ("solve (s)", _secs), "time_limited": ("limit hit", str)})
         text = (f"{len(batches)} steps of {config['workload']} on {cm.cluster.num_gpus} x {cm.hardware.name}, "
                 f"{cm.model.name}\n{table}")
     if plot is not None:
@@ -298,6 +299,7 @@ def show(plan_file: Path, step_index: int, gantt_path: Path | None, model: str |
         f"(gap {_pct(gap(the_plan))}) | solve {the_plan.solve_time_s:.3f} s ({the_plan.solver_status}) | "
         f"memory headroom {_pct(memory_headroom(the_plan))}",
         "share of rank-seconds: " + " | ".join(f"{k} {_pct(v)}" for k, v in kind_shares(tl).items()),
+        *([f"program: {program_outcome(the_plan)}; " + "; ".join(the_plan.notes)] if the_plan.strategy == "ilp" else []),
         _table(group_rows(the_plan), {
             "group": ("group", str), "ranks": ("ranks", str), "sp": ("sp", str),
             "microbatches": ("micro-batches", str), "samples": ("samples", str), "tokens": ("tokens", str),

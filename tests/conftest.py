@@ -26,6 +26,23 @@ def cost_model(model: str = "llama-7b", gpus: int = 32, gpus_per_node: int = 8,
     return CostModel(load_model(model), hw, cluster, TrainingSetup(zero_stage=zero_stage))
 
 
+@functools.cache
+def heavy_cost_model(gpus: int = 32, gpus_per_node: int = 8, fixed_s: float = 0.05,
+                     activation_scale: float = 1.6) -> CostModel:
+    """Llama 7B on H200 with the kind of corrections a calibrated profile brings: every micro-batch
+    pays `fixed_s` outside the layers (tens of ms), each layer's kernels cost ten times the
+    datasheet overhead, and activations take `activation_scale` times the memory (so less fits
+    and more must be checkpointed). The same linear shape: the planner's guarantees must hold."""
+    import dataclasses
+
+    base = cost_model(gpus=gpus, gpus_per_node=gpus_per_node)
+    fit = dataclasses.replace(base.fit, microbatch_fixed_s=fixed_s, fwd_fixed_s=10 * base.fit.fwd_fixed_s,
+                              bwd_fixed_s=10 * base.fit.bwd_fixed_s,
+                              act_full_bytes_per_token=activation_scale * base.fit.act_full_bytes_per_token)
+    hw = dataclasses.replace(base.hardware, fits={**base.hardware.fits, base.model.name: fit})
+    return CostModel(base.model, hw, base.cluster, base.training)
+
+
 def make_batch(lengths: list[int], attention: str = "causal") -> list[Sample]:
     """Samples with ids 0..n-1 (text: one frame each)."""
     from dcp.costmodel import attention_pairs

@@ -27,6 +27,7 @@ from dcp.planner.options import IlpOptions, StrategyOptions
 from dcp.planner.plan import Plan
 from dcp.planner.sample import Sample
 from dcp.planner.simulate import Timeline, simulate
+from dcp.planner.status import program_outcome
 
 REFERENCE_STRATEGY = "bucket"
 
@@ -87,8 +88,8 @@ def step_rows(plans: Sequence[Plan], timelines: Sequence[Timeline]) -> Any:
             "step": i, "samples": len(plan.samples), "tokens": sum(s.tokens for s in plan.samples),
             "groups": groups_label(plan), "microbatches": sum(len(g.microbatches) for g in plan.groups),
             "step_time_s": plan.step_time_s, "lower_bound_s": plan.lower_bound_s, "gap": gap(plan),
-            "solve_time_s": plan.solve_time_s, "idle_fraction": tl.idle_fraction,
-            "comm_fraction": tl.comm_fraction,
+            "solve_time_s": plan.solve_time_s, "program": program_outcome(plan), "solver_status": plan.solver_status,
+            "idle_fraction": tl.idle_fraction, "comm_fraction": tl.comm_fraction,
         })
     return pd.DataFrame(rows)
 
@@ -108,6 +109,7 @@ def summarize(plans: Sequence[Plan], timelines: Sequence[Timeline]) -> dict[str,
         "idle_fraction": weighted("idle_fraction"), "comm_fraction": weighted("comm_fraction"),
         "mean_gap": sum(gap(p) for p in plans) / n,
         "mean_solve_time_s": sum(p.solve_time_s for p in plans) / n,
+        "cut_short_steps": sum(program_outcome(p) in ("cut short", "not run") for p in plans),
     }
 
 
@@ -121,7 +123,17 @@ def strategy_metrics(plans: Sequence[Plan], cm: CostModel) -> dict[str, float]:
     return {"mean_step_time_s": s["mean_step_time_s"], "idle_fraction": s["idle_fraction"],
             "comm_fraction": s["comm_fraction"], "gap_to_lower_bound": s["mean_gap"],
             "mean_solve_time_s": s["mean_solve_time_s"], "throughput_tokens_per_s": s["throughput_tokens_per_s"],
-            "mean_lower_bound_s": sum(p.lower_bound_s for p in plans) / len(plans)}
+            "mean_lower_bound_s": sum(p.lower_bound_s for p in plans) / len(plans),
+            "time_limited": _limited(plans)}
+
+
+def _limited(plans: Sequence[Plan]) -> str:
+    """How many of the ILP's plans the time limit cut short or left without the program ("2/5"),
+    "-" for a heuristic strategy."""
+    outcomes = [program_outcome(p) for p in plans]
+    if all(o == "-" for o in outcomes):
+        return "-"
+    return f"{sum(o in ('cut short', 'not run') for o in outcomes)}/{len(plans)}"
 
 
 def compare(batches: Sequence[Sequence[Sample]], cm: CostModel, strategies: Sequence[str] | None = None,

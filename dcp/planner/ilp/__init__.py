@@ -7,20 +7,21 @@ and solver call is bounded by it; only the final assembly is kept back as a smal
 
 1. setup (`search.Search`): the per-sample cost table (`costs`), the capacity bound the search
    runs on and the makespan bound the plan reports (`bounds`), all vectorized;
-2. warm start (`warm`): dcp-greedy, then every other baseline that a lower bound on its own step
-   time does not rule out, few large micro-batches where fixed costs are heavy (`fill`) and a
-   quick heuristic, improved by local search (`pack`): never worse than any of them;
-3. the program: for tiny batches (a few samples, a few GPUs) the exact program over every group,
-   micro-batch and checkpoint level (`exact`), proven optimal; otherwise the aggregated program
-   (`model`), whose rows are length classes (exact types of large samples, fluid buckets of
-   small ones, so its size does not grow with the batch), disaggregated over groups (`pack`),
-   and beside it the configuration program (`patterns`: the large samples packed exactly at a
-   level between the bound and the incumbent); the better candidate gets moves and swaps
-   (`pack`) and small exact re-solves of the slowest group's neighbourhood (`lns`);
-4. finish: the incumbent (`incumbent`: every candidate priced exactly) assembled and validated,
-   with the gap to the best proven bound: max(`bounds.lower_bound`, the solver's dual bound +
-   gradient sync), and a status that says when the time limit cut the program short or left
-   it no time at all. On solver failure the warm start is returned with a warning.
+2. warm start (`warm`): a quick heuristic (`heuristic`), dcp-greedy, then every other baseline
+   that a lower bound on its own step time does not rule out, few large micro-batches where
+   fixed costs are heavy (`fill`), improved by local search (`pack`); every candidate is
+   priced exactly (`incumbent`), so the plan is never worse than any of them;
+3. the program: for tiny batches the exact program over every group, micro-batch and checkpoint
+   level (`exact`), proven optimal; otherwise the aggregated program (`model`, with the cuts
+   of `cuts`) over length classes (`classes`: at most a fixed number of rows however many
+   samples), disaggregated over groups (`pack`), and beside it the configuration program
+   (`patterns`: the large samples packed exactly at a level between the bound and the
+   incumbent); the better candidate gets small exact re-solves of the slowest group's
+   neighbourhood (`lns`) and moves and swaps (`pack`);
+4. finish: the incumbent assembled and validated, with the gap to the best proven bound (max of
+   `bounds.lower_bound` and the solver's dual bound + gradient sync) and a status that says
+   when the time limit cut the search short or left the program no time (`dcp.planner.status`).
+   On solver failure the warm start is returned with a warning.
 """
 
 from __future__ import annotations
@@ -37,14 +38,11 @@ from dcp.planner.ilp.search import Search
 from dcp.planner.options import IlpOptions
 from dcp.planner.plan import InfeasibleError, Plan
 from dcp.planner.sample import Sample
+from dcp.planner.status import CUT_SHORT, NOT_RUN
 
 EXACT_MAX_SAMPLES = 6
 """Batches up to this many samples (on up to `EXACT_MAX_GPUS`) get the exact program."""
 EXACT_MAX_GPUS = 8
-CUT_SHORT = "time limit reached"
-"""In a plan's solver status: the time limit stopped the program (or a phase) before it finished."""
-NOT_RUN = "program not run"
-"""In a plan's solver status: the time limit left no time for the program; the warm start stands."""
 
 
 def solve_ilp(batch: Sequence[Sample], cm: CostModel, options: IlpOptions) -> Plan:

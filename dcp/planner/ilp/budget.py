@@ -41,6 +41,9 @@ class Budget:
     """Seconds per phase, in the order they ran."""
     cut: list[str] = field(default_factory=list)
     """What the limit skipped or cut short, in words."""
+    sample_pass_s: float = 0.0
+    """How long one plain Python pass over the batch's samples took: what the costs of whole
+    strategies are guessed from before they run (`warm`)."""
     pricing_s: float = 0.0
     """The longest a candidate's exact pricing took: kept back from every search step that
     ends in one (`search_deadline`)."""

@@ -31,7 +31,9 @@ IMPROVE_STEPS = 300
 _SWAP_TOP = 24
 """Swaps try this many of the slowest group's largest samples..."""
 _SWAP_GROUPS = 8
-"""...against every sample of this many least-loaded groups (those with room to take one)."""
+"""...against every sample of this many least-loaded groups (those with room to take one)..."""
+_SWAP_PER_SIZE = 2
+"""...and of this many least-loaded groups of each SP size."""
 _MULTIFIT_ITEMS = 8
 """MULTIFIT spreads a class of at most this many samples per group (and `_MULTIFIT_MAX` in all:
 each bisection step is a pass per sample); LPT (vectorized) beyond."""
@@ -102,7 +104,10 @@ def improve(groups: Groups, table: CostTable, deadline: float, max_iter: int = 2
         if val.flat[k] < best_val:
             best_val, best = float(val.flat[k]), (int(members[k // val.shape[1]]), k % val.shape[1], -1)
         # swaps: one of the largest members s with any sample u of the least-loaded groups
-        partners = np.argsort(loads, kind="stable")[:_SWAP_GROUPS]
+        by_load = np.argsort(loads, kind="stable")
+        # the least-loaded groups overall and of every SP size (a swap can change sizes)
+        partners = np.unique(np.concatenate([by_load[:_SWAP_GROUPS]] + [
+            by_load[st.gj[by_load] == j][:_SWAP_PER_SIZE] for j in np.unique(st.gj)]))
         others = np.flatnonzero(np.isin(st.where, partners[partners != c]))
         if len(others):
             top = np.argsort(-st.marg[members, jc], kind="stable")[:_SWAP_TOP]
@@ -234,54 +239,3 @@ def to_layout(groups: Groups, cm: CostModel, table: CostTable,
             return None
         layout.append((start, p, mbs))
     return layout
-
-
-def class_counts(loads: dict[int, float], sizes: Sequence[int], num_gpus: int) -> dict[int, int]:
-    """Groups per class (keyed by size index) for class loads (group-seconds): the smallest
-    per-group time T with sum_p p * ceil(load_p / T) <= N (bisection), at least one group per
-    used class; left-over GPUs go one group at a time to the class with the most load per group."""
-    used = sorted(j for j, v in loads.items() if v > 0)
-
-    def counts_at(t: float) -> dict[int, int]:
-        return {j: max(1, math.ceil(loads[j] / t - 1e-12)) for j in used}
-
-    def gpus(c: dict[int, int]) -> int:
-        return sum(sizes[j] * c[j] for j in c)
-
-    lo, hi = 1e-12, max(loads[j] for j in used) + 1e-12
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if gpus(counts_at(mid)) <= num_gpus else (mid, hi)
-    counts = counts_at(hi)
-    left = num_gpus - gpus(counts)
-    while True:
-        fit = [j for j in used if sizes[j] <= left]
-        if not fit:
-            break
-        j = max(fit, key=lambda j: (loads[j] / counts[j], -j))
-        counts[j] += 1
-        left -= sizes[j]
-    return counts
-
-
-def heuristic(table: CostTable, num_gpus: int, target: float) -> Groups:
-    """A quick solution: each sample to the SP size with the least GPU-seconds among those where
-    it runs alone within `target` (else its fastest), classes merged upward until they fit the
-    cluster, GPUs shared by `class_counts`, samples spread by LPT."""
-    sizes = np.array(table.sizes)
-    gpu_time = table.add * sizes[None, :]
-    ok = table.solo <= target
-    cheapest = np.argmin(np.where(ok, gpu_time, np.inf), axis=1)
-    choice = np.where(ok.any(axis=1), cheapest, np.argmin(table.solo, axis=1))
-    used = sorted(set(choice.tolist()))
-    # A sample that fits at size p fits at every larger size (memory per GPU shrinks with p).
-    while sum(table.sizes[j] for j in used) > num_gpus:
-        choice[choice == used[0]] = used[1]
-        used = used[1:]
-    loads = {j: float(table.add[choice == j, j].sum()) for j in used}
-    counts = class_counts(loads, table.sizes, num_gpus)
-    groups: Groups = []
-    for j in used:
-        ids = np.flatnonzero(choice == j).tolist()
-        groups += [(j, b) for b in spread(ids, counts[j], j, table)]
-    return groups

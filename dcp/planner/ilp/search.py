@@ -16,10 +16,11 @@ from dcp.costmodel import CostModel
 from dcp.planner.bounds import capacity_bound, lower_bound
 from dcp.planner.ilp.budget import Budget
 from dcp.planner.ilp.costs import CostTable, cost_table
+from dcp.planner.ilp.heuristic import class_counts
 from dcp.planner.ilp.incumbent import Incumbent
 from dcp.planner.ilp.lns import lns
 from dcp.planner.ilp.model import solve_classes
-from dcp.planner.ilp.pack import IMPROVE_STEPS, Groups, class_counts, estimate, improve, spread
+from dcp.planner.ilp.pack import IMPROVE_STEPS, Groups, estimate, improve, spread
 from dcp.planner.ilp.patterns import solve_patterns
 from dcp.planner.ilp.warm import warm_start
 from dcp.planner.options import IlpOptions
@@ -53,6 +54,7 @@ class Search:
         t0 = time.perf_counter()
         self.batch, self.cm, self.sizes, self.options, self.budget = list(batch), cm, sizes, options, budget
         self.arrays = BatchArrays.of(batch)
+        budget.sample_pass_s = (time.perf_counter() - t0) / 3  # BatchArrays reads three fields
         self.pricer = Pricer(cm, sizes)
         self.table: CostTable = cost_table(self.arrays, cm, sizes, self.pricer)
         self.sync = cm.grad_sync_s()
@@ -181,7 +183,8 @@ class Search:
         loads = {j: float(self.table.add[ids, j].sum()) for j, ids in classes.items() if ids and counts.get(j, 0) > 0}
         if not loads or any(ids and counts.get(j, 0) == 0 for j, ids in classes.items()):
             return None
-        return class_counts(loads, self.table.sizes, self.cm.cluster.num_gpus)
+        items = {j: self.table.add[classes[j], j] for j in loads}
+        return class_counts(loads, self.table.sizes, self.cm.cluster.num_gpus, items)
 
     def improve(self, groups: Groups) -> Groups:
         return improve(groups, self.table, self.budget.search_deadline, IMPROVE_STEPS)

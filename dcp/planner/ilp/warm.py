@@ -1,12 +1,13 @@
 """The ILP's warm start: never worse than any strategy the planner could have run.
 
-dcp-greedy always runs first (it is the fallback: milliseconds at tens of thousands of samples).
-Every other baseline (dcp-greedy-inter, bucket, packed, and packing at each larger static SP
+A quick heuristic on the cost table comes first, then dcp-greedy (the fallback, tens of
+milliseconds at tens of thousands of samples), unless the whole budget is shorter than it would
+take. Every other baseline (dcp-greedy-inter, bucket, packed, and packing at each larger static SP
 size, which wins under ZeRO-3's heavy per-micro-batch costs) either runs and is offered, or is
 proven unable to beat the incumbent by a lower bound on its own step time (`baseline_bound`), or,
 when the budget's warm-start share is spent, is skipped and the plan's notes say so. Then the
-few large micro-batches of `fill` where fixed costs are heavy, and the quick heuristic; each of
-the last two and the incumbent are improved by local search (`pack.improve`). A baseline is
+few large micro-batches of `fill` where fixed costs are heavy; the heuristic's groups and the
+incumbent's are improved by local search (`pack.improve`). A baseline is
 re-priced with the fewest checkpointed layers of each micro-batch, never slower than itself.
 """
 
@@ -29,8 +30,9 @@ from dcp.planner.greedy import greedy_layout, solve_greedy
 from dcp.planner.ilp.budget import Budget
 from dcp.planner.ilp.costs import CostTable
 from dcp.planner.ilp.fill import fill_layouts
+from dcp.planner.ilp.heuristic import HEURISTIC_TARGETS, heuristic
 from dcp.planner.ilp.incumbent import Incumbent
-from dcp.planner.ilp.pack import IMPROVE_STEPS, heuristic, improve
+from dcp.planner.ilp.pack import IMPROVE_STEPS, estimate, improve
 from dcp.planner.options import BucketOptions, GreedyOptions, PackedOptions, StrategyOptions
 from dcp.planner.plan import Plan
 from dcp.planner.pricing import BatchArrays, Pricer
@@ -39,6 +41,8 @@ from dcp.planner.sample import Sample
 WARM_SHARE = 0.3
 """Optional warm-start work (baselines past dcp-greedy, fill, local search) stops once this
 share of the budget is gone; the program gets the rest."""
+GREEDY_PASSES = 40
+"""dcp-greedy costs up to this many plain passes over the samples (measured: 5 to 100)."""
 
 
 def baseline_options(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int]) -> list[StrategyOptions]:
@@ -106,7 +110,11 @@ def warm_start(inc: Incumbent, budget: Budget, batch: Sequence[Sample], cm: Cost
     """Fill the incumbent (see the module docstring); `floor_s` is a proven bound on the busy
     time (the heuristic's target)."""
     warm_until = budget.until(WARM_SHARE)
-    last_s = 0.0
+    first = heuristic(table, cm.cluster.num_gpus, floor_s, targets=HEURISTIC_TARGETS[:1])
+    inc.offer_groups(first, "heuristic")
+    # The first baseline's cost is guessed from a plain pass over the samples; later ones from
+    # the one before. dcp-greedy may use the whole search budget, the others the warm share.
+    last_s = GREEDY_PASSES * budget.sample_pass_s + 0.005
     for opts in baseline_options(batch, cm, sizes):
         name = describe(opts)
         bound = baseline_bound(opts, batch, cm, sizes, arrays, pricer)
@@ -114,8 +122,8 @@ def warm_start(inc: Incumbent, budget: Budget, batch: Sequence[Sample], cm: Cost
             notes.append(f"baseline {name} not run: its busy time is at least {bound:.3f} s, "
                          f"the incumbent's is {inc.busy_s:.3f} s")
             continue
-        # A baseline costs about what the last one did: start it only if that fits the share.
-        if inc.best is not None and time.perf_counter() + last_s > warm_until:
+        greedy = isinstance(opts, GreedyOptions) and opts.pyramid
+        if time.perf_counter() + last_s > (budget.search_deadline if greedy else warm_until):
             budget.skip(f"baseline {name}")
             continue
         t0 = time.perf_counter()
@@ -132,11 +140,15 @@ def warm_start(inc: Incumbent, budget: Budget, batch: Sequence[Sample], cm: Cost
             inc.offer_layout(layout, "fill")
     else:
         budget.skip("fill")
-    first = heuristic(table, cm.cluster.num_gpus, floor_s)
+    if time.perf_counter() < warm_until:  # the heuristic's other targets, while the share lasts
+        other = heuristic(table, cm.cluster.num_gpus, floor_s, warm_until, HEURISTIC_TARGETS[1:])
+        if estimate(other, table) < estimate(first, table):
+            first = other
+            inc.offer_groups(first, "heuristic")
     for name, groups in [("heuristic", first), ("incumbent", inc.groups)]:
-        if groups is not None:
-            groups = improve(groups, table, max(warm_until, time.perf_counter()), IMPROVE_STEPS)
-            inc.offer_groups(groups, f"{inc.source}+search" if name == "incumbent" else name)
+        if groups is not None and time.perf_counter() < warm_until:
+            groups = improve(groups, table, warm_until, IMPROVE_STEPS)
+            inc.offer_groups(groups, f"{inc.source}+search" if name == "incumbent" else "heuristic+search")
 
 
 def _layout(opts: StrategyOptions, batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int],
