@@ -20,14 +20,18 @@ PER_MICROBATCH_S = 2.5e-6
 PER_GROUP_S = 5e-5
 """Assembling and validating a plan, measured in CPU time on the benchmark machine (32,768
 samples in 21,307 micro-batches on 32 GPUs: 71 ms; in 19,568 on 1,024 GPUs: 123 ms)..."""
-LOAD_FACTOR = 2.0
-"""...and doubled: wall time on a machine whose cores other work shares."""
+PASS_S_PER_SAMPLE = 5e-8
+"""...on which one plain Python pass over a batch's samples (`Budget.sample_pass_s`) takes
+about this long per sample: the reserve scales with how much slower the pass ran here and now
+(other work on the machine's cores slows both alike), and never below `MIN_SLOWDOWN`."""
+MIN_SLOWDOWN = 1.5
+MAX_SLOWDOWN = 6.0
 
 
-def final_pricing_s(samples: int, microbatches: int = 0, groups: int = 0) -> float:
+def final_pricing_s(samples: int, microbatches: int = 0, groups: int = 0, slowdown: float = 2.0) -> float:
     """Seconds kept back for assembling and validating the chosen plan."""
-    return FINAL_PRICING_S + LOAD_FACTOR * (PER_SAMPLE_S * samples + PER_MICROBATCH_S * microbatches
-                                            + PER_GROUP_S * groups)
+    return FINAL_PRICING_S + slowdown * (PER_SAMPLE_S * samples + PER_MICROBATCH_S * microbatches
+                                         + PER_GROUP_S * groups)
 
 
 @dataclass
@@ -62,9 +66,16 @@ class Budget:
         """When a search step must stop so that pricing its result ends by `deadline`."""
         return self.deadline - self.pricing_s
 
+    def slowdown(self, samples: int) -> float:
+        """How much slower than the benchmark machine's quiet cores this one runs now."""
+        if samples < 1000 or self.sample_pass_s <= 0:
+            return 2.0  # too short a pass to time
+        measured = self.sample_pass_s / (PASS_S_PER_SAMPLE * samples)
+        return min(max(measured, MIN_SLOWDOWN), MAX_SLOWDOWN)
+
     def plan_size(self, samples: int, microbatches: int, groups: int) -> None:
         """The incumbent changed: keep back what assembling it will take."""
-        self.reserve_s = min(final_pricing_s(samples, microbatches, groups), self.limit_s / 2)
+        self.reserve_s = min(final_pricing_s(samples, microbatches, groups, self.slowdown(samples)), self.limit_s / 2)
 
     def left(self) -> float:
         return self.deadline - time.perf_counter()

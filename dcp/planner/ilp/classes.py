@@ -1,8 +1,9 @@
 """Length classes: the aggregated program's rows, and their samples handed back out.
 
 Samples are grouped into
-- exact types: identical samples (same tokens and attention pairs) that are large (their best
-  solo time is at least `SMALL` of the incumbent U), counted per class; at most `MAX_EXACT`;
+- exact types: length bands of large samples (their best solo time is at least `SMALL` of the
+  incumbent U; identical samples always together), counted per class, each at its least
+  member's load and solo time; at most `MAX_EXACT`;
 - fluid buckets: the other samples, whose load ratios across SP sizes agree within a tolerance,
   split by fractions. A bucket's coefficient at size p is its exact summed load at its reference
   size times the smallest ratio in the bucket, so the program stays a relaxation and loses only
@@ -23,8 +24,10 @@ SMALL = 0.03
 """A sample whose fastest solo time is below this fraction of U is treated as fluid."""
 RATIO_TOL = 0.005
 """Fluid bucket: each size's load ratio (to the bucket's reference size) varies by at most this."""
-MAX_EXACT = 32
-"""Exact types at most (the program's integer columns): the longest samples; the rest are fluid."""
+MAX_EXACT = 48
+"""Exact types (length bands) at most: the program's integer columns."""
+BAND_TOL = 0.01
+"""A band's members differ in tokens by at most this factor (before it grows to fit MAX_EXACT)."""
 MAX_BUCKETS = 96
 """Fluid buckets at most: past it the ratio tolerance doubles."""
 
@@ -38,24 +41,28 @@ class Item:
     options: list[int]
     exact: bool
     coef: dict[int, float]
-    """Load per unit: per sample for exact types, per whole bucket for fluid ones."""
+    """Load per unit: per sample for exact types, per whole bucket for fluid ones (the least
+    over the members, so the program stays a relaxation)."""
+    solo: dict[int, float]
+    """The least solo time of a member at each option (exact types; empty for fluid ones)."""
 
 
 def program_items(table: CostTable, upper: float) -> list[Item]:
     """Exact types and fluid buckets; a sample's classes are the sizes where it runs alone
     within U (no plan better than the incumbent puts it elsewhere). The program's size does not
-    grow with the batch: at most `MAX_EXACT` exact types (the largest; the other large samples
-    join the fluid ones), and buckets of samples whose load ratios across sizes agree to within
-    `RATIO_TOL`, the tolerance doubled until at most `MAX_BUCKETS` remain."""
+    grow with the batch: at most `MAX_EXACT` length bands of large samples (`_bands`), and
+    buckets of samples whose load ratios across sizes agree to within `RATIO_TOL`, the
+    tolerance doubled until at most `MAX_BUCKETS` remain."""
     n = len(table.tokens)
     opts = (table.ckpt >= 0) & (table.solo <= upper * (1 + 1e-9))
     best_solo = table.solo.min(axis=1)
     large = np.flatnonzero(best_solo >= SMALL * upper)
-    exact_ids = _exact_types(table, large, best_solo)
+    exact_ids = _bands(table, large, opts, best_solo)
     items: list[Item] = []
     for ids in exact_ids:
         o = np.flatnonzero(opts[ids[0]]).tolist()
-        items.append(Item(ids, o, True, {j: float(table.load[ids[0], j]) for j in o}))
+        items.append(Item(ids, o, True, {j: float(table.load[ids, j].min()) for j in o},
+                          {j: float(table.solo[ids, j].min()) for j in o}))
     fluid = np.setdiff1d(np.arange(n), np.concatenate(exact_ids) if exact_ids else np.zeros(0, dtype=np.int64))
     if not len(fluid):
         return items
@@ -79,22 +86,31 @@ def program_items(table: CostTable, upper: float) -> list[Item]:
         low = ratio[order[lo:hi]].min(axis=0)
         total = float(table.load[members, o[0]].sum())
         # Coefficients use the smallest ratio in the bucket: the program stays a relaxation.
-        items.append(Item(members, o, False, {j: total * float(low[j]) for j in o}))
+        items.append(Item(members, o, False, {j: total * float(low[j]) for j in o}, {}))
     return items
 
 
-def _exact_types(table: CostTable, large: np.ndarray, best_solo: np.ndarray) -> list[np.ndarray]:
-    """Identical large samples grouped (same tokens and pairs), at most `MAX_EXACT` groups: the
-    ones with the longest solo times."""
+def _bands(table: CostTable, large: np.ndarray, opts: np.ndarray, best_solo: np.ndarray) -> list[np.ndarray]:
+    """The large samples in length bands: the same sizes open to them and token counts within a
+    factor 1 + tolerance (`BAND_TOL`, grown by half until at most `MAX_EXACT` bands remain), each
+    band's members in ascending tokens. Identical samples always share a band; past the growth
+    steps the longest bands are kept and the rest go fluid."""
     if not len(large):
         return []
-    keys = np.column_stack([table.tokens[large], table.pairs[large]])
-    _, inverse = _unique_rows(keys)
-    order = np.lexsort((large, inverse))
-    starts = np.flatnonzero(np.concatenate([[True], inverse[order][1:] != inverse[order][:-1]]))
+    mask = (opts[large] * (1 << np.arange(opts.shape[1]))).sum(axis=1)
+    log_t = np.log(table.tokens[large].astype(np.float64))
+    tol = BAND_TOL
+    for _ in range(24):
+        keys = np.column_stack([mask, np.floor(log_t / np.log1p(tol)).astype(np.int64)])
+        _, band = _unique_rows(keys)
+        if band.max() + 1 <= MAX_EXACT:
+            break
+        tol *= 1.5
+    order = np.lexsort((large, table.pairs[large], table.tokens[large], band))
+    starts = np.flatnonzero(np.concatenate([[True], band[order][1:] != band[order][:-1]]))
     groups = [large[order[lo:hi]] for lo, hi in zip(starts, np.append(starts[1:], len(order)), strict=True)]
     if len(groups) > MAX_EXACT:
-        groups = sorted(groups, key=lambda g: (-best_solo[g[0]], int(g[0])))[:MAX_EXACT]
+        groups = sorted(groups, key=lambda g: (-best_solo[g[-1]], int(g[0])))[:MAX_EXACT]
     return sorted(groups, key=lambda g: (int(table.tokens[g[0]]), float(table.pairs[g[0]])))
 
 

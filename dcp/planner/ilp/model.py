@@ -91,9 +91,8 @@ def solve_classes(table: CostTable, num_gpus: int, upper: float, lower: float, s
     for t, it in enumerate(items):
         if not it.exact:
             continue
-        i0 = it.members[0]
         for j in it.options:
-            solo = float(table.solo[i0, j])
+            solo = it.solo[j]
             if solo <= lower:
                 continue
             if len(it.members) == 1:

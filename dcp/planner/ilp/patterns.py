@@ -92,13 +92,13 @@ def solve_patterns(table: CostTable, num_gpus: int, upper: float, theta: float, 
     sizes = table.sizes
     items = program_items(table, upper)
     usable = {(t, j) for t, it in enumerate(items) for j in it.options
-              if not it.exact or table.solo[it.members[0], j] <= theta * (1 + 1e-9)}
+              if not it.exact or it.solo[j] <= theta * (1 + 1e-9)}
     for t, it in enumerate(items):
         if not any((t, j) in usable for j in it.options):
             return PatternResult(None, True, "a sample runs alone longer than theta")
     parts = PARTS
     # The program's size follows the time left: its root node costs about ROOT_S_PER_COLUMN each.
-    most = min(MAX_PATTERNS, int((deadline - time.perf_counter()) / ROOT_S_PER_COLUMN))
+    most = max(1, min(MAX_PATTERNS, int((deadline - time.perf_counter()) / ROOT_S_PER_COLUMN)))
     while True:
         big = {j: [t for t, it in enumerate(items) if it.exact and (t, j) in usable and it.coef[j] > theta / parts]
                for j in range(len(sizes))}
@@ -143,7 +143,7 @@ def solve_patterns(table: CostTable, num_gpus: int, upper: float, theta: float, 
     # (P3) groups cover at most N GPUs
     prob += pulp.lpSum(p * z[j, q] for j, p in enumerate(sizes) for q in range(len(pats[j]))) <= num_gpus, "P3"
     if time.perf_counter() + ROOT_S_PER_COLUMN * len(z) > deadline:
-        return None  # its root node alone would run past the deadline
+        return PatternResult(None, False, "time limit reached")  # its root node alone would run past it
     res = run_solver(prob, solver, deadline - time.perf_counter(), 0.01, None, max_nodes=PATTERN_NODES,
                      highs_options=_HIGHS_OPTIONS)
     if res.values is None:

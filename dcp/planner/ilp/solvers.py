@@ -141,6 +141,8 @@ def run_solver(prob: pulp.LpProblem, solver: str, time_limit_s: float, gap: floa
         model = prob.solverModel
         info = model.getInfo()
         status = model.modelStatusToString(model.getModelStatus()).lower()
+        if status == "interrupted by user":  # only `_interrupt_at` interrupts: the deadline
+            status = "time limit reached"
         has_sol = info.primal_solution_status == 2  # kSolutionStatusFeasible
         bound = info.mip_dual_bound if status != "infeasible" else None
         values = {v: float(v.varValue) for v in prob.variables()} if has_sol else None

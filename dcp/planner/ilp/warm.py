@@ -1,8 +1,7 @@
 """The ILP's warm start: never worse than any strategy the planner could have run.
 
-A quick heuristic on the cost table comes first, then dcp-greedy (the fallback, tens of
-milliseconds at tens of thousands of samples), unless the whole budget is shorter than it would
-take. Every other baseline (dcp-greedy-inter, bucket, packed, and packing at each larger static SP
+dcp-greedy runs first (the fallback, tens of milliseconds at tens of thousands of samples)
+unless it would take more than half the budget, then a quick heuristic on the cost table. Every other baseline (dcp-greedy-inter, bucket, packed, and packing at each larger static SP
 size, which wins under ZeRO-3's heavy per-micro-batch costs) either runs and is offered, or is
 proven unable to beat the incumbent by a lower bound on its own step time (`baseline_bound`), or,
 when the budget's warm-start share is spent, is skipped and the plan's notes say so. Then the
@@ -42,7 +41,9 @@ WARM_SHARE = 0.3
 """Optional warm-start work (baselines past dcp-greedy, fill, local search) stops once this
 share of the budget is gone; the program gets the rest."""
 GREEDY_PASSES = 40
-"""dcp-greedy costs up to this many plain passes over the samples (measured: 5 to 100)."""
+"""dcp-greedy costs up to this many plain passes over the samples (measured: 5 to 100)..."""
+GREEDY_SHARE = 0.5
+"""...and runs when that fits this share of the budget (it is the fallback: under load too)."""
 
 
 def baseline_options(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int]) -> list[StrategyOptions]:
@@ -110,20 +111,24 @@ def warm_start(inc: Incumbent, budget: Budget, batch: Sequence[Sample], cm: Cost
     """Fill the incumbent (see the module docstring); `floor_s` is a proven bound on the busy
     time (the heuristic's target)."""
     warm_until = budget.until(WARM_SHARE)
-    first = heuristic(table, cm.cluster.num_gpus, floor_s, targets=HEURISTIC_TARGETS[:1])
-    inc.offer_groups(first, "heuristic")
-    # The first baseline's cost is guessed from a plain pass over the samples; later ones from
-    # the one before. dcp-greedy may use the whole search budget, the others the warm share.
+    # dcp-greedy first, unless the limit is too short for it (its cost guessed from a plain pass
+    # over the samples); then the heuristic; later baselines cost about what the one before did
+    # and run while the warm share lasts.
     last_s = GREEDY_PASSES * budget.sample_pass_s + 0.005
+    greedy_fits = last_s <= GREEDY_SHARE * (budget.search_deadline - time.perf_counter())
+    first = None
     for opts in baseline_options(batch, cm, sizes):
         name = describe(opts)
+        greedy = isinstance(opts, GreedyOptions) and opts.pyramid
+        if not greedy and first is None:
+            first = heuristic(table, cm.cluster.num_gpus, floor_s, targets=HEURISTIC_TARGETS[:1])
+            inc.offer_groups(first, "heuristic")
         bound = baseline_bound(opts, batch, cm, sizes, arrays, pricer)
         if bound >= inc.busy_s:
             notes.append(f"baseline {name} not run: its busy time is at least {bound:.3f} s, "
                          f"the incumbent's is {inc.busy_s:.3f} s")
             continue
-        greedy = isinstance(opts, GreedyOptions) and opts.pyramid
-        if time.perf_counter() + last_s > (budget.search_deadline if greedy else warm_until):
+        if not greedy_fits if greedy else time.perf_counter() + last_s > warm_until:
             budget.skip(f"baseline {name}")
             continue
         t0 = time.perf_counter()
@@ -135,6 +140,9 @@ def warm_start(inc: Incumbent, budget: Budget, batch: Sequence[Sample], cm: Cost
         finally:
             last_s = time.perf_counter() - t0
         inc.offer_layout(layout, name)
+    if first is None:
+        first = heuristic(table, cm.cluster.num_gpus, floor_s, targets=HEURISTIC_TARGETS[:1])
+        inc.offer_groups(first, "heuristic")
     if time.perf_counter() < warm_until:
         for layout in fill_layouts(arrays, cm, sizes, pricer, warm_until):
             inc.offer_layout(layout, "fill")
