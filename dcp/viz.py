@@ -45,9 +45,12 @@ def _save(fig: Any, path: str | Path | None) -> Any:
 
 
 def plan_gantt(plan: Plan, timeline: Timeline, path: str | Path | None = None, title: str = "") -> Any:
-    """Every rank's step (dcp.planner.simulate.gantt), with the plan drawn over it: a line
-    between SP groups, a white tick where a micro-batch ends, and each group's SP size,
-    micro-batch count and checkpointed layers on the right where there is room."""
+    """Every rank's step (dcp.planner.simulate.gantt), with the plan drawn over it: a box around
+    each SP group for as long as it runs, a white tick where a micro-batch ends, and each group's
+    SP size, micro-batch count and checkpointed layers on the right where there is room; in a
+    multi-phase plan each group's phase and SP size inside its box, where it is wide enough."""
+    from matplotlib.patches import Rectangle
+
     n = len(timeline.events)
     if n != plan.num_gpus:
         raise ValueError(f"timeline has {n} ranks, the plan {plan.num_gpus}")
@@ -64,20 +67,34 @@ def plan_gantt(plan: Plan, timeline: Timeline, path: str | Path | None = None, t
                   fontsize="small", frameon=False)
         ax.set_title(ax.get_title(), pad=22)
     row_pt = 72 * height * 0.8 / n  # points per rank row, roughly (the axes take ~80% of the height)
-    for g in plan.groups:
+    phased = plan.num_phases > 1
+    step = timeline.step_time_s or 1.0
+    for g, start in zip(plan.groups, plan.group_starts_s(), strict=True):
         top, bottom = g.ranks[0] - 0.5, g.ranks[-1] + 0.5
-        if g.sp > 1:  # a line around each multi-rank group; single ranks need none
+        if phased and g.microbatches:  # each group's box spans the time it runs
+            ax.add_patch(Rectangle((start, top), g.busy_s, bottom - top, fill=False, edgecolor="black",
+                                   linewidth=0.6 if row_pt > 3 else 0.4))
+        elif g.sp > 1:  # a line around each multi-rank group; single ranks need none
             ax.hlines([top, bottom], 0, timeline.step_time_s, colors="black", linewidth=0.6 if row_pt > 3 else 0.4)
-        t = 0.0
+        t = start
         for mb in g.microbatches[:-1]:
             t += mb.time_s
             ax.vlines(t, top + 0.1, bottom - 0.1, colors="white", linewidth=1.2)
-        if len(g.ranks) * row_pt >= 9 and g.microbatches:
-            ckpt = sorted({mb.ckpt_layers for mb in g.microbatches})
-            ckpt_text = f"{ckpt[0]}" if len(ckpt) == 1 else f"{ckpt[0]}-{ckpt[-1]}"
+        if not g.microbatches or len(g.ranks) * row_pt < 9:
+            continue
+        ckpt = sorted({mb.ckpt_layers for mb in g.microbatches})
+        ckpt_text = f"{ckpt[0]}" if len(ckpt) == 1 else f"{ckpt[0]}-{ckpt[-1]}"
+        size = 7 if row_pt * len(g.ranks) < 14 else 8
+        if phased:
+            if g.busy_s >= 0.12 * step:
+                ax.annotate(f"phase {g.phase}: sp {g.sp}, {len(g.microbatches)} mb", xy=(start + g.busy_s / 2,
+                            (top + bottom) / 2), ha="center", va="center", fontsize=size,
+                            bbox={"boxstyle": "round,pad=0.1", "facecolor": "white", "edgecolor": "none",
+                                  "alpha": 0.8})
+        else:
             ax.annotate(f"sp {g.sp}, {len(g.microbatches)} mb, ckpt {ckpt_text}/{plan.num_layers}",
                         xy=(1.005, (top + bottom) / 2), xycoords=("axes fraction", "data"),
-                        va="center", ha="left", fontsize=7 if row_pt * len(g.ranks) < 14 else 8)
+                        va="center", ha="left", fontsize=size)
     fig.tight_layout()
     return _save(fig, path)
 

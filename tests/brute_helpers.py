@@ -8,6 +8,8 @@ import functools
 import itertools
 import math
 
+import numpy as np
+
 from dcp.costmodel import (
     Cluster,
     CollectiveCurve,
@@ -102,4 +104,98 @@ def brute_force(batch: list, cm: CostModel) -> float:
         for assign in itertools.product(range(len(layout)), repeat=n):
             busy = max(group_time(p, frozenset(i for i in range(n) if assign[i] == g)) for g, p in enumerate(layout))
             best = min(best, busy)
+    return best + cm.grad_sync_s()
+
+
+
+def _pareto(points: np.ndarray) -> np.ndarray:
+    """The rows of `points` no other row is at most everywhere (one of equal rows kept)."""
+    points = np.unique(points, axis=0)
+    if len(points) <= 1:
+        return points
+    le = (points[:, None, :] <= points[None, :, :]).all(axis=2)  # le[b, a]: b at most a everywhere
+    np.fill_diagonal(le, False)
+    return points[~le.any(axis=0)]
+
+
+def brute_force_phases(batch: list, cm: CostModel, max_phases: int = 3) -> float:
+    """Optimal step time over every plan the executor can run with at most `max_phases` phases,
+    by enumeration: a phase runs a subset of the samples not yet run on a layout (aligned blocks
+    tiling the ranks), each group its samples' best micro-batching; a group with work starts
+    when the last of its ranks is free (`Plan.group_starts_s`) and holds them until it ends.
+    Per subset of samples run so far, the Pareto front of when each rank is free, cut at the
+    single-layout optimum (`brute_force`, one phase): no state past it can end sooner."""
+    sizes = allowed_sp_sizes(cm)
+    n, num_gpus = len(batch), cm.cluster.num_gpus
+    best = brute_force(batch, cm) - cm.grad_sync_s()
+
+    @functools.cache
+    def group_time(p: int, members: frozenset) -> float:
+        if not members:
+            return 0.0
+        first, rest = min(members), sorted(members - {min(members)})
+        out = math.inf
+        for k in range(len(rest) + 1):
+            for combo in itertools.combinations(rest, k):
+                mb = frozenset((first, *combo))
+                tokens = sum(batch[i].tokens for i in mb)
+                r = cm.min_ckpt_layers(tokens, p)
+                if r is not None:
+                    t = cm.time_s(tokens, sum(batch[i].attn_pairs for i in mb), p, r)
+                    out = min(out, t + group_time(p, members - mb))
+        return out
+
+    def tilings(start: int) -> list[tuple[tuple[int, int], ...]]:
+        if start == num_gpus:
+            return [()]
+        return [((start, p), *rest) for p in sizes if start % p == 0 and start + p <= num_gpus
+                for rest in tilings(start + p)]
+
+    layouts = tilings(0)
+
+    @functools.cache
+    def outcomes(subset: int) -> list[tuple[tuple[tuple[int, int], ...], np.ndarray]]:
+        """Per layout, the Pareto-minimal busy times of its groups over every assignment of the
+        subset's samples to them."""
+        members = [i for i in range(n) if subset >> i & 1]
+        out = []
+        for layout in layouts:
+            busy = np.array([[group_time(p, frozenset(i for i, g in zip(members, assign, strict=True) if g == gi))
+                              for gi, (_, p) in enumerate(layout)]
+                             for assign in itertools.product(range(len(layout)), repeat=len(members))])
+            busy = busy[(busy <= best).all(axis=1)]
+            if len(busy):
+                out.append((layout, _pareto(busy)))
+        return out
+
+    def run(free: np.ndarray, subset: int) -> np.ndarray:
+        """When each rank is free after the phase `subset`, from `free`, for each outcome."""
+        found = []
+        for layout, busy in outcomes(subset):
+            after = np.repeat(free[None, :], len(busy), axis=0)
+            for gi, (start, p) in enumerate(layout):
+                ends = free[start:start + p].max() + busy[:, gi]
+                after[:, start:start + p] = np.where(busy[:, gi:gi + 1] > 0, ends[:, None], free[None, start:start + p])
+            found.append(after)
+        return np.concatenate(found) if found else np.zeros((0, num_gpus))
+
+    everything = (1 << n) - 1
+    front = {0: np.zeros((1, num_gpus))}
+    for _ in range(max_phases):
+        nxt: dict[int, list[np.ndarray]] = {}
+        for done, points in front.items():
+            rest = everything ^ done
+            sub = rest
+            while sub:  # every non-empty subset of the samples not yet run, as the next phase
+                for free in points:
+                    after = run(free, sub)
+                    after = after[after.max(axis=1) < best]
+                    if len(after):
+                        if done | sub == everything:
+                            best = float(after.max(axis=1).min())
+                        else:
+                            nxt.setdefault(done | sub, []).append(after)
+                sub = (sub - 1) & rest
+        front = {d: _pareto(np.concatenate(v)) for d, v in nxt.items()}
+        front = {d: v[v.max(axis=1) < best] for d, v in front.items()}
     return best + cm.grad_sync_s()

@@ -17,6 +17,7 @@ from dcp.planner import ilp as ilp_module
 from dcp.planner.bounds import capacity_bound
 from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.ilp import search as search_module
+from dcp.planner.ilp import solve_ilp
 from dcp.planner.ilp.costs import cost_table
 from dcp.planner.ilp.patterns import solve_patterns
 from dcp.planner.ilp.warm import baseline_plans
@@ -30,7 +31,7 @@ def test_exact_program_matches_brute_force(lengths: list[int], gpus: int, per_no
     cm = tiny_cm(gpus, per_node)
     batch = make_batch(lengths)
     best = brute_force(batch, cm)
-    plan = solve(batch, cm.cluster, cm, IlpOptions(time_limit_s=10))
+    plan = solve_ilp(batch, cm, IlpOptions(time_limit_s=10))  # the single-layout program itself
     assert plan.step_time_s == pytest.approx(best, rel=1e-6)
     assert plan.lower_bound_s <= best * (1 + 1e-6)
     assert plan.gap == pytest.approx(0.0, abs=1e-6)
@@ -110,7 +111,7 @@ def test_plans_are_valid_and_never_worse_than_the_baselines(lengths: list[int], 
 def test_tiny_random_batches_match_brute_force(lengths: list[int], cap: int) -> None:
     cm = tiny_cm(4, 2, cap)
     batch = make_batch(lengths)
-    plan = solve(batch, cm.cluster, cm, IlpOptions(time_limit_s=10))
+    plan = solve_ilp(batch, cm, IlpOptions(time_limit_s=10))  # the single-layout program itself
     assert plan.step_time_s == pytest.approx(brute_force(batch, cm), rel=1e-6)
 
 

@@ -109,7 +109,7 @@ def test_frame_and_gantt(tmp_path, wiki_batches) -> None:
     cm = cost_model()
     tl = simulate(solve_greedy(wiki_batches[0], cm), cm)
     frame = tl.to_frame()
-    assert list(frame.columns) == ["rank", "start_s", "end_s", "duration_s", "kind", "microbatch"]
+    assert list(frame.columns) == ["rank", "start_s", "end_s", "duration_s", "kind", "microbatch", "phase"]
     assert len(frame) == sum(len(e) for e in tl.events)
     assert set(frame["kind"]) <= set(EVENT_KINDS)
     assert frame.groupby("rank")["duration_s"].sum().to_numpy() == pytest.approx(tl.step_time_s)

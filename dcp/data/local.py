@@ -1,7 +1,7 @@
-"""What one rank loads for a step: the samples its SP group runs, fetched from the dataset.
+"""What one rank loads for a step: the samples its SP groups run, fetched from the dataset.
 
 Every rank of an SP group loads the whole of each of its samples (the executor then keeps its
-sequence shard), so `local_samples` is per group, not per rank. Never imports torch: a
+sequence shard), so `local_samples` is per group (per phase), not per rank. Never imports torch: a
 `PlannedDataset` is a plain map-style dataset that torch's DataLoader accepts as is.
 """
 
@@ -15,13 +15,11 @@ from dcp.planner.plan import Plan
 
 
 def local_samples(plan: Plan, rank: int) -> list[int]:
-    """Ids of the samples `rank`'s group runs, micro-batch by micro-batch (empty if idle)."""
+    """Ids of the samples `rank`'s groups run, phase by phase, micro-batch by micro-batch (empty
+    if idle)."""
     if not 0 <= rank < plan.num_gpus:
         raise ValueError(f"rank {rank} outside the plan's {plan.num_gpus} GPUs")
-    group = plan.group_of_rank(rank)
-    if group is None:
-        return []
-    return [i for mb in group.microbatches for i in mb.samples]
+    return [i for group in plan.groups_of_rank(rank) for mb in group.microbatches for i in mb.samples]
 
 
 def fetch_items(dataset: Any, ids: Sequence[int]) -> dict[int, Any]:

@@ -4,7 +4,8 @@
     stats = executor.step(plan, samples, loss_fn)   # gradients are in .grad, reduced and normalized
     optimizer.step(); optimizer.zero_grad()
 
-Every rank runs its group's micro-batches one after another: forward and backward with Ulysses
+Every rank runs its group's micro-batches one after another (in a multi-phase plan, its group of
+each phase in turn, gradients accumulating across them): forward and backward with Ulysses
 attention in the group and the first `ckpt_layers` layers checkpointed, the loss a plain sum
 over its shard's loss tokens. Then one SUM all-reduce over the world carries the gradients and
 the loss-token count; gradients are divided by the global count. Whatever the plan, the result
@@ -32,7 +33,7 @@ from dcp.executor.plan_check import ExecutorError, agree_on_plan, check_plan
 from dcp.executor.ulysses import SPContext, install_ulysses
 from dcp.models.losses import IGNORE_INDEX
 from dcp.models.precision import check_param_dtypes, forward_autocast, recipe_for_model, torch_dtype
-from dcp.planner.plan import Plan
+from dcp.planner.plan import MicroBatch, Plan
 
 LossFn = Callable[[torch.Tensor, PackedBatch], tuple[torch.Tensor, torch.Tensor]]
 """(model output, packed batch) -> (loss summed over the shard's loss tokens, their count)."""
@@ -77,7 +78,7 @@ class StepStats:
     grad_sync_s: float
     """This rank's wait in the all-reduce (includes waiting for slower groups)."""
     microbatches: list[MicroBatchStats] = field(default_factory=list)
-    """This rank's group's micro-batches (every group's with gather_stats=True)."""
+    """This rank's groups' micro-batches, in phase order (every group's with gather_stats=True)."""
 
 
 class Executor:
@@ -117,7 +118,7 @@ class Executor:
     # -- one step ------------------------------------------------------------------------------
     def step(self, plan: Plan, samples: Mapping[int, SampleTensors], loss_fn: LossFn) -> StepStats:
         """Run this rank's part of `plan` on `samples` (sample id -> tensors; at least those of this
-        rank's group) and leave the reduced, normalized gradients in `.grad` (overwritten)."""
+        rank's groups) and leave the reduced, normalized gradients in `.grad` (overwritten)."""
         start = time.perf_counter()
         state = self.state
         # Every check before the first collective, and with check_agreement every rank learns of
@@ -133,18 +134,20 @@ class Executor:
             agree_on_plan(plan, state, error)
         elif error:
             raise ExecutorError(error)
-        group = plan.group_of_rank(state.rank)
         specs = plan.sample_map()
         self.grads.attach()
         loss_sum = torch.zeros((), dtype=torch.float64, device=state.device)
         loss_tokens = torch.zeros((), dtype=torch.float64, device=state.device)
-        timers: list[_Timer] = []
-        peaks: list[int | None] = []
+        runs: list[tuple[int, int, MicroBatch, _Timer, int | None]] = []  # (group, index, mb, timer, peak)
         cuda = state.device.type == "cuda"
-        if group is not None:
+        # Phase by phase: this rank's group of each phase, its micro-batches one after another.
+        # No barrier between phases: a group's first all-to-all waits for its last member.
+        for gi, group in enumerate(plan.groups):  # listed in phase order
+            if state.rank not in group.ranks:
+                continue
             self.ctx.group, self.ctx.size = state.group(group.ranks[0], group.sp), group.sp
             try:
-                for mb in group.microbatches:
+                for mi, mb in enumerate(group.microbatches):
                     timer = _Timer(state.device)
                     if cuda:  # the allocator's own count, kept on the host: no sync needed
                         torch.cuda.reset_peak_memory_stats(state.device)
@@ -157,22 +160,20 @@ class Executor:
                             out = self.forward_fn(self.model, batch)
                             mb_loss, mb_tokens = loss_fn(out, batch)
                         mb_loss.backward()
-                    peaks.append(torch.cuda.max_memory_allocated(state.device) if cuda else None)
+                    peak = torch.cuda.max_memory_allocated(state.device) if cuda else None
                     loss_sum += mb_loss.detach().double()
                     loss_tokens += mb_tokens.detach().double() if torch.is_tensor(mb_tokens) else float(mb_tokens)
-                    timers.append(timer)
+                    runs.append((gi, mi, mb, timer, peak))
             finally:
                 self.ctx.group, self.ctx.size = None, 1
         sync_start = time.perf_counter()
         total_loss, total_tokens = self.grads.reduce(loss_sum, loss_tokens)
         now = time.perf_counter()
-        gi = plan.groups.index(group) if group else -1
         # Read the timers only now: on CUDA that waits for the events, which must not delay
         # launching the all-reduce.
-        stats = [MicroBatchStats(gi, mi, group.sp, len(mb.samples), sum(specs[i].tokens for i in mb.samples),
+        stats = [MicroBatchStats(gi, mi, plan.groups[gi].sp, len(mb.samples), sum(specs[i].tokens for i in mb.samples),
                                  mb.ckpt_layers, mb.time_s, timer.elapsed_s(), mb.memory_bytes, peak)
-                 for mi, (mb, timer, peak) in enumerate(zip(group.microbatches, timers, peaks, strict=True))
-                 ] if group else []
+                 for gi, mi, mb, timer, peak in runs]
         if self.gather_stats and state.world_size > 1:
             stats = self._gather(stats)
         return StepStats(total_loss / total_tokens, round(total_tokens), plan.step_time_s, now - start,

@@ -249,3 +249,42 @@ class _Work:
             share = np.maximum(self.memory_share, timed)
             cost = np.where(open_, self.marginal + self.gpu_tokens * share, np.inf)
         return float(cost.min(axis=0) @ self.weight)
+
+
+def sample_floors(tokens: np.ndarray, pairs: np.ndarray, cm: CostModel,
+                  sizes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Per sample (arrays indexed like `tokens`): the fewest GPU-seconds any micro-batch holding
+    it spends on it, and its best time alone, over the allowed sizes where it fits (inf where it
+    fits none). The terms of `capacity_bound`, sample by sample, so that the bound of any subset
+    of a batch is a sum and a max over it (the phase search prices thousands of splits so)."""
+    k = cm.model.num_layers
+    work, solo = np.full(len(tokens), math.inf), np.full(len(tokens), math.inf)
+    for p in sizes:
+        levels = _Levels(cm, p)
+        r = np.searchsorted(levels.memory_cap, tokens, side="left")
+        fits = r <= k
+        r = np.minimum(r, k)
+        marginal = p * (levels.per_token[r] * tokens + levels.per_pair[r] * pairs)
+        capacity = cm.max_tokens(p, k)
+        share = p * levels.fixed[0] / capacity * tokens if capacity > 0 else np.zeros_like(tokens)
+        work = np.where(fits, np.minimum(work, marginal + share), work)
+        solo = np.where(fits, np.minimum(solo, levels.fixed[r] + marginal / p), solo)
+    return work, solo
+
+
+def multi_phase_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | None = None,
+                      arrays: tuple[np.ndarray, np.ndarray] | None = None) -> float:
+    """A lower bound on the step time of every plan the executor can run, with any number of
+    phases: max(`lower_bound`, `capacity_bound`). What the planner reports as a plan's bound.
+
+    Why both hold for a multi-phase plan of busy time M (the last rank's end): their arguments
+    use only that every micro-batch runs on one group of p ranks for its whole time, within
+    [0, M] (so its time is at most M, and its GPU-seconds p * time), that a rank runs one
+    micro-batch at a time (so all of them together take at most N * M GPU-seconds), that each
+    micro-batch fits memory, and that the step ends with one gradient sync; a rank may change
+    groups between micro-batches without changing any of that. What they do not cover are the
+    single-layout arguments of the ILP: its program's dual bound and the configuration program's
+    infeasibility proofs assume one group per rank for the whole step (a plan says so in its
+    notes when they are higher). tests/test_phases.py checks it against the brute-force optimum
+    over every multi-phase plan of tiny batches."""
+    return max(lower_bound(batch, cm, sp_sizes, arrays), capacity_bound(batch, cm, sp_sizes, arrays))

@@ -91,6 +91,9 @@ class IlpOptions(StrategyOptions):
     """Stop when the proven gap is below this fraction."""
     max_microbatches: int | None = None
     """Cap on micro-batches per group; None: no cap."""
+    max_phases: int = 2
+    """Most group layouts one step may run one after another (`dcp.planner.phases`); 1: a single
+    layout for the whole step, as the ILP alone plans it."""
     name = "ilp"
 
     def __post_init__(self) -> None:
@@ -102,6 +105,8 @@ class IlpOptions(StrategyOptions):
             raise ValueError(f"mip_rel_gap must be >= 0, got {self.mip_rel_gap}")
         if self.max_microbatches is not None and self.max_microbatches < 1:
             raise ValueError(f"max_microbatches must be at least 1, got {self.max_microbatches}")
+        if isinstance(self.max_phases, bool) or not isinstance(self.max_phases, int) or self.max_phases < 1:
+            raise ValueError(f"max_phases must be a whole number >= 1, got {self.max_phases!r}")
 
 
 def with_dataset(options: StrategyOptions, longest_tokens: int) -> StrategyOptions:

@@ -2,6 +2,14 @@
 
 A `Plan` is self-contained: it carries the batch's samples (id, tokens, attn_pairs, frames) and
 the cluster it was made for, so any rank can validate it and any tool can re-simulate it.
+
+A plan runs in one or more phases, each a layout of disjoint groups. `Plan.groups` holds every
+group of every phase, in phase order, each tagged with its `Group.phase` (0 for every group of a
+single-layout plan, which reads exactly as before). A rank goes on to its group of the next phase
+when its part of the previous phase ends; a group starts when the last of its ranks is free (its
+first collective synchronizes it; an SP-1 group waits for nobody). There is no global barrier
+between phases: under the cost model no collective spans groups before the step's closing
+gradient synchronization (`Plan.group_starts_s` is the timing every tool shares).
 """
 
 from __future__ import annotations
@@ -14,7 +22,9 @@ from typing import Any
 
 from dcp.planner.sample import Sample
 
-PLAN_SCHEMA_VERSION = 1
+PLAN_SCHEMA_VERSION = 2
+"""2: groups carry their `phase`. Version 1 plans (one layout, no `phase`) still load."""
+READABLE_SCHEMA_VERSIONS = (1, 2)
 SAMPLE_FIELDS = ("id", "tokens", "attn_pairs", "frames")
 """What each entry of a plan JSON's `samples` list holds, in order."""
 # Predicted times are sums of floats computed in different orders by planner and validator.
@@ -52,6 +62,8 @@ class Group:
     ranks: list[int]
     sp: int
     microbatches: list[MicroBatch] = field(default_factory=list)
+    phase: int = 0
+    """The phase of the step it runs in: 0, 1, ... in order (0 throughout a single-layout plan)."""
 
     @property
     def busy_s(self) -> float:
@@ -79,14 +91,50 @@ class Plan:
     notes: list[str] = field(default_factory=list)
 
     # -- derived ---------------------------------------------------------------------------
+    @property
+    def num_phases(self) -> int:
+        """How many layouts the step runs one after another (1 for a single-layout plan)."""
+        return max((g.phase for g in self.groups), default=0) + 1
+
+    def phases(self) -> list[list[Group]]:
+        """The groups of each phase, in phase order."""
+        out: list[list[Group]] = [[] for _ in range(self.num_phases)]
+        for g in self.groups:
+            out[g.phase].append(g)
+        return out
+
+    def group_starts_s(self) -> list[float]:
+        """When each group of `groups` starts: once the last of its ranks has ended its part of
+        the earlier phases (0 in the first phase). A group without micro-batches holds nobody up."""
+        free = [0.0] * self.num_gpus
+        starts = [0.0] * len(self.groups)
+        for gi in sorted(range(len(self.groups)), key=lambda i: self.groups[i].phase):
+            g = self.groups[gi]
+            ranks = [r for r in g.ranks if 0 <= r < self.num_gpus]
+            starts[gi] = max((free[r] for r in ranks), default=0.0)
+            if g.microbatches:
+                for r in ranks:
+                    free[r] = starts[gi] + g.busy_s
+        return starts
+
     def busy_s(self) -> float:
-        return max((g.busy_s for g in self.groups), default=0.0)
+        """When the last rank ends its last micro-batch: the slowest group's busy time in a
+        single-layout plan, the end of the phases' timeline otherwise."""
+        if self.num_phases == 1:
+            return max((g.busy_s for g in self.groups), default=0.0)
+        return max((s + g.busy_s for s, g in zip(self.group_starts_s(), self.groups, strict=True)), default=0.0)
+
+    def groups_of_rank(self, rank: int) -> list[Group]:
+        """The groups `rank` runs in, in phase order (at most one per phase; empty if idle)."""
+        return [g for g in self.groups if rank in g.ranks]
 
     def group_of_rank(self, rank: int) -> Group | None:
-        for g in self.groups:
-            if rank in g.ranks:
-                return g
-        return None
+        """The one group of `rank` in a single-layout plan (None if idle); a multi-phase plan
+        raises PlanError (use `groups_of_rank`)."""
+        groups = self.groups_of_rank(rank)
+        if len(groups) > 1:
+            raise PlanError(f"rank {rank} is in {len(groups)} groups, one per phase: use groups_of_rank")
+        return groups[0] if groups else None
 
     def sample_map(self) -> dict[int, Sample]:
         return {s.id: s for s in self.samples}
@@ -96,10 +144,11 @@ class Plan:
         """Check every invariant; raise PlanError naming the first broken one.
 
         Every sample has at least one token, split into equal frames, and appears in exactly one
-        micro-batch; groups are disjoint, aligned power-of-two blocks of ranks (inside one node
+        micro-batch; groups are listed in phase order, phases numbered 0, 1, ... each with work;
+        the groups of a phase are disjoint, aligned power-of-two blocks of ranks (inside one node
         when they fit one) within the cluster; every micro-batch fits in memory and checkpoints
-        0..num_layers layers; step_time_s is the slowest group plus the gradient sync, at least
-        the lower bound."""
+        0..num_layers layers; step_time_s is the busy time (`busy_s`) plus the gradient sync, at
+        least the lower bound."""
         if self.num_gpus <= 0 or self.gpus_per_node <= 0:
             raise PlanError(f"plan cluster is invalid: {self.num_gpus} GPUs, {self.gpus_per_node} per node")
         if self.num_layers <= 0:
@@ -113,9 +162,13 @@ class Plan:
         dup = [i for i, n in ids.items() if n > 1]
         if dup:
             raise PlanError(f"batch lists sample {dup[0]} more than once")
+        self._check_phases()
         seen: Counter[int] = Counter()
         used: set[int] = set()
+        phase = 0
         for gi, g in enumerate(self.groups):
+            if g.phase != phase:
+                phase, used = g.phase, set()
             p = g.sp
             if p < 1 or p & (p - 1):
                 raise PlanError(f"group {gi}: SP size {p} is not a power of two")
@@ -130,7 +183,8 @@ class Plan:
                 raise PlanError(f"group {gi}: ranks {g.ranks} cross a node boundary")
             overlap = used.intersection(g.ranks)
             if overlap:
-                raise PlanError(f"group {gi}: rank {min(overlap)} is in two groups")
+                where = f" of phase {phase}" if self.num_phases > 1 else ""
+                raise PlanError(f"group {gi}: rank {min(overlap)} is in two groups{where}")
             used.update(g.ranks)
             for mi, mb in enumerate(g.microbatches):
                 if not mb.samples:
@@ -153,13 +207,29 @@ class Plan:
             raise PlanError(f"sample {twice[0]} runs {seen[twice[0]]} times")
         expected = self.busy_s() + self.grad_sync_s
         if abs(self.step_time_s - expected) > _TIME_RTOL * max(1.0, expected):
-            raise PlanError(f"step_time_s {self.step_time_s} != slowest group {self.busy_s()} + grad sync "
+            what = "slowest group" if self.num_phases == 1 else "end of the phases"
+            raise PlanError(f"step_time_s {self.step_time_s} != {what} {self.busy_s()} + grad sync "
                             f"{self.grad_sync_s}")
         if self.step_time_s < self.lower_bound_s * (1 - _TIME_RTOL):
             raise PlanError(f"step_time_s {self.step_time_s} is below the lower bound {self.lower_bound_s}")
         if self.gap is not None and not 0 <= self.gap <= 1 + 1e-9:
             raise PlanError(f"gap {self.gap} is not a fraction")
         return self
+
+    def _check_phases(self) -> None:
+        phases = [g.phase for g in self.groups]
+        for gi, ph in enumerate(phases):
+            if isinstance(ph, bool) or not isinstance(ph, int) or ph < 0:
+                raise PlanError(f"group {gi}: phase {ph!r} is not a whole number >= 0")
+        if phases != sorted(phases):
+            gi = next(i for i in range(1, len(phases)) if phases[i] < phases[i - 1])
+            raise PlanError(f"group {gi} (phase {phases[gi]}) follows a group of phase {phases[gi - 1]}: "
+                            "groups must be listed in phase order")
+        if len(set(phases)) > 1 or phases and phases[0]:
+            for ph in range(max(phases) + 1):
+                if not any(g.microbatches for g in self.groups if g.phase == ph):
+                    raise PlanError(f"phase {ph} runs no micro-batch (phases are numbered 0, 1, ... and "
+                                    "each has work)")
 
     # -- serialization ---------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -172,15 +242,17 @@ class Plan:
     def from_dict(cls, d: dict[str, Any]) -> Plan:
         if not isinstance(d, dict):
             raise PlanError(f"plan must be a JSON object, got {type(d).__name__}")
-        if d.get("schema_version") != PLAN_SCHEMA_VERSION:
-            raise PlanError(f"plan schema_version {d.get('schema_version')!r} is not {PLAN_SCHEMA_VERSION}")
+        if d.get("schema_version") not in READABLE_SCHEMA_VERSIONS:
+            raise PlanError(f"plan schema_version {d.get('schema_version')!r} is not one of "
+                            f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))}")
         try:
             d = dict(d)
             d.pop("schema_version")
             d.pop("sample_fields", None)
             d["samples"] = [Sample(*(_integer(v, f"sample {row!r:.60}") for v in row)) for row in d["samples"]]
             d["groups"] = [
-                Group(list(g["ranks"]), int(g["sp"]), [MicroBatch(**mb) for mb in g["microbatches"]])
+                Group(list(g["ranks"]), int(g["sp"]), [MicroBatch(**mb) for mb in g["microbatches"]],
+                      _integer(g.get("phase", 0), "group phase"))
                 for g in d["groups"]
             ]
             return cls(**d)
@@ -199,8 +271,11 @@ class Plan:
 
     def digest(self) -> str:
         """Hash of what ranks must agree on: the cluster, the model depth, every sample's tokens
-        and frames (frames shape the attention), groups, assignment and checkpointing; not timings."""
+        and frames (frames shape the attention), groups, their phases, assignment and
+        checkpointing; not timings. A single-layout plan hashes as it did before phases."""
         key = [(g.ranks, g.sp, [(mb.samples, mb.ckpt_layers) for mb in g.microbatches]) for g in self.groups]
+        if self.num_phases > 1:
+            key = [[*k, g.phase] for k, g in zip(key, self.groups, strict=True)]
         samples = [[s.id, s.tokens, s.frames] for s in self.samples]
         key_json = json.dumps([self.num_gpus, self.gpus_per_node, self.num_layers, samples, key])
         return hashlib.sha256(key_json.encode()).hexdigest()
@@ -214,7 +289,7 @@ class Plan:
         for gi, g in enumerate(self.groups):
             for mi, mb in enumerate(g.microbatches):
                 rows.append({
-                    "group": gi, "first_rank": g.ranks[0], "sp": g.sp, "microbatch": mi,
+                    "group": gi, "phase": g.phase, "first_rank": g.ranks[0], "sp": g.sp, "microbatch": mi,
                     "samples": len(mb.samples), "tokens": sum(tokens[i] for i in mb.samples),
                     "ckpt_layers": mb.ckpt_layers, "time_s": mb.time_s, "memory_gb": mb.memory_bytes / 1e9,
                 })

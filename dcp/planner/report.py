@@ -164,17 +164,18 @@ def load_plan_document(path: str | Path) -> PlanDocument:
 
 
 def group_rows(plan: Plan) -> Any:
-    """One row per SP group (pandas DataFrame): ranks, SP size, micro-batches, samples, tokens,
-    checkpointed layers (min and max over micro-batches), busy seconds, peak memory (GB)."""
+    """One row per SP group (pandas DataFrame): its phase, ranks, SP size, micro-batches, samples,
+    tokens, checkpointed layers (min and max over micro-batches), start and busy seconds, peak
+    memory (GB)."""
     import pandas as pd
 
     tokens = {s.id: s.tokens for s in plan.samples}
     rows = []
-    for gi, g in enumerate(plan.groups):
+    for gi, (g, start) in enumerate(zip(plan.groups, plan.group_starts_s(), strict=True)):
         mbs = g.microbatches
         ckpt = [mb.ckpt_layers for mb in mbs] or [0]
         rows.append({
-            "group": gi, "ranks": f"{g.ranks[0]}-{g.ranks[-1]}" if len(g.ranks) > 1 else str(g.ranks[0]),
+            "group": gi, "phase": g.phase, "start_s": start, "ranks": f"{g.ranks[0]}-{g.ranks[-1]}" if len(g.ranks) > 1 else str(g.ranks[0]),
             "sp": g.sp, "microbatches": len(mbs), "samples": sum(len(mb.samples) for mb in mbs),
             "tokens": sum(tokens[i] for mb in mbs for i in mb.samples),
             "ckpt_min": min(ckpt), "ckpt_max": max(ckpt), "busy_s": g.busy_s,
@@ -203,5 +204,5 @@ def checkpoint_share(plan: Plan) -> float:
 
 
 def unused_ranks(plan: Plan) -> int:
-    """Ranks in no group: they only wait for the gradient all-reduce."""
-    return plan.num_gpus - sum(len(g.ranks) for g in plan.groups)
+    """Ranks in no group of any phase: they only wait for the gradient all-reduce."""
+    return plan.num_gpus - len({r for g in plan.groups for r in g.ranks})

@@ -99,11 +99,15 @@ def gap(plan: Plan) -> float:
 
 
 def groups_label(plan: Plan) -> str:
-    """Groups by SP size, largest first: "1x8 4x2" is one group of 8 GPUs and four of 2."""
-    counts: dict[int, int] = {}
-    for g in plan.groups:
-        counts[g.sp] = counts.get(g.sp, 0) + 1
-    return " ".join(f"{n}x{p}" for p, n in sorted(counts.items(), reverse=True))
+    """Groups by SP size, largest first: "1x8 4x2" is one group of 8 GPUs and four of 2; a
+    multi-phase plan lists each phase's in turn, apart by " | " ("1x32 | 4x8")."""
+    labels = []
+    for phase in plan.phases():
+        counts: dict[int, int] = {}
+        for g in phase:
+            counts[g.sp] = counts.get(g.sp, 0) + 1
+        labels.append(" ".join(f"{n}x{p}" for p, n in sorted(counts.items(), reverse=True)))
+    return " | ".join(labels)
 
 
 def step_rows(plans: Sequence[Plan], timelines: Sequence[Timeline]) -> Any:

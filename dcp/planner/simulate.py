@@ -1,6 +1,7 @@
 """Replay a plan on the cost model: a per-rank timeline, idle and communication shares, a Gantt chart.
 
-Each group runs its micro-batches back to back. A micro-batch is split the way the executor runs
+Each group runs its micro-batches back to back; in a multi-phase plan a group starts when the
+last of its ranks has ended its part of the previous phases (`Plan.group_starts_s`). A micro-batch is split the way the executor runs
 it: K forward layers (compute, then the layer's all-to-alls), the head and per-micro-batch fixed
 cost, then K backward layers, the r checkpointed ones preceded by their forward recompute (its
 all-to-alls included, DeepSpeed-Ulysses re-runs them). The step ends with its data-parallel
@@ -33,6 +34,9 @@ class Event:
     kind: EventKind
     microbatch: int | None = None
     """Index of the micro-batch in its group's list; None for idle and the all-reduce."""
+    phase: int | None = None
+    """The plan phase of the event's group (an idle wait: of the group it waits for); None for
+    the step's end (the idle wait for the slowest rank and the all-reduce)."""
 
     @property
     def duration_s(self) -> float:
@@ -70,9 +74,9 @@ class Timeline:
         import pandas as pd
 
         rows = [{"rank": rank, "start_s": e.start_s, "end_s": e.end_s, "duration_s": e.duration_s,
-                 "kind": e.kind, "microbatch": e.microbatch}
+                 "kind": e.kind, "microbatch": e.microbatch, "phase": e.phase}
                 for rank, rank_events in enumerate(self.events) for e in rank_events]
-        return pd.DataFrame(rows, columns=["rank", "start_s", "end_s", "duration_s", "kind", "microbatch"])
+        return pd.DataFrame(rows, columns=["rank", "start_s", "end_s", "duration_s", "kind", "microbatch", "phase"])
 
 
 def microbatch_phases(cm: CostModel, tokens: int, pairs: int, sp_size: int,
@@ -100,16 +104,16 @@ def microbatch_phases(cm: CostModel, tokens: int, pairs: int, sp_size: int,
     return [(kind, s) for kind, s in phases if s > 0]
 
 
-def _group_events(plan: Plan, g: Group, cm: CostModel) -> list[Event]:
+def _group_events(plan: Plan, g: Group, cm: CostModel, start_s: float = 0.0) -> list[Event]:
     tokens = {s.id: s.tokens for s in plan.samples}
     pairs = {s.id: s.attn_pairs for s in plan.samples}
-    t, out = 0.0, []
+    t, out = start_s, []
     for mi, mb in enumerate(g.microbatches):
         phases = microbatch_phases(cm, sum(tokens[i] for i in mb.samples),
                                    sum(pairs[i] for i in mb.samples), g.sp, mb.ckpt_layers)
         _check_time(mb, sum(s for _, s in phases), g, mi)
         for kind, seconds in phases:
-            out.append(Event(t, t + seconds, kind, mi))
+            out.append(Event(t, t + seconds, kind, mi, g.phase))
             t += seconds
     return out
 
@@ -128,17 +132,23 @@ def simulate(plan: Plan, cm: CostModel) -> Timeline:
         raise PlanError(f"plan is for a model of {plan.num_layers} layers, the cost model's {cm.model.name} "
                         f"has {cm.model.num_layers}")
     per_rank: list[list[Event]] = [[] for _ in range(plan.num_gpus)]
-    for g in plan.groups:
-        events = _group_events(plan, g, cm)
+    # Phase by phase, a group starts when the last of its ranks is free (Plan.group_starts_s);
+    # a rank that ends its part of a phase early waits idle for the rest of its next group.
+    for g, start in sorted(zip(plan.groups, plan.group_starts_s(), strict=True), key=lambda x: x[0].phase):
+        events = _group_events(plan, g, cm, start)
         for rank in g.ranks:
-            per_rank[rank] = list(events)  # a group's ranks run in lockstep
-    busy = [rank_events[-1].end_s if rank_events else 0.0 for rank_events in per_rank]
-    compute_end = max(busy, default=0.0)
+            free = per_rank[rank][-1].end_s if per_rank[rank] else 0.0
+            if events and start > free:
+                per_rank[rank].append(Event(free, start, "idle", None, g.phase))
+            per_rank[rank].extend(events)  # a group's ranks run in lockstep
+    ends = [rank_events[-1].end_s if rank_events else 0.0 for rank_events in per_rank]
+    busy = [sum(e.duration_s for e in rank_events if e.kind != "idle") for rank_events in per_rank]
+    compute_end = max(ends, default=0.0)
     sync = cm.grad_sync_s()
     step = compute_end + sync
     for rank, rank_events in enumerate(per_rank):
-        if busy[rank] < compute_end:
-            rank_events.append(Event(busy[rank], compute_end, "idle"))
+        if ends[rank] < compute_end:
+            rank_events.append(Event(ends[rank], compute_end, "idle"))
         if sync > 0:
             rank_events.append(Event(compute_end, step, "allreduce"))
     if abs(step - plan.step_time_s) > _RTOL * max(step, 1.0):
@@ -175,6 +185,11 @@ def gantt(timeline: Timeline, path: str | Path | None = None, title: str = "") -
             spans = [(e.start_s, e.duration_s) for e in rank_events if e.kind == kind]
             if spans:
                 ax.broken_barh(spans, (rank - 0.4, 0.8), facecolors=KIND_COLORS[kind])
+        # A multi-phase plan: a black tick where the rank moves on to its next phase's group.
+        moves = [b.start_s for a, b in zip(rank_events, rank_events[1:]) if b.phase is not None
+                 and a.phase is not None and b.phase != a.phase]
+        if moves:
+            ax.vlines(moves, rank - 0.45, rank + 0.45, colors="black", linewidth=1.0)
     ax.set_xlim(0, timeline.step_time_s or 1.0)
     ax.set_ylim(n - 0.5, -0.5)
     ax.set_xlabel("time (s)")

@@ -1,0 +1,245 @@
+"""Multi-phase plans: the ILP's single layout, or the batch split by length into phases, each
+phase planned by the single-layout machinery, whichever runs faster; reported against a bound
+that holds for every plan the executor can run.
+
+A single layout keeps each group at one SP size for the whole step. When one sample needs a
+large group (most of the cluster, for its memory) and runs for only part of the step, the rest
+of that group's work then runs at that large size too, where the fixed and communication costs
+of SP are highest. Two phases avoid it: the longest samples first, on the cluster to themselves
+(at large SP), then the rest after at the sizes that suit them. A rank goes on to its next group
+as soon as its part of a phase ends (`dcp.planner.plan`).
+
+The search (`solve_phased`), within the ILP's one deadline `time_limit_s`:
+
+1. the single-layout ILP (`dcp.planner.ilp.solve_ilp`), with `1 - PHASE_SHARE` of the limit
+   (and whatever it leaves unused going to step 2);
+2. unless that plan is within the solver's gap of `bounds.multi_phase_bound`, or no split can
+   beat it: splits "the k longest samples, then the rest" priced by bounds for every k at once
+   (`split_estimates`, a sum and a max over the samples of each side), then the most promising
+   splits planned for real, phase 1 (few samples) first, phase 2 with the time left, each by the
+   ILP on its part of the batch on all the GPUs (phase 2 recursively by this search when
+   `max_phases` > 2), the second phase laid out as it is or mirrored (last ranks first), so that
+   its biggest groups start on the ranks the first phase frees first;
+3. the fastest plan found, its bound `bounds.multi_phase_bound` and the gap to it; a note names
+   the single-layout bound when the ILP proved a higher one (it holds only for single layouts).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from dcp.costmodel import CostModel
+from dcp.planner.bounds import multi_phase_bound, sample_floors
+from dcp.planner.feasibility import allowed_sp_sizes, check_feasible
+from dcp.planner.ilp.budget import final_pricing_s
+from dcp.planner.options import IlpOptions
+from dcp.planner.plan import Group, InfeasibleError, Plan, PlanError
+from dcp.planner.pricing import Pricer
+from dcp.planner.sample import Sample
+from dcp.planner.status import CUT_SHORT
+
+PHASE_SHARE = 0.1
+"""Share of `time_limit_s` kept back from the single-layout ILP for the phase search, when some
+sample needs a large group; what the ILP leaves unused goes to the search too. Batches that
+phases win are those where one sample forces a large group, and there the single-layout program
+proves its plan quickly (0.2 s of 1 s on the example of docs/design.md), so a small share costs
+the other batches little and leaves the search most of the limit where it matters."""
+MIN_NEED_SHARE = 1 / 2
+"""Splits are tried for the samples that need groups of at least this share of the GPUs (and at
+least 2 of them): phase 1 then holds the cluster (nearly) to itself, and what it saves is the
+rest of the step that a single layout runs at that size. On 20 wikipedia batches of 512 samples
+on 32 GPUs (benchmarks/planner.py) the two that phases win have a sample needing all 32."""
+MAX_SPLITS = 3
+"""Splits planned for real at most, the most promising first."""
+MIN_SOLVE_S = 0.02
+"""A split is planned only with at least this long left for it."""
+FIRST_SHARE = 0.7
+"""Share of the search's time for the first split (the one for the samples that need the largest
+groups)."""
+HEAD_SHARE = 0.2
+"""Share of a split's time for its first phase (a few samples: quick to plan)."""
+_TOL = 1e-9
+
+
+def split_order(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int],
+                makespan_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """The batch's indices, the samples that need the largest groups first, and the SP size each
+    needs: the smallest allowed at which it fits memory and runs alone within `makespan_s` (a
+    lower bound on the busy time: no plan runs it on fewer GPUs), the largest allowed where none
+    does. Ties go to the longer sample."""
+    tokens = np.fromiter((s.tokens for s in batch), dtype=np.float64, count=len(batch))
+    pairs = np.fromiter((s.attn_pairs for s in batch), dtype=np.float64, count=len(batch))
+    pricer = Pricer(cm, sizes)
+    need = np.full(len(batch), max(sizes))
+    for p in sorted(sizes, reverse=True):
+        need = np.where(pricer.times(p, tokens, pairs) <= makespan_s * (1 + _TOL), p, need)
+    order = np.lexsort((-pairs, -tokens, -need))
+    return order, need[order]
+
+
+def split_estimates(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], order: np.ndarray) -> np.ndarray:
+    """For every split k = 1..n-1 of the batch in `order` (its first k samples in phase 1, the
+    rest in phase 2), a lower bound on the busy time of any plan that runs the phases one after
+    the other: for each side, max(its GPU-seconds / N, its longest sample's best time alone)
+    (`bounds.sample_floors`), added."""
+    tokens = np.fromiter((batch[i].tokens for i in order.tolist()), dtype=np.float64, count=len(order))
+    pairs = np.fromiter((batch[i].attn_pairs for i in order.tolist()), dtype=np.float64, count=len(order))
+    work, solo = sample_floors(tokens, pairs, cm, sizes)
+    n = cm.cluster.num_gpus
+    head_work = np.cumsum(work)[:-1]
+    tail_work = np.cumsum(work[::-1])[::-1][1:]
+    head_solo = np.maximum.accumulate(solo)[:-1]
+    tail_solo = np.maximum.accumulate(solo[::-1])[::-1][1:]
+    return np.maximum(head_work / n, head_solo) + np.maximum(tail_work / n, tail_solo)
+
+
+def split_candidates(need: np.ndarray, sizes: Sequence[int]) -> list[int]:
+    """Phase-1 sizes k to try, in order: for each SP size q > 1 from the largest down, the number
+    of samples that need at least q GPUs (`split_order`), each k once, 0 < k < n."""
+    out: list[int] = []
+    for q in sorted(sizes, reverse=True):
+        k = int((need >= q).sum())
+        if q > 1 and 0 < k < len(need) and k not in out:
+            out.append(k)
+    return out
+
+
+def chain(strategy: str, batch: Sequence[Sample], plans: Sequence[Plan], *, mirror: Sequence[bool] = (),
+          lower_bound_s: float = 0.0) -> Plan:
+    """One plan that runs `plans` (each of a part of the batch, on the same cluster) as its
+    phases, in order; with `mirror[i]`, plan i's groups on the mirrored ranks (rank r on
+    N - 1 - r). PlanError when a mirrored group would not be aligned."""
+    first = plans[0]
+    groups, phase = [], 0
+    for i, plan in enumerate(plans):
+        flip = i < len(mirror) and mirror[i]
+        for g in plan.groups:
+            ranks = [first.num_gpus - 1 - r for r in reversed(g.ranks)] if flip else list(g.ranks)
+            groups.append(Group(ranks, g.sp, [dataclasses.replace(mb, samples=list(mb.samples))
+                                              for mb in g.microbatches], phase + g.phase))
+        phase += plan.num_phases
+    out = Plan(strategy=strategy, num_gpus=first.num_gpus, gpus_per_node=first.gpus_per_node,
+               memory_limit_bytes=first.memory_limit_bytes, num_layers=first.num_layers, samples=list(batch),
+               groups=groups, step_time_s=0.0, lower_bound_s=0.0, grad_sync_s=first.grad_sync_s,
+               solver_status=first.solver_status)
+    out.step_time_s = out.busy_s() + out.grad_sync_s
+    out.lower_bound_s = min(lower_bound_s, out.step_time_s)
+    return out.validate()
+
+
+def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, started: float | None = None) -> Plan:
+    """The ILP's plan with up to `options.max_phases` phases (see the module docstring), within
+    `options.time_limit_s` from `started` (perf_counter; default now)."""
+    from dcp.planner.ilp import solve_ilp
+
+    started = time.perf_counter() if started is None else started
+    # Chaining a split's phases, validating and reporting the plan come after the search.
+    deadline = started + options.time_limit_s - min(3 * final_pricing_s(len(batch)), options.time_limit_s / 4)
+    sizes = allowed_sp_sizes(cm, options.sp_sizes)
+    check_feasible(batch, cm, sizes)
+    bound_s = multi_phase_bound(batch, cm, sizes)
+    splits, order, estimate = _splits(batch, cm, options, sizes, bound_s)
+    share = PHASE_SHARE if splits else 0.0
+    single = solve_ilp(batch, cm, dataclasses.replace(options, time_limit_s=options.time_limit_s * (1 - share)),
+                       started)
+    phased, why = _search(batch, cm, options, single, bound_s, deadline, splits, order, estimate)
+    return _report(phased or single, single, bound_s, why, started)
+
+
+def _splits(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, sizes: Sequence[int],
+            bound_s: float) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """The splits worth planning (phase-1 sizes k, in order), the batch order they split and
+    every split's bound (`split_order`, `split_estimates`); no split where only small groups are
+    needed: a group of fewer than `MIN_NEED_SHARE` of the GPUs that runs the rest of the step at
+    its size costs a single layout little."""
+    if options.max_phases < 2 or len(batch) < 2:
+        return [], np.zeros(0, dtype=np.int64), np.zeros(0)
+    order, need = split_order(batch, cm, sizes, bound_s - cm.grad_sync_s())
+    least = max(2, MIN_NEED_SHARE * cm.cluster.num_gpus)
+    splits = split_candidates(need, [q for q in sizes if q >= least])
+    return splits, order, split_estimates(batch, cm, sizes, order) if splits else np.zeros(0)
+
+
+def _search(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, single: Plan, bound_s: float,
+            deadline: float, splits: list[int], order: np.ndarray, estimate: np.ndarray) -> tuple[Plan | None, str]:
+    """The best multi-phase plan found faster than `single` (None if none), and what the search
+    did, in words."""
+    if options.max_phases < 2 or len(batch) < 2:
+        return None, "phases: one allowed" if options.max_phases < 2 else "phases: one sample"
+    if not splits:
+        return None, "phases not searched: no sample needs a large group"
+    if single.step_time_s <= bound_s / (1 - options.mip_rel_gap):
+        return None, f"phases not searched: the single layout is within {100 * options.mip_rel_gap:.1f}% of the bound"
+    single_busy = single.step_time_s - cm.grad_sync_s()
+    ranked = [k for k in splits if estimate[k - 1] < single_busy * (1 - _TOL)][:MAX_SPLITS]
+    if not ranked:
+        return None, "phases not searched: no split's bound beats the single layout"
+    best: Plan | None = None
+    best_k, tried = 0, 0
+    for i, k in enumerate(ranked):
+        left = deadline - time.perf_counter()
+        if left < MIN_SOLVE_S:
+            break
+        if best is not None and estimate[k - 1] >= best.busy_s() * (1 - _TOL):
+            continue
+        # The first split gets most of the time (the ILP stops early once it proves its plan).
+        plan = _plan_split(batch, cm, options, order, k, left * (FIRST_SHARE if i == 0 else 1 / (len(ranked) - i)),
+                           bound_s)
+        tried += 1
+        if plan is not None and plan.step_time_s < (best or single).step_time_s * (1 - _TOL):
+            best, best_k = plan, k
+    cut = f", {CUT_SHORT}" if tried < len(ranked) and deadline - time.perf_counter() < MIN_SOLVE_S else ""
+    if best is None:
+        return None, f"phases: {tried} of {len(ranked)} promising splits planned, none beat the single layout{cut}"
+    return best, (f"phases: the {best_k} longest sample{'s' * (best_k > 1)} first, {best.step_time_s:.3f} s against "
+                  f"the single layout's {single.step_time_s:.3f} s ({tried} of {len(ranked)} splits planned{cut})")
+
+
+def _plan_split(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, order: np.ndarray, k: int,
+                seconds: float, bound_s: float) -> Plan | None:
+    """Phase 1 the `k` first samples of `order`, phase 2 the rest, each planned in its share of
+    `seconds`; the better of phase 2 as laid out and mirrored; None if a part cannot be planned."""
+    from dcp.planner.ilp import solve_ilp
+
+    head = [batch[i] for i in order[:k].tolist()]
+    tail = [batch[i] for i in order[k:].tolist()]
+    t0 = time.perf_counter()
+    try:
+        first = solve_ilp(head, cm, dataclasses.replace(options, time_limit_s=max(seconds * HEAD_SHARE, 1e-3)))
+        rest_s = max(seconds - (time.perf_counter() - t0), 1e-3)
+        sub = dataclasses.replace(options, time_limit_s=rest_s, max_phases=options.max_phases - 1)
+        second = solve_phased(tail, cm, sub) if sub.max_phases > 1 else solve_ilp(tail, cm, sub)
+    except InfeasibleError:
+        return None
+    out = None
+    for mirror in (False, True):
+        try:
+            plan = chain("ilp", batch, [first, second], mirror=[False, mirror], lower_bound_s=bound_s)
+        except PlanError:  # a mirrored group off its alignment (a cluster that is not a power of two)
+            continue
+        if out is None or plan.step_time_s < out.step_time_s * (1 - _TOL):
+            out = plan
+    return out
+
+
+def _report(plan: Plan, single: Plan, bound_s: float, why: str, started: float) -> Plan:
+    """`plan` with the bound every runnable plan respects, its gap, and notes saying how it came
+    about and what the single-layout bound was."""
+    step = plan.step_time_s
+    plan.lower_bound_s = min(bound_s, step)
+    plan.gap = max(0.0, (step - plan.lower_bound_s) / step) if step > 0 else 0.0
+    notes = [n for n in single.notes if not n.startswith("seconds: ")]
+    if single.lower_bound_s > bound_s * (1 + _TOL):
+        notes.append(f"bound {single.lower_bound_s:.3f} s for single-layout plans only (the solver's); "
+                     f"every plan, multi-phase included: {bound_s:.3f} s")
+    notes.append(why)
+    notes += [n for n in single.notes if n.startswith("seconds: ")]
+    plan.notes = notes
+    if plan is not single:
+        plan.solver_status = single.solver_status + f", {plan.num_phases} phases"
+    plan.solve_time_s = time.perf_counter() - started
+    return plan.validate()
