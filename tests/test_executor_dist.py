@@ -29,6 +29,20 @@ LAYOUTS = [
 EIGHT_RANKS = [(0, 4), (4, 2), (6, 1), (7, 1)]
 EIGHT_RANKS_MICROBATCHES = [3, 2, 1, 2]
 TOLERANCE = 1e-5
+# Multi-phase plans: (first rank, SP size) per group, per phase. On 4 ranks: SP 4 then mixed
+# sizes; three phases that re-partition every rank each time; ranks idle in some phases. On 8
+# ranks (two nodes of 4): three phases of SP 4, 2 and 1 in changing places.
+PHASED_FOUR = [
+    [[(0, 4)], [(0, 2), (2, 1), (3, 1)]],
+    [[(0, 2), (2, 2)], [(0, 1), (1, 1), (2, 2)], [(0, 4)]],
+    [[(0, 1), (1, 1), (2, 2)], [(0, 4)]],
+    [[(0, 2), (2, 1)], [(0, 1), (2, 2)], [(1, 1), (2, 1), (3, 1)]],
+]
+PHASED_EIGHT = [
+    [[(0, 4), (4, 4)], [(0, 2), (2, 2), (4, 1), (5, 1), (6, 2)], [(0, 4), (4, 2), (6, 1), (7, 1)]],
+    [[(0, 1), (1, 1), (2, 2), (4, 4)], [(0, 4), (4, 2), (6, 2)]],
+]
+PHASED_TOLERANCE = 1e-12
 
 Case = tuple[Plan, list[Sample]]
 
@@ -56,6 +70,28 @@ def random_case(spec: ModelSpec, seed: int, layout: Sequence[tuple[int, int]], n
         batch.append(Sample(100 * seed + i, tokens, attention_pairs(spec.attention, tokens, frames), frames))
     groups = random_groups(rng, [s.id for s in batch], layout, spec.num_layers, microbatches)
     return manual_plan(batch, num_gpus, spec.num_layers, groups, gpus_per_node=gpus_per_node), batch
+
+
+def random_phased_case(spec: ModelSpec, seed: int, phases: Sequence[Sequence[tuple[int, int]]],
+                       num_gpus: int = 4, *, gpus_per_node: int | None = None) -> Case:
+    """A random multi-phase plan: each phase a layout of `phases`, the batch's samples spread
+    over the phases at random (at least one per group), 1-3 micro-batches per group, random
+    checkpointed layers; the phases' micro-batch counts differ (uneven accumulation)."""
+    from dcp.executor.reference import manual_plan
+
+    rng = random.Random(1000 + seed)
+    least = sum(len(layout) for layout in phases)
+    batch = [Sample(100 * seed + i, t, attention_pairs(spec.attention, t))
+             for i, t in enumerate(rng.randint(1, 23) for _ in range(rng.randint(least + 2, least + 8)))]
+    ids = [s.id for s in batch]
+    rng.shuffle(ids)
+    per_phase = [ids[sum(map(len, phases[:k])):sum(map(len, phases[:k + 1]))] for k in range(len(phases))]
+    for i in ids[least:]:
+        per_phase[rng.randrange(len(phases))].append(i)
+    groups = [(*g, k) for k, (layout, mine) in enumerate(zip(phases, per_phase, strict=True))
+              for g in random_groups(rng, mine, layout, spec.num_layers)]
+    plan = manual_plan(batch, num_gpus, spec.num_layers, groups, gpus_per_node=gpus_per_node)
+    return plan, batch
 
 
 def grads_worker(rank: int, world: int, cases: list[tuple[ModelSpec, list[Case]]],
@@ -124,6 +160,26 @@ def test_sp_4_2_and_1_in_one_step_on_8_ranks_equal_single_process() -> None:
             "SP 2 and SP 4 should both need padding"
         cases.append((spec, [(plan, batch)]))
     check_grads(run_ranks(grads_worker, 8, cases, 4, deadline_s=120), TOLERANCE)
+
+
+def test_multi_phase_plans_give_single_process_gradients_on_4_ranks() -> None:
+    """Random multi-phase plans (2-3 phases, mixed SP sizes, uneven micro-batches): the ranks
+    change groups between phases, gradients accumulate across them, one all-reduce at the end."""
+    spec = llama_spec()
+    cases = [random_phased_case(spec, step, PHASED_FOUR[step % len(PHASED_FOUR)]) for step in range(6)]
+    for plan, _ in cases:  # what the cases cover, checked
+        assert 2 <= plan.num_phases <= 3
+        assert len({len(g.microbatches) for g in plan.groups}) > 1
+    assert {p.num_phases for p, _ in cases} == {2, 3}
+    check_grads(run_ranks(grads_worker, 4, [(spec, cases)], deadline_s=150), PHASED_TOLERANCE)
+
+
+def test_multi_phase_plans_give_single_process_gradients_on_8_ranks() -> None:
+    spec = llama_spec()
+    cases = [random_phased_case(spec, step, PHASED_EIGHT[step % len(PHASED_EIGHT)], 8, gpus_per_node=4)
+             for step in range(2)]
+    assert [p.num_phases for p, _ in cases] == [3, 2]
+    check_grads(run_ranks(grads_worker, 8, [(spec, cases)], 4, deadline_s=150), PHASED_TOLERANCE)
 
 
 def bad_inputs_worker(rank: int, world: int) -> list[str]:

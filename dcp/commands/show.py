@@ -49,6 +49,8 @@ def show(plan_file: Path, step_index: int, gantt_path: Path | None, model: str |
 
     Re-simulates the plan on the cost model rebuilt from the file's config: groups,
     micro-batches, checkpointing, predicted times, and each kind's share of the step.
+    A multi-phase plan lists each group's phase and start; its groups label shows
+    the phases apart by "|", and the Gantt chart boxes each group where it runs.
     With --model, --hardware or --zero-stage the same plan (groups, assignment,
     checkpointed layers) is re-priced on that cost model instead: what the plan
     would cost there, or an error if it no longer fits its memory.
@@ -87,7 +89,9 @@ def show(plan_file: Path, step_index: int, gantt_path: Path | None, model: str |
         "share of rank-seconds: " + " | ".join(f"{k} {pct(v)}" for k, v in kind_shares(tl).items()),
         *([f"program: {program_outcome(the_plan)}; " + "; ".join(the_plan.notes)] if the_plan.strategy == "ilp" else []),
         table(group_rows(the_plan), {
-            "group": ("group", str), "ranks": ("ranks", str), "sp": ("sp", str),
+            "group": ("group", str),
+            **({"phase": ("phase", str), "start_s": ("start (s)", secs)} if the_plan.num_phases > 1 else {}),
+            "ranks": ("ranks", str), "sp": ("sp", str),
             "microbatches": ("micro-batches", str), "samples": ("samples", str), "tokens": ("tokens", str),
             "ckpt_min": ("ckpt min", str), "ckpt_max": ("ckpt max", str), "busy_s": ("busy (s)", secs),
             "peak_memory_gb": ("peak GB", "{:.1f}".format)}),

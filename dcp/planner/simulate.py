@@ -186,8 +186,8 @@ def gantt(timeline: Timeline, path: str | Path | None = None, title: str = "") -
             if spans:
                 ax.broken_barh(spans, (rank - 0.4, 0.8), facecolors=KIND_COLORS[kind])
         # A multi-phase plan: a black tick where the rank moves on to its next phase's group.
-        moves = [b.start_s for a, b in zip(rank_events, rank_events[1:]) if b.phase is not None
-                 and a.phase is not None and b.phase != a.phase]
+        moves = [b.start_s for a, b in zip(rank_events, rank_events[1:], strict=False)
+                 if b.phase is not None and a.phase is not None and b.phase != a.phase]
         if moves:
             ax.vlines(moves, rank - 0.45, rank + 0.45, colors="black", linewidth=1.0)
     ax.set_xlim(0, timeline.step_time_s or 1.0)
