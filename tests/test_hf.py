@@ -177,7 +177,7 @@ def refused_heads_worker(rank: int, world: int) -> str:
 def test_two_ranks_match_plain_hf_and_refuse_unsplittable_heads() -> None:
     check_grads(run_ranks(grads_worker, 2, ["llama", "mistral"], 3, deadline_s=120), TOLERANCE, "plain HF")
     for error in run_ranks(refused_heads_worker, 2, deadline_s=60, pg_timeout_s=10):
-        assert "SP size 2, which does not divide the model's 6 heads and 3 KV heads" in error
+        assert "SP size 2 as Ulysses 2 x ring 1: Ulysses degree 2 and the model's 3 KV heads do not divide one another" in error
 
 
 def test_four_ranks_match_plain_hf() -> None:
