@@ -87,7 +87,7 @@ def warm_rings(world_size: int, rank: int, device: torch.device) -> int:
     done, size = 0, 2
     while size <= world_size:
         start = rank // size * size
-        ring = 2
+        ring = 2 if start + size <= world_size else size + 1  # a block past the world's end has no rings
         while ring <= size:
             peers = ring_peers(start, size // ring, ring, rank - start)
             Exchange(torch.ones(1, device=device), peers, KV_TAG).wait()
