@@ -5,32 +5,39 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from dcp.costmodel import CostModel
+from dcp.costmodel import CostModel, SPLayout
+from dcp.costmodel.ring import sp_layouts
 from dcp.data.workloads import Sample
 from dcp.planner.bounds import lower_bound
 from dcp.planner.plan import Group, InfeasibleError, MicroBatch, Plan
 
 
 def allowed_sp_sizes(cm: CostModel, requested: Sequence[int] | None = None) -> list[int]:
-    """SP sizes a plan may use: aligned powers of two within the cluster whose size divides the
-    model's heads and KV heads (Ulysses shards heads), intersected with the user's choice."""
+    """SP sizes a plan may use: aligned powers of two within the cluster that some layout can run
+    (Ulysses over sizes dividing the heads, a ring over the rest: `CostModel` / `ring.sp_layouts`),
+    intersected with the user's choice."""
     m, g = cm.model, cm.cluster.gpus_per_node
     # A block up to a node must tile the node (p divides G) and a larger one must be whole nodes
     # (G divides p); otherwise an aligned block can straddle a node boundary when G is not a
     # power of two (e.g. 6 GPUs per node and p = 4).
     sizes = [p for p in cm.cluster.sp_sizes()
-             if m.heads % p == 0 and m.kv_heads % p == 0 and (g % p == 0 if p <= g else p % g == 0)]
+             if sp_layouts(m, p) and (g % p == 0 if p <= g else p % g == 0)]
     if requested is not None:
         bad = [p for p in requested if p not in sizes]
         if bad:
             raise InfeasibleError(
                 f"SP size {bad[0]} is not allowed: sizes must be powers of two dividing {cm.cluster.num_gpus} "
-                f"GPUs, {m.heads} heads and {m.kv_heads} KV heads ({sizes})"
+                f"GPUs that Ulysses ({m.heads} heads, {m.kv_heads} KV heads) with a ring can run ({sizes})"
             )
         sizes = sorted(set(requested))
     if not sizes:
         raise InfeasibleError("no SP size is allowed")
     return sizes
+
+
+def group_layout(g: Group) -> SPLayout:
+    """The cost model's layout of a plan's group (Ulysses degree x ring degree)."""
+    return SPLayout(g.ulysses, g.ring)
 
 
 def check_feasible(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int]) -> None:
@@ -84,7 +91,7 @@ def assemble(strategy: str, batch: Sequence[Sample], cm: CostModel,
     by_id = {s.id: s for s in batch}
     groups = []
     for gi, (start, p, mbs) in enumerate(layout):
-        g = Group(list(range(start, start + p)), p)
+        work = []
         for mi, ids in enumerate(mbs):
             if not ids:
                 continue
@@ -94,8 +101,12 @@ def assemble(strategy: str, batch: Sequence[Sample], cm: CostModel,
             if r is None:
                 raise InfeasibleError(f"{strategy}: micro-batch of samples {list(ids)[:8]} ({tokens} tokens) "
                                       f"does not fit at SP size {p}")
-            g.microbatches.append(MicroBatch(list(ids), int(r), cm.time_s(tokens, pairs, p, r),
-                                             cm.memory_bytes(tokens, p, r)))
+            work.append((list(ids), tokens, pairs, int(r)))
+        # The group runs in the layout (Ulysses x ring) fastest for its micro-batches.
+        sp = cm.best_layout([(t, a, r) for _, t, a, r in work], p)
+        g = Group(list(range(start, start + p)), p, ring=sp.ring)
+        g.microbatches = [MicroBatch(ids, r, cm.time_s(t, a, p, r, sp), cm.memory_bytes(t, p, r, sp))
+                          for ids, t, a, r in work]
         groups.append(g)
     sync = cm.grad_sync_s()
     busy = max((g.busy_s for g in groups), default=0.0)

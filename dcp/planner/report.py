@@ -22,6 +22,7 @@ from typing import Any
 
 from dcp.costmodel import DEFAULT_HARDWARE, DEFAULT_MODEL, CostModel
 from dcp.planner.bounds import lower_bound
+from dcp.planner.common import group_layout
 from dcp.planner.plan import Plan, PlanError
 from dcp.planner.run import build_cost_model
 from dcp.planner.simulate import EVENT_KINDS, Timeline
@@ -112,8 +113,8 @@ def reprice(plan: Plan, cm: CostModel) -> Plan:
                                 f"has {k}")
             tokens = sum(by_id[i].tokens for i in mb.samples)
             pairs = sum(by_id[i].attn_pairs for i in mb.samples)
-            mb.time_s = cm.time_s(tokens, pairs, g.sp, mb.ckpt_layers)
-            mb.memory_bytes = cm.memory_bytes(tokens, g.sp, mb.ckpt_layers)
+            mb.time_s = cm.time_s(tokens, pairs, g.sp, mb.ckpt_layers, group_layout(g))
+            mb.memory_bytes = cm.memory_bytes(tokens, g.sp, mb.ckpt_layers, group_layout(g))
     new.num_layers, new.memory_limit_bytes = k, cm.cluster.memory_bytes
     new.grad_sync_s = cm.grad_sync_s()
     new.step_time_s = new.busy_s() + new.grad_sync_s
