@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from dcp.planner import lower_bound, solve
 from dcp.planner.bounds import capacity_bound
-from dcp.planner.common import allowed_sp_sizes
-from dcp.planner.ilp import baseline_plans
+from dcp.planner.feasibility import allowed_sp_sizes
+from dcp.planner.ilp.warm import baseline_plans
 from tests.brute_helpers import TINY_CASES, brute_force, tiny_cm
 from tests.conftest import ZERO3_LENGTHS, cost_model, make_batch
 

@@ -13,7 +13,7 @@ import torch
 from dist_helpers import check_grads, random_groups, run_ranks, run_ranks_raw
 
 from dcp.costmodel import ModelSpec, attention_pairs, load_model
-from dcp.data import Sample
+from dcp.planner import Sample
 from dcp.planner.plan import Plan
 
 # (first rank, SP size) per group; every step of a test draws a different one. Together they

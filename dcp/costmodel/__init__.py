@@ -23,7 +23,6 @@ from dcp.costmodel.hardware import (
 )
 from dcp.costmodel.model import CostModel, LayerTimes, LinearCost
 from dcp.costmodel.precision import DTYPE_BYTES, RECIPES, PrecisionRecipe, get_recipe
-from dcp.costmodel.ring import SPLayout, sp_layouts
 from dcp.costmodel.presets import (
     DATASHEET_H200,
     DEFAULT_HARDWARE,
@@ -34,6 +33,7 @@ from dcp.costmodel.presets import (
     preset_names,
     save_hardware,
 )
+from dcp.costmodel.ring import SPLayout, sp_layouts
 from dcp.costmodel.spec import (
     ATTENTION_KINDS,
     AttentionKind,

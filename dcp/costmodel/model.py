@@ -107,6 +107,7 @@ class CostModel:
         self._layouts: dict[int, tuple[SPLayout, ...]] = {}
         self._token_bytes: dict[tuple[SPLayout, int], float] = {}
         self._envelopes: dict[int, list[float]] = {}
+        self._capacities: dict[int, list[int]] = {}
 
     # -- coefficients --------------------------------------------------------------------
     def _derive_fit(self) -> LayerFit:
@@ -177,6 +178,15 @@ class CostModel:
             return options[0]
         times = [sum(self.time_s(t, a, sp_size, r, layout) for t, a, r in microbatches) for layout in options]
         return options[max(range(len(options)), key=lambda i: (-times[i], options[i].ulysses))]
+
+    def ring_terms(self, layout: SPLayout) -> RingCoefficients:
+        """The ring terms of `layout` (`ring.RingCoefficients`; all zero without a ring)."""
+        return self._ring(layout)
+
+    def layout_linear_time(self, layout: SPLayout, ckpt_layers: int) -> LinearCost:
+        """The linear part of a micro-batch's time in `layout`: exact without a ring, with one its
+        compute-bound form (`time_s` adds the exposed transfers, `ring_terms`)."""
+        return self._linear_in(layout, ckpt_layers)
 
     def _ring(self, layout: SPLayout) -> RingCoefficients:
         """The ring terms of `layout` (all zero without a ring)."""
@@ -318,11 +328,12 @@ class CostModel:
         return self.static_bytes + max(self._gpu_token_bytes(o, ckpt_layers) * shard_tokens(tokens, sp_size, o.ring)
                                        for o in options)
 
-    def max_tokens(self, sp_size: int, ckpt_layers: int) -> int:
+    def max_tokens(self, sp_size: int, ckpt_layers: int, memory_bytes: float | None = None) -> int:
         """Largest micro-batch (tokens) that fits memory at (p, r) in every layout of p and that the
         profile can price; 0 if none: p times the tokens one GPU's room holds (2p times half of
-        them under a ring), so that the padded shards fit too."""
-        room = self.cluster.memory_bytes - self.static_bytes
+        them under a ring), so that the padded shards fit too. `memory_bytes`: per GPU instead of
+        the cluster's."""
+        room = (self.cluster.memory_bytes if memory_bytes is None else memory_bytes) - self.static_bytes
         if room <= 0:
             return 0
         fits = []
@@ -345,16 +356,14 @@ class CostModel:
         options = self.layouts(sp_size)
         if len(options) == 1:
             return self._min_ckpt_in(tokens, options[0])
-        # Several layouts: the fewest r at which the most any of them holds fits (bytes fall in r).
-        k, room = self.model.num_layers, self.cluster.memory_bytes - self.static_bytes
-        per_gpu = max(shard_tokens(tokens, sp_size, o.ring) for o in options)
-        need = self._envelope(sp_size)
-        if need[k] * per_gpu > room:
-            return None
-        return bisect.bisect_left([-(b * per_gpu) for b in need], -room)
+        # Several layouts: the fewest layers whose capacity (the least over layouts) holds them.
+        if sp_size not in self._capacities:
+            self._capacities[sp_size] = [self.max_tokens(sp_size, r) for r in range(self.model.num_layers + 1)]
+        r = bisect.bisect_left(self._capacities[sp_size], tokens)
+        return r if r <= self.model.num_layers else None
 
     def _envelope(self, sp_size: int) -> list[float]:
-        """Per r = 0..K, the most bytes per GPU token any layout of p holds (decreasing in r)."""
+        """Per r = 0..K, the most bytes per GPU token any layout of p holds."""
         if sp_size not in self._envelopes:
             self._envelopes[sp_size] = [max(self._gpu_token_bytes(o, r) for o in self.layouts(sp_size))
                                         for r in range(self.model.num_layers + 1)]

@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from dcp.data.workloads import Sample
+from dcp.planner.sample import Sample
 
 PLAN_SCHEMA_VERSION = 2
 """2: groups carry their Ulysses and ring degrees (`ulysses` x `ring` = `sp`); a version 1 plan

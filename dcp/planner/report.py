@@ -22,8 +22,8 @@ from typing import Any
 
 from dcp.costmodel import DEFAULT_HARDWARE, DEFAULT_MODEL, CostModel
 from dcp.planner.bounds import lower_bound
-from dcp.planner.common import group_layout
 from dcp.planner.plan import Plan, PlanError
+from dcp.planner.pricing import group_layout
 from dcp.planner.run import build_cost_model
 from dcp.planner.simulate import EVENT_KINDS, Timeline
 

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dcp.costmodel import CostModel, SPLayout
-from dcp.planner.common import group_layout
 from dcp.planner.plan import Group, MicroBatch, Plan, PlanError
+from dcp.planner.pricing import group_layout
 
 EventKind = Literal["forward", "backward", "recompute", "all_to_all", "ring", "param_gather", "idle", "allreduce"]
 EVENT_KINDS: tuple[str, ...] = ("forward", "backward", "recompute", "all_to_all", "ring", "param_gather", "idle",

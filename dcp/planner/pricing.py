@@ -1,0 +1,211 @@
+"""Exact micro-batch prices for whole arrays at once, from the cost model's linear queries.
+
+At fixed (SP size p, checkpointed layers r) a micro-batch of T tokens and A attention pairs runs
+`CostModel.linear_time(p, r)(T, A)` and fits when T <= `CostModel.max_tokens(p, r)` (a multiple
+of p: each GPU holds ceil(T/p) tokens, the executor pads). Its best level is the fewest layers
+that fit (every cost coefficient grows with r), and its memory is `CostModel.memory_bytes`:
+static bytes plus the per-GPU activation bytes of ceil(T/p) tokens. A size beyond the heads has
+several layouts (Ulysses x ring, `CostModel.layouts`): each is priced exactly, its ring's exposed
+transfers included (`CostModel.time_s`), a micro-batch alone at its fastest, a group of them in
+the one layout fastest for all (`price_layout`), the most any layout holds counted as memory. `Pricer` holds those numbers
+per allowed size, so strategies price thousands of candidate micro-batches in a few numpy
+operations (tests/test_pricing.py checks them against the cost model's scalar queries);
+`price_layout` prices a whole layout the way `common.assemble` does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from dcp.costmodel import CostModel, SPLayout
+from dcp.planner.plan import Group
+from dcp.planner.sample import Sample
+
+Layout = list[tuple[int, int, list[list[int]]]]
+"""Groups as (first rank, SP size, micro-batches as lists of batch indices)."""
+
+
+def group_layout(g: Group) -> SPLayout:
+    """The cost model's layout of a plan's group (Ulysses degree x ring degree)."""
+    return SPLayout(g.ulysses, g.ring)
+
+
+@dataclass(frozen=True)
+class BatchArrays:
+    """A batch's samples as arrays, indexed like the batch."""
+
+    ids: np.ndarray
+    tokens: np.ndarray
+    pairs: np.ndarray
+
+    @classmethod
+    def of(cls, batch: Sequence[Sample]) -> BatchArrays:
+        n = len(batch)
+        return cls(np.fromiter((s.id for s in batch), dtype=np.int64, count=n),
+                   np.fromiter((s.tokens for s in batch), dtype=np.float64, count=n),
+                   np.fromiter((s.attn_pairs for s in batch), dtype=np.float64, count=n))
+
+
+class _Level:
+    """One SP size's levels r = 0..K, plus r = K + 1 standing for "fits nowhere" (infinite time),
+    per layout of the size (Ulysses x ring, `CostModel.layouts`)."""
+
+    def __init__(self, cm: CostModel, p: int) -> None:
+        k = cm.model.num_layers
+        self.layouts = cm.layouts(p)
+        self.capacity = np.array([cm.max_tokens(p, r) for r in range(k + 1)], dtype=np.float64)
+        # Activation bytes per token held on one GPU per layout (CostModel.memory_bytes multiplies
+        # them by the shard's tokens and takes the most); level K + 1 repeats K's, for shapes only.
+        per_gpu = [[cm.activation_bytes_per_token(p, r, o) * p for r in range(k + 1)] for o in self.layouts]
+        self.bytes_per_shard_token = [np.array(b + b[-1:]) for b in per_gpu]
+        self.rings = [o.ring for o in self.layouts]
+        forms = [[cm.layout_linear_time(o, r) for r in range(k + 1)] for o in self.layouts]
+        self.fixed = [np.array([c.fixed for c in f] + [math.inf]) for f in forms]
+        self.per_token = [np.array([c.per_token for c in f] + [0.0]) for f in forms]
+        self.per_pair = [np.array([c.per_pair for c in f] + [0.0]) for f in forms]
+        self.terms = [cm.ring_terms(o) for o in self.layouts]
+        self.num_layers = k
+
+    def times(self, i: int, tokens: np.ndarray, pairs: np.ndarray, r: np.ndarray) -> np.ndarray:
+        """Exact times in layout i at levels r: its linear form, plus a ring's exposed transfers
+        (`CostModel.time_s`: (K + r) forward-direction and K backward exposures per layer)."""
+        t = self.fixed[i][r] + self.per_token[i][r] * tokens + self.per_pair[i][r] * pairs
+        ring = self.terms[i]
+        if ring.steps > 1:
+            x_f = ring.fwd_step_pair_s * pairs + ring.fwd_step_token_s * tokens
+            x_b = ring.bwd_step_pair_s * pairs + ring.bwd_step_token_s * tokens
+            y_f = ring.step_latency_s + ring.fwd_transfer_token_s * tokens
+            y_b = ring.step_latency_s + ring.bwd_transfer_token_s * tokens
+            k, c = self.num_layers, ring.steps
+            exposed = ((k + np.minimum(r, k)) * ((c - 1) * np.maximum(0.0, y_f - x_f))
+                       + k * ((c - 1) * np.maximum(0.0, y_b - x_b)))
+            t = t + np.where(r <= k, exposed, 0.0)
+        return t
+
+
+class Pricer:
+    """Fewest layers and exact times of micro-batches at each allowed SP size, vectorized."""
+
+    def __init__(self, cm: CostModel, sizes: Sequence[int]) -> None:
+        self.num_layers = cm.model.num_layers
+        self.static_bytes = cm.static_bytes
+        self.sizes = list(sizes)
+        self._levels = {p: _Level(cm, p) for p in self.sizes}
+
+    def layers(self, p: int, tokens: np.ndarray) -> np.ndarray:
+        """Fewest checkpointed layers at which each micro-batch fits at p; K + 1 where none does."""
+        return np.searchsorted(self._levels[p].capacity, tokens, side="left")
+
+    def capacity(self, p: int, r: int) -> float:
+        """max_tokens(p, r)."""
+        return float(self._levels[p].capacity[r])
+
+    def layouts(self, p: int) -> tuple[SPLayout, ...]:
+        """The layouts of p (`CostModel.layouts`), in the order `layout_times` uses."""
+        return self._levels[p].layouts
+
+    def layout_times(self, p: int, tokens: np.ndarray, pairs: np.ndarray,
+                     ckpt: np.ndarray | int | None = None) -> np.ndarray:
+        """[layouts, micro-batches]: `times` in each layout of p."""
+        lv = self._levels[p]
+        r = self.levels(p, tokens, ckpt)
+        return np.array([np.where(tokens > 0, lv.times(i, tokens, pairs, r), 0.0) for i in range(len(lv.layouts))])
+
+    def times(self, p: int, tokens: np.ndarray, pairs: np.ndarray, ckpt: np.ndarray | int | None = None) -> np.ndarray:
+        """Times at p with the fewest layers that fit (or `ckpt` layers, inf where those do not
+        fit), in the fastest layout for each (`CostModel.time_s`); inf where nothing fits, 0 for
+        an empty micro-batch."""
+        return self.layout_times(p, tokens, pairs, ckpt).min(axis=0)
+
+    def memory_bytes(self, p: int, tokens: np.ndarray, ckpt: np.ndarray, layout: SPLayout | None = None) -> np.ndarray:
+        """`CostModel.memory_bytes(T, p, r[, layout])` elementwise: static bytes plus the activation
+        bytes of the tokens each GPU holds (ceil(T/p), 2 ceil(T/2p) under a ring; the same rounding
+        as `dcp.costmodel.model.shard_tokens`), the most over p's layouts without `layout`."""
+        lv, t = self._levels[p], np.asarray(tokens, dtype=np.float64)
+        which = range(len(lv.layouts)) if layout is None else [lv.layouts.index(layout)]
+        held = [lv.bytes_per_shard_token[i][ckpt] * _shard(t, p, lv.rings[i]) for i in which]
+        return self.static_bytes + (held[0] if len(held) == 1 else np.maximum.reduce(held))
+
+    def levels(self, p: int, tokens: np.ndarray, ckpt: np.ndarray | int | None = None) -> np.ndarray:
+        """The checkpointed layers `times` prices each micro-batch with (K + 1: does not fit)."""
+        fewest = self.layers(p, tokens)
+        return fewest if ckpt is None else np.where(fewest <= ckpt, ckpt, self.num_layers + 1)
+
+
+def _shard(tokens: np.ndarray, p: int, ring: int) -> np.ndarray:
+    """Tokens each GPU holds (`shard_tokens`, vectorized)."""
+    if ring > 1:
+        return 2 * np.ceil(tokens / (2 * p) - 1e-9)
+    return np.ceil(tokens / p - 1e-9)
+
+
+@dataclass
+class PricedLayout:
+    """A layout's exact prices: busy seconds per group, and per micro-batch (flat, group after
+    group, empty ones included) its tokens, checkpointed layers (K + 1: does not fit) and time."""
+
+    busy_s: np.ndarray
+    tokens: np.ndarray
+    levels: np.ndarray
+    times_s: np.ndarray
+    counts: list[int]
+    """Micro-batches per group."""
+    layouts: list[SPLayout]
+    """Each group's layout: the fastest for its micro-batches (the larger Ulysses degree on a tie)."""
+
+    @property
+    def makespan_s(self) -> float:
+        return float(self.busy_s.max()) if len(self.busy_s) else 0.0
+
+    def ckpt(self) -> list[list[int]]:
+        """Checkpointed layers of each micro-batch, one list per group (as `assemble` takes them)."""
+        out, k = [], 0
+        levels = self.levels.tolist()
+        for c in self.counts:
+            out.append(levels[k:k + c])
+            k += c
+        return out
+
+
+def price_layout(layout: Layout, arrays: BatchArrays, pricer: Pricer,
+                 ckpt: Sequence[Sequence[int]] | None = None) -> PricedLayout:
+    """Exact busy time of every group of `layout` (micro-batches of batch indices), each
+    micro-batch at its fewest layers or at `ckpt`; inf for a group with a micro-batch that does
+    not fit."""
+    counts = [len(mbs) for _, _, mbs in layout]
+    lengths = [len(mb) for _, _, mbs in layout for mb in mbs]
+    n_mb = len(lengths)
+    idx = np.fromiter((i for _, _, mbs in layout for mb in mbs for i in mb), dtype=np.int64)
+    bounds = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    csum_t = np.concatenate([[0.0], np.cumsum(arrays.tokens[idx])])
+    csum_a = np.concatenate([[0.0], np.cumsum(arrays.pairs[idx])])
+    tokens = csum_t[bounds[1:]] - csum_t[bounds[:-1]]
+    pairs = csum_a[bounds[1:]] - csum_a[bounds[:-1]]
+    size_arr = np.repeat([p for _, p, _ in layout], counts)
+    given = np.fromiter((r for rs in ckpt for r in rs), dtype=np.int64, count=n_mb) if ckpt is not None else None
+    times, levels = np.zeros(n_mb), np.zeros(n_mb, dtype=np.int64)
+    owner = np.repeat(np.arange(len(layout)), counts)
+    chosen: list[SPLayout | None] = [None] * len(layout)
+    for p in set(size_arr.tolist()):
+        on = size_arr == p
+        r = None if given is None else given[on]
+        per_layout = pricer.layout_times(p, tokens[on], pairs[on], r)
+        levels[on] = pricer.levels(p, tokens[on], r)
+        groups = np.unique(owner[on])
+        # Each group runs in the layout fastest for all its micro-batches (sum over the group).
+        sums = np.array([np.bincount(owner[on], weights=t, minlength=len(layout))[groups] for t in per_layout])
+        # Layouts come in increasing Ulysses degree: scanning them backwards, argmin's first
+        # minimum is the largest degree among equals (as CostModel.best_layout).
+        best = len(per_layout) - 1 - np.argmin(sums[::-1], axis=0)
+        pick = np.zeros(len(layout), dtype=np.int64)
+        pick[groups] = best
+        times[on] = per_layout[pick[owner[on]], np.arange(int(on.sum()))]
+        for gi in groups.tolist():
+            chosen[gi] = pricer.layouts(p)[int(pick[gi])]
+    busy = np.bincount(owner, weights=times, minlength=len(layout)) if n_mb else np.zeros(len(layout))
+    return PricedLayout(busy, tokens, levels, times, counts,
+                        [o if o is not None else pricer.layouts(p)[0] for o, (_, p, _) in zip(chosen, layout, strict=True)])
