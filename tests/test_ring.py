@@ -14,7 +14,7 @@ from dist_helpers import check_grads, random_groups, run_ranks
 from test_executor_dist import grads_worker, random_case
 
 from dcp.costmodel import load_model
-from dcp.data import Sample
+from dcp.planner import Sample
 from dcp.executor.reference import manual_plan
 from dcp.executor.ring_blocks import ReferenceBlocks, merge
 from dcp.executor.ring_comm import ring_peers

@@ -153,7 +153,8 @@ class CostModel:
         """The layouts a group of p GPUs may run (`ring.sp_layouts`); Ulysses alone for an SP size
         no layout can run, so that any size still prices (the planner offers only runnable ones)."""
         if sp_size not in self._layouts:
-            self._layouts[sp_size] = sp_layouts(self.model, sp_size) or (SPLayout(sp_size),)
+            self._layouts[sp_size] = (sp_layouts(self.model, sp_size, self.cluster.gpus_per_node)
+                                      or (SPLayout(sp_size),))
         return self._layouts[sp_size]
 
     def layer_times(self, tokens: float, pairs: float, sp_size: int, layout: SPLayout | None = None) -> LayerTimes:

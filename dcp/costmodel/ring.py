@@ -84,23 +84,24 @@ def layout_error(model: ModelSpec, layout: SPLayout) -> str | None:
     return None
 
 
-def sp_layouts(model: ModelSpec, sp_size: int) -> tuple[SPLayout, ...]:
-    """The layouts a group of `sp_size` ranks may use. Where Ulysses alone divides the heads and
-    the KV heads (every SP size before rings existed) it is the only one: those groups price and
-    plan exactly as before. Beyond, every Ulysses degree that shards the heads (replicating KV
-    heads where needed) with a ring over the rest, and Ulysses alone where the query heads allow."""
+def sp_layouts(model: ModelSpec, sp_size: int, gpus_per_node: int | None = None) -> tuple[SPLayout, ...]:
+    """The layouts a group of `sp_size` ranks may use, in increasing Ulysses degree. Where Ulysses
+    alone divides the heads and the KV heads (every SP size before rings existed) it is the only
+    one: those groups price and plan exactly as before. Beyond, Ulysses over u ranks (replicating
+    KV heads where u exceeds them) and a ring over the rest, u from the node's GPUs (Ulysses fills
+    the node's fast links where the heads allow; the ring crosses nodes, USP's placement,
+    arXiv 2405.07719) up to the most the heads allow."""
     if sp_size < 1 or sp_size & (sp_size - 1):
         raise CostModelError(f"SP size {sp_size} is not a power of two")
     if model.heads % sp_size == 0 and model.kv_heads % sp_size == 0:
         return (SPLayout(sp_size),)
-    out = []
-    u = 1
-    while u <= sp_size:
-        layout = SPLayout(u, sp_size // u)
-        if layout_error(model, layout) is None:
-            out.append(layout)
-        u *= 2
-    return tuple(out)
+    degrees = [u for u in (1 << i for i in range(sp_size.bit_length())) if ulysses_ok(model, u)]
+    ring_ok = model.attention in RING_ATTENTION_KINDS and not model.cross_attention
+    options = [SPLayout(u, sp_size // u) for u in degrees if u == sp_size or ring_ok]
+    if not options:
+        return ()
+    floor = min(gpus_per_node or 1, options[-1].ulysses)
+    return tuple(o for o in options if o.ulysses >= floor)
 
 
 def kv_width(model: ModelSpec, ulysses: int) -> int:

@@ -19,7 +19,7 @@ def allowed_sp_sizes(cm: CostModel, requested: Sequence[int] | None = None) -> l
     # A block up to a node must tile the node (p divides G) and a larger one must be whole nodes
     # (G divides p); otherwise an aligned block can straddle a node boundary when G is not a
     # power of two (e.g. 6 GPUs per node and p = 4).
-    sizes = [p for p in cm.cluster.sp_sizes() if sp_layouts(m, p) and (g % p == 0 if p <= g else p % g == 0)]
+    sizes = [p for p in cm.cluster.sp_sizes() if sp_layouts(m, p, g) and (g % p == 0 if p <= g else p % g == 0)]
     if requested is not None:
         bad = [p for p in requested if p not in sizes]
         if bad:
