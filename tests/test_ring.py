@@ -14,12 +14,12 @@ from dist_helpers import check_grads, random_groups, run_ranks
 from test_executor_dist import grads_worker, random_case
 
 from dcp.costmodel import load_model
-from dcp.planner import Sample
 from dcp.executor.reference import manual_plan
 from dcp.executor.ring_blocks import ReferenceBlocks, merge
 from dcp.executor.ring_comm import ring_peers
 from dcp.models import PackedSeqs, reference_attention
 from dcp.models.attention import attention_mask
+from dcp.planner import Sample
 
 TOLERANCE = 1e-12
 # (first rank, SP size[, ring degree]) per group, one layout per step: u x c groups with c in {2, 4}

@@ -21,37 +21,21 @@ This package never imports torch.
 
 from __future__ import annotations
 
-import bisect
 import functools
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dcp.costmodel.collectives import bus_factor
 from dcp.costmodel.hardware import Cluster, HardwareProfile, LayerFit, TrainingSetup
+from dcp.costmodel.layout_queries import LayoutQueries
 from dcp.costmodel.memory import footprint_for
-from dcp.costmodel.ring import (
-    RingCoefficients,
-    SPLayout,
-    kv_width,
-    layout_extra_bytes,
-    ring_coefficients,
-    sp_layouts,
-)
+from dcp.costmodel.ring import SPLayout, kv_width, shard_tokens
 from dcp.costmodel.spec import CostModelError, ModelSpec
 from dcp.costmodel.traffic import model_tensors, weight_traffic
 
 EXECUTED_ZERO_STAGES = (0, 1)
 """ZeRO stages dcp.executor runs (a flat gradient all-reduce, ZeroRedundancyOptimizer); plans for
 the others are simulation only (sharded stages come with torch FSDP2, not yet in the executor)."""
-
-
-def shard_tokens(tokens: float, sp_size: int, ring: int = 1) -> int:
-    """Tokens each GPU of an SP group holds: the micro-batch padded to a multiple of p (of 2p under
-    a ring: its 2c zigzag chunks split over the u Ulysses ranks), split."""
-    if ring > 1:
-        return 2 * math.ceil(tokens / (2 * sp_size) - 1e-9)
-    return math.ceil(tokens / sp_size - 1e-9)
 
 
 @dataclass(frozen=True)
@@ -82,8 +66,9 @@ class LayerTimes:
     """Ring transfers of the backward not hidden, the last gradient block's return included."""
 
 
-class CostModel:
-    """Time and memory of a micro-batch for one model, hardware and training setup."""
+class CostModel(LayoutQueries):
+    """Time and memory of a micro-batch for one model, hardware and training setup; the layout
+    queries (Ulysses x ring) come from `LayoutQueries`."""
 
     def __init__(self, model: ModelSpec, hardware: HardwareProfile, cluster: Cluster,
                  training: TrainingSetup | None = None) -> None:
@@ -103,11 +88,7 @@ class CostModel:
         weight copies, and the token-independent part of the peak."""
         self._linear: dict[tuple[int, int], LinearCost] = {}
         self._layout_linear: dict[tuple[SPLayout, int], LinearCost] = {}
-        self._rings: dict[SPLayout, RingCoefficients] = {}
-        self._layouts: dict[int, tuple[SPLayout, ...]] = {}
-        self._token_bytes: dict[tuple[SPLayout, int], float] = {}
-        self._envelopes: dict[int, list[float]] = {}
-        self._capacities: dict[int, list[int]] = {}
+        self._init_layouts()
 
     # -- coefficients --------------------------------------------------------------------
     def _derive_fit(self) -> LayerFit:
@@ -149,14 +130,6 @@ class CostModel:
         )
 
     # -- layouts: Ulysses x ring (dcp.costmodel.ring) -------------------------------------------
-    def layouts(self, sp_size: int) -> tuple[SPLayout, ...]:
-        """The layouts a group of p GPUs may run (`ring.sp_layouts`); Ulysses alone for an SP size
-        no layout can run, so that any size still prices (the planner offers only runnable ones)."""
-        if sp_size not in self._layouts:
-            self._layouts[sp_size] = (sp_layouts(self.model, sp_size, self.cluster.gpus_per_node)
-                                      or (SPLayout(sp_size),))
-        return self._layouts[sp_size]
-
     def layer_times(self, tokens: float, pairs: float, sp_size: int, layout: SPLayout | None = None) -> LayerTimes:
         """Per-GPU time of one layer for a micro-batch of `tokens`, `pairs` at SP size p, in
         `layout` (default: the fastest for this micro-batch without checkpointing)."""
@@ -170,37 +143,6 @@ class CostModel:
         return LayerTimes(fwd(tokens, pairs) + extra_f, bwd(tokens, pairs) + extra_b,
                           self._comm_linear(layout.ulysses, sp_size)(tokens, 0.0), rec(tokens, pairs) + extra_f,
                           exposed_f, exposed_b + home)
-
-    def best_layout(self, microbatches: Sequence[tuple[float, float, int]], sp_size: int) -> SPLayout:
-        """The layout of p GPUs that runs these (tokens, pairs, checkpointed layers) fastest
-        (the first of equals: the largest Ulysses degree)."""
-        options = self.layouts(sp_size)
-        if len(options) == 1:
-            return options[0]
-        times = [sum(self.time_s(t, a, sp_size, r, layout) for t, a, r in microbatches) for layout in options]
-        return options[max(range(len(options)), key=lambda i: (-times[i], options[i].ulysses))]
-
-    def ring_terms(self, layout: SPLayout) -> RingCoefficients:
-        """The ring terms of `layout` (`ring.RingCoefficients`; all zero without a ring)."""
-        return self._ring(layout)
-
-    def layout_linear_time(self, layout: SPLayout, ckpt_layers: int) -> LinearCost:
-        """The linear part of a micro-batch's time in `layout`: exact without a ring, with one its
-        compute-bound form (`time_s` adds the exposed transfers, `ring_terms`)."""
-        return self._linear_in(layout, ckpt_layers)
-
-    def _ring(self, layout: SPLayout) -> RingCoefficients:
-        """The ring terms of `layout` (all zero without a ring)."""
-        if layout not in self._rings:
-            hw, f, c, p = self.hardware, self.fit, layout.ring, layout.size
-            inter = p > self.cluster.gpus_per_node  # the slowest hop of the ring sets every step
-            lat, bw = hw.p2p(inter).alpha_beta()
-            self._rings[layout] = ring_coefficients(
-                self.model, layout, fwd_pair_s=f.fwd_per_pair_s, bwd_pair_s=f.bwd_per_pair_s,
-                fwd_kappa=hw.attention_fwd_pairs_per_token, bwd_kappa=hw.attention_bwd_pairs_per_token,
-                memory_bw=hw.memory_bw_bytes_per_s, launch_s=hw.kernel_launch_s, p2p_latency_s=lat if c > 1 else 0.0,
-                p2p_bw=bw, acc_bytes=max(4, self.training.recipe.compute_bytes))
-        return self._rings[layout]
 
     def _compute_linear(self, p: int) -> tuple[LinearCost, LinearCost, LinearCost]:
         """Forward, backward and recompute compute of one layer at SP size p (SP divides tokens
@@ -293,16 +235,6 @@ class CostModel:
             return self._gpu_token_bytes(layout, ckpt_layers) / sp_size
         return self._envelope(sp_size)[ckpt_layers] / sp_size
 
-    def _gpu_token_bytes(self, layout: SPLayout, ckpt_layers: int) -> float:
-        """Bytes per token a GPU holds in `layout` with r checkpointed layers."""
-        key = (layout, ckpt_layers)
-        if key not in self._token_bytes:  # asked for every sample and level the planners try: cached
-            f, k, r = self.footprint, self.model.num_layers, ckpt_layers
-            saved, working = layout_extra_bytes(self.model, layout, self.training.recipe.compute_bytes)
-            self._token_bytes[key] = ((k - r) * (f.act_full_bytes_per_token + saved) + r * f.act_ckpt_bytes_per_token
-                                      + f.working_bytes_per_token + working)
-        return self._token_bytes[key]
-
     # -- the queries the planner makes ----------------------------------------------------
     def time_s(self, tokens: float, pairs: float, sp_size: int, ckpt_layers: int,
                layout: SPLayout | None = None) -> float:
@@ -329,60 +261,11 @@ class CostModel:
         return self.static_bytes + max(self._gpu_token_bytes(o, ckpt_layers) * shard_tokens(tokens, sp_size, o.ring)
                                        for o in options)
 
-    def max_tokens(self, sp_size: int, ckpt_layers: int, memory_bytes: float | None = None) -> int:
-        """Largest micro-batch (tokens) that fits memory at (p, r) in every layout of p and that the
-        profile can price; 0 if none: p times the tokens one GPU's room holds (2p times half of
-        them under a ring), so that the padded shards fit too. `memory_bytes`: per GPU instead of
-        the cluster's."""
-        room = (self.cluster.memory_bytes if memory_bytes is None else memory_bytes) - self.static_bytes
-        if room <= 0:
-            return 0
-        fits = []
-        for o in self.layouts(sp_size):
-            per_gpu = int(room // self._gpu_token_bytes(o, ckpt_layers))
-            fits.append(sp_size * (per_gpu if o.ring == 1 else 2 * (per_gpu // 2)))
-        return int(min(min(fits), self.priceable_tokens(sp_size)))
-
     def priceable_tokens(self, sp_size: int) -> float:
         """Largest micro-batch a fitted profile may price at SP size p (inf for FLOP-derived ones):
         beyond `extrapolation_factor` times the largest fitted point the model refuses to guess."""
         cap = self.fit.max_fitted_tokens
         return cap * self.hardware.extrapolation_factor * sp_size if cap else math.inf
-
-    def min_ckpt_layers(self, tokens: float, sp_size: int) -> int | None:
-        """Fewest checkpointed layers for which `tokens` fit at SP size p in every layout of p; None
-        if even K does not, or if the micro-batch lies beyond the range the profile can price."""
-        if tokens > self.priceable_tokens(sp_size):
-            return None
-        options = self.layouts(sp_size)
-        if len(options) == 1:
-            return self._min_ckpt_in(tokens, options[0])
-        # Several layouts: the fewest layers whose capacity (the least over layouts) holds them.
-        if sp_size not in self._capacities:
-            self._capacities[sp_size] = [self.max_tokens(sp_size, r) for r in range(self.model.num_layers + 1)]
-        r = bisect.bisect_left(self._capacities[sp_size], tokens)
-        return r if r <= self.model.num_layers else None
-
-    def _envelope(self, sp_size: int) -> list[float]:
-        """Per r = 0..K, the most bytes per GPU token any layout of p holds."""
-        if sp_size not in self._envelopes:
-            self._envelopes[sp_size] = [max(self._gpu_token_bytes(o, r) for o in self.layouts(sp_size))
-                                        for r in range(self.model.num_layers + 1)]
-        return self._envelopes[sp_size]
-
-    def _min_ckpt_in(self, tokens: float, layout: SPLayout) -> int | None:
-        k = self.model.num_layers
-        room = self.cluster.memory_bytes - self.static_bytes
-        per_gpu = shard_tokens(tokens, layout.size, layout.ring)
-        base = self._gpu_token_bytes(layout, 0) * per_gpu
-        # Memory falls linearly in r: each checkpointed layer saves the same bytes per token.
-        saved = (self._gpu_token_bytes(layout, 0) - self._gpu_token_bytes(layout, 1)) * per_gpu
-        if base <= room:
-            return 0
-        if saved <= 0:
-            return None
-        r = math.ceil((base - room) / saved - 1e-9)
-        return r if r <= k else None
 
     def grad_sync_s(self) -> float:
         """The step's data-parallel synchronization after its last micro-batch: the sum of

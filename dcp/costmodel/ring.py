@@ -31,6 +31,7 @@ Never imports torch.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from dcp.costmodel.spec import CostModelError, ModelSpec
@@ -102,6 +103,14 @@ def sp_layouts(model: ModelSpec, sp_size: int, gpus_per_node: int | None = None)
         return ()
     floor = min(gpus_per_node or 1, options[-1].ulysses)
     return tuple(o for o in options if o.ulysses >= floor)
+
+
+def shard_tokens(tokens: float, sp_size: int, ring: int = 1) -> int:
+    """Tokens each GPU of an SP group holds: the micro-batch padded to a multiple of p (of 2p under
+    a ring: its 2c zigzag chunks split over the u Ulysses ranks), split."""
+    if ring > 1:
+        return 2 * math.ceil(tokens / (2 * sp_size) - 1e-9)
+    return math.ceil(tokens / sp_size - 1e-9)
 
 
 def kv_width(model: ModelSpec, ulysses: int) -> int:
