@@ -165,7 +165,8 @@ def load_plan_document(path: str | Path) -> PlanDocument:
 
 
 def group_rows(plan: Plan) -> Any:
-    """One row per SP group (pandas DataFrame): ranks, SP size, micro-batches, samples, tokens,
+    """One row per SP group (pandas DataFrame): ranks, SP size, layout ("8": Ulysses alone, "8x4":
+    Ulysses 8 x ring 4), micro-batches, samples, tokens,
     checkpointed layers (min and max over micro-batches), busy seconds, peak memory (GB)."""
     import pandas as pd
 
@@ -176,7 +177,7 @@ def group_rows(plan: Plan) -> Any:
         ckpt = [mb.ckpt_layers for mb in mbs] or [0]
         rows.append({
             "group": gi, "ranks": f"{g.ranks[0]}-{g.ranks[-1]}" if len(g.ranks) > 1 else str(g.ranks[0]),
-            "sp": g.sp, "microbatches": len(mbs), "samples": sum(len(mb.samples) for mb in mbs),
+            "sp": g.sp, "layout": g.layout, "microbatches": len(mbs), "samples": sum(len(mb.samples) for mb in mbs),
             "tokens": sum(tokens[i] for mb in mbs for i in mb.samples),
             "ckpt_min": min(ckpt), "ckpt_max": max(ckpt), "busy_s": g.busy_s,
             "peak_memory_gb": max((mb.memory_bytes for mb in mbs), default=0.0) / 1e9,
