@@ -136,6 +136,12 @@ class Pricer:
         return fewest if ckpt is None else np.where(fewest <= ckpt, ckpt, self.num_layers + 1)
 
 
+def exact_times(cm: CostModel, p: int, tokens: np.ndarray, pairs: np.ndarray, ckpt: np.ndarray) -> np.ndarray:
+    """`CostModel.time_s(T, A, p, r)` elementwise at the given levels r (<= K), in the fastest layout."""
+    lv = _Level(cm, p)
+    return np.min([lv.times(i, tokens, pairs, ckpt) for i in range(len(lv.layouts))], axis=0)
+
+
 def _shard(tokens: np.ndarray, p: int, ring: int) -> np.ndarray:
     """Tokens each GPU holds (`shard_tokens`, vectorized)."""
     if ring > 1:
