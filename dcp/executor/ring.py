@@ -25,24 +25,15 @@ from typing import Any
 
 import torch
 
-from dcp.executor.ring_blocks import BlockKernel, ReferenceBlocks, accumulation_dtype, merge
+from dcp.executor.ring_blocks import BlockKernel, accumulation_dtype, merge
 from dcp.executor.ring_comm import GRAD_TAG, KV_TAG, Exchange, RingPeers
-from dcp.models.attention import pair_mask
+from dcp.executor.ring_flash import block_kernel_for
 from dcp.models.packing import PackedSeqs
 
 
-def _rows(seqs: PackedSeqs, position: int) -> torch.Tensor:
-    """Packed-sequence positions of the tokens of ring position `position`'s shard."""
-    order = seqs.order()
-    assert order is not None
-    shard = seqs.total // seqs.ring
-    return order[position * shard:(position + 1) * shard]
-
-
-def _masks(seqs: PackedSeqs, kind: str, ring: RingPeers) -> list[torch.Tensor]:
-    """Mask of this rank's queries against the block it holds at each step."""
-    mine = _rows(seqs, ring.index)
-    return [pair_mask(seqs, kind, mine, _rows(seqs, ring.source(s))) for s in range(ring.size)]
+def _blocks(kernel: BlockKernel, seqs: PackedSeqs, kind: str, ring: RingPeers, device: torch.device) -> list[Any]:
+    """What the kernel needs for this rank's queries against the block it holds at each step."""
+    return [kernel.prepare(seqs, kind, ring.index, ring.source(s), device) for s in range(ring.size)]
 
 
 def _split(kv: torch.Tensor, k_shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,12 +45,12 @@ class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: PackedSeqs, kind: str,
                 ring: RingPeers, kernel: BlockKernel) -> torch.Tensor:
-        masks = _masks(seqs, kind, ring)
+        blocks = _blocks(kernel, seqs, kind, ring, q.device)
         kv = torch.cat([k.reshape(-1), v.reshape(-1)])
         out = lse = None
         for step in range(ring.size):
             pending = Exchange(kv, ring, KV_TAG) if step < ring.size - 1 else None
-            block_out, block_lse = kernel.forward(q, *_split(kv, k.shape), masks[step])
+            block_out, block_lse = kernel.forward(q, *_split(kv, k.shape), blocks[step])
             out, lse = (block_out, block_lse) if out is None else merge(out, lse, block_out, block_lse)
             if pending is not None:
                 kv = pending.wait()
@@ -77,11 +68,11 @@ class _RingAttention(torch.autograd.Function):
         delta = (dout.to(acc) * out.to(acc)).sum(-1)  # [n, H]: rowsum(dout * out), FlashAttention-2's D
         dq = torch.zeros(q.shape, dtype=acc, device=q.device)
         kv = torch.cat([k.reshape(-1), v.reshape(-1)])
-        masks = _masks(ctx.seqs, ctx.kind, ring)  # rebuilt, not kept through every layer's forward
+        blocks = _blocks(ctx.kernel, ctx.seqs, ctx.kind, ring, q.device)  # rebuilt, not kept through every layer
         arriving: Exchange | None = None  # the accumulator of the block held next step
         for step in range(ring.size):
             pending = Exchange(kv, ring, KV_TAG) if step < ring.size - 1 else None
-            dq_s, dk_s, dv_s = ctx.kernel.backward(q, *_split(kv, k.shape), dout, lse, delta, masks[step])
+            dq_s, dk_s, dv_s = ctx.kernel.backward(q, *_split(kv, k.shape), dout, out, lse, delta, blocks[step])
             dq += dq_s
             dkv = torch.cat([dk_s.reshape(-1), dv_s.reshape(-1)])
             if arriving is not None:
@@ -104,4 +95,4 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: Pack
         raise ValueError(f"ring shard of {q.shape[0]} tokens does not match {seqs.total} tokens over {ring.size} ranks")
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"{q.shape[1]} query heads are not a multiple of {k.shape[1]} KV heads")
-    return _RingAttention.apply(q, k, v, seqs, kind, ring, kernel or ReferenceBlocks())
+    return _RingAttention.apply(q, k, v, seqs, kind, ring, kernel or block_kernel_for(q.device, q.dtype))

@@ -4,12 +4,14 @@ Ring attention computes softmax attention a block of keys at a time and merges t
 results exactly by their log-sum-exp (online softmax: Milakov and Gimelshein, arXiv 1805.02867;
 FlashAttention, arXiv 2205.14135). A `BlockKernel` does one block:
 
-    forward(q [n, H, D], k, v [m, Hkv, D], mask [n, m]) -> out [n, H, D], lse [n, H]   (acc dtype)
-    backward(q, k, v, dout [n, H, D], lse, delta [n, H], mask) -> dq, dk, dv           (acc dtype)
+    prepare(seqs, kind, mine, source, device) -> block   (once per step: which pairs are allowed)
+    forward(q [n, H, D], k, v [m, Hkv, D], block) -> out [n, H, D], lse [n, H]         (acc dtype)
+    backward(q, k, v, dout [n, H, D], out, lse, delta [n, H], block) -> dq, dk, dv    (acc dtype)
 
-where `lse` in backward is the final (merged) log-sum-exp and delta = rowsum(dout * out), so a
-block's gradient needs nothing from the other blocks (FlashAttention-2's backward, arXiv
-2307.08691). Rows without any allowed key have lse = -inf and contribute nothing.
+where `out` and `lse` in backward are the final (merged) output and log-sum-exp and delta =
+rowsum(dout * out), so a block's gradient needs nothing from the other blocks (FlashAttention-2's
+backward, arXiv 2307.08691). Rows without any allowed key have lse = -inf and contribute nothing.
+`dcp.executor.ring_flash` has the fused-kernel path.
 
 `ReferenceBlocks` is the plain path, every product in the accumulation dtype (float32, float64
 for float64 inputs) with an explicit mask: obviously right, O(n m) memory, the CPU path and the
@@ -19,9 +21,12 @@ one the tests compare against single-process training.
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
+
+from dcp.models.attention import pair_mask
+from dcp.models.packing import PackedSeqs
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -33,11 +38,21 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
 class BlockKernel(Protocol):
     """Forward and backward of attention over one (query block, key/value block) pair."""
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+    def prepare(self, seqs: PackedSeqs, kind: str, mine: int, source: int, device: torch.device) -> Any: ...
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: Any
                 ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
-    def backward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor,
-                 delta: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+    def backward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, out: torch.Tensor,
+                 lse: torch.Tensor, delta: torch.Tensor, block: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+
+def ring_rows(seqs: PackedSeqs, position: int) -> torch.Tensor:
+    """Packed-sequence positions of the tokens of ring position `position`'s shard."""
+    order = seqs.order()
+    assert order is not None
+    shard = seqs.total // seqs.ring
+    return order[position * shard:(position + 1) * shard]
 
 
 def _scores(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
@@ -57,6 +72,10 @@ def _probs(s: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
 class ReferenceBlocks:
     """Block attention by explicit masked matmuls in the accumulation dtype."""
 
+    def prepare(self, seqs: PackedSeqs, kind: str, mine: int, source: int, device: torch.device) -> torch.Tensor:
+        """The [n, m] mask of ring position `mine`'s queries against `source`'s keys."""
+        return pair_mask(seqs, kind, ring_rows(seqs, mine), ring_rows(seqs, source)).to(device)
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         acc = accumulation_dtype(q.dtype)
@@ -66,8 +85,9 @@ class ReferenceBlocks:
         out = torch.einsum("hnm,mhd->nhd", _probs(s, lse), v.to(acc).repeat_interleave(rep, dim=1))
         return out, lse.transpose(0, 1)
 
-    def backward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor,
-                 delta: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def backward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, out: torch.Tensor,
+                 lse: torch.Tensor, delta: torch.Tensor, mask: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         acc = accumulation_dtype(q.dtype)
         hkv, rep = k.shape[1], q.shape[1] // k.shape[1]
         scale = 1.0 / math.sqrt(q.shape[-1])
