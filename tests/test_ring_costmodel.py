@@ -11,7 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dcp.costmodel import Cluster, CostModel, SPLayout, attention_pairs, load_hardware, load_model, sp_layouts
+from dcp.costmodel import (
+    Cluster,
+    CostModel,
+    SPLayout,
+    attention_pairs,
+    load_hardware,
+    load_model,
+    sp_layouts,
+)
 from dcp.planner import IlpOptions, Sample, solve
 from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.plan import Plan, PlanError
