@@ -87,12 +87,12 @@ def plan_gantt(plan: Plan, timeline: Timeline, path: str | Path | None = None, t
         size = 7 if row_pt * len(g.ranks) < 14 else 8
         if phased:
             if g.busy_s >= 0.12 * step:
-                ax.annotate(f"phase {g.phase}: sp {g.sp}, {len(g.microbatches)} mb", xy=(start + g.busy_s / 2,
+                ax.annotate(f"phase {g.phase}: sp {g.layout}, {len(g.microbatches)} mb", xy=(start + g.busy_s / 2,
                             (top + bottom) / 2), ha="center", va="center", fontsize=size,
                             bbox={"boxstyle": "round,pad=0.1", "facecolor": "white", "edgecolor": "none",
                                   "alpha": 0.8})
         else:
-            ax.annotate(f"sp {g.sp}, {len(g.microbatches)} mb, ckpt {ckpt_text}/{plan.num_layers}",
+            ax.annotate(f"sp {g.layout}, {len(g.microbatches)} mb, ckpt {ckpt_text}/{plan.num_layers}",
                         xy=(1.005, (top + bottom) / 2), xycoords=("axes fraction", "data"),
                         va="center", ha="left", fontsize=size)
     fig.tight_layout()

@@ -29,18 +29,19 @@ LAYOUTS = [
 EIGHT_RANKS = [(0, 4), (4, 2), (6, 1), (7, 1)]
 EIGHT_RANKS_MICROBATCHES = [3, 2, 1, 2]
 TOLERANCE = 1e-5
-# Multi-phase plans: (first rank, SP size) per group, per phase. On 4 ranks: SP 4 then mixed
-# sizes; three phases that re-partition every rank each time; ranks idle in some phases. On 8
-# ranks (two nodes of 4): three phases of SP 4, 2 and 1 in changing places.
+# Multi-phase plans: (first rank, SP size[, ring degree]) per group, per phase. On 4 ranks: SP 4
+# then mixed sizes; three phases that re-partition every rank each time; ranks idle in some
+# phases. On 8 ranks (two nodes of 4): three phases of SP 4, 2 and 1 in changing places. Some
+# phases hold Ulysses x ring groups (2 x 2, 1 x 2, 1 x 4) beside Ulysses-only ones.
 PHASED_FOUR = [
-    [[(0, 4)], [(0, 2), (2, 1), (3, 1)]],
+    [[(0, 4, 2)], [(0, 2, 2), (2, 1), (3, 1)]],
     [[(0, 2), (2, 2)], [(0, 1), (1, 1), (2, 2)], [(0, 4)]],
     [[(0, 1), (1, 1), (2, 2)], [(0, 4)]],
     [[(0, 2), (2, 1)], [(0, 1), (2, 2)], [(1, 1), (2, 1), (3, 1)]],
 ]
 PHASED_EIGHT = [
     [[(0, 4), (4, 4)], [(0, 2), (2, 2), (4, 1), (5, 1), (6, 2)], [(0, 4), (4, 2), (6, 1), (7, 1)]],
-    [[(0, 1), (1, 1), (2, 2), (4, 4)], [(0, 4), (4, 2), (6, 2)]],
+    [[(0, 1), (1, 1), (2, 2), (4, 4, 4)], [(0, 4), (4, 2, 2), (6, 2)]],
 ]
 PHASED_TOLERANCE = 1e-12
 
@@ -88,7 +89,7 @@ def random_phased_case(spec: ModelSpec, seed: int, phases: Sequence[Sequence[tup
     per_phase = [ids[sum(map(len, phases[:k])):sum(map(len, phases[:k + 1]))] for k in range(len(phases))]
     for i in ids[least:]:
         per_phase[rng.randrange(len(phases))].append(i)
-    groups = [(*g, k) for k, (layout, mine) in enumerate(zip(phases, per_phase, strict=True))
+    groups = [(*g[:3], g[3] if len(g) > 3 else 1, k) for k, (layout, mine) in enumerate(zip(phases, per_phase, strict=True))
               for g in random_groups(rng, mine, layout, spec.num_layers)]
     plan = manual_plan(batch, num_gpus, spec.num_layers, groups, gpus_per_node=gpus_per_node)
     return plan, batch
@@ -171,6 +172,7 @@ def test_multi_phase_plans_give_single_process_gradients_on_4_ranks() -> None:
         assert 2 <= plan.num_phases <= 3
         assert len({len(g.microbatches) for g in plan.groups}) > 1
     assert {p.num_phases for p, _ in cases} == {2, 3}
+    assert {g.ring for p, _ in cases for g in p.groups} == {1, 2}
     check_grads(run_ranks(grads_worker, 4, [(spec, cases)], deadline_s=150), PHASED_TOLERANCE)
 
 
@@ -179,6 +181,7 @@ def test_multi_phase_plans_give_single_process_gradients_on_8_ranks() -> None:
     cases = [random_phased_case(spec, step, PHASED_EIGHT[step % len(PHASED_EIGHT)], 8, gpus_per_node=4)
              for step in range(2)]
     assert [p.num_phases for p, _ in cases] == [3, 2]
+    assert {g.ring for p, _ in cases for g in p.groups} == {1, 2, 4}
     check_grads(run_ranks(grads_worker, 8, [(spec, cases)], 4, deadline_s=150), PHASED_TOLERANCE)
 
 
@@ -189,7 +192,8 @@ def bad_inputs_worker(rank: int, world: int) -> list[str]:
     from dcp.models import build_model, lm_loss, sample_tensors
 
     state = ParallelState.create(timeout_s=10)
-    spec = load_model("tiny-llama")  # 2 KV heads: SP 4 is impossible
+    # 2 heads: Ulysses over 4 ranks is impossible (a ring could take the rest: 2 x 2 would run)
+    spec = dataclasses.replace(load_model("tiny-llama"), heads=2, kv_heads=1)
     executor = Executor(build_model(spec, seed=0), state)
     batch = [Sample(i, n, attention_pairs("causal", n)) for i, n in enumerate([5, 8, 3, 6])]
     tensors = {s.id: sample_tensors(spec, s) for s in batch}
@@ -222,7 +226,7 @@ def bad_inputs_worker(rank: int, world: int) -> list[str]:
 
 def test_bad_inputs_give_clear_errors_on_every_rank() -> None:
     results = run_ranks(bad_inputs_worker, 4, deadline_s=90, pg_timeout_s=10)
-    expected = ["SP size 4, which does not divide the model's 4 heads and 2 KV heads",
+    expected = ["SP size 4 as Ulysses 4 x ring 1: Ulysses degree 4 does not divide the model's 2 heads",
                 "plan is for 2 GPUs but this job has 4 ranks",
                 "plan does not validate: sample 3 runs 2 times",
                 "rank 2: sample 2 is in the plan but missing from `samples`",

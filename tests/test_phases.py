@@ -98,24 +98,35 @@ def test_validate_catches_broken_phases(what: str, mutate, message: str) -> None
         plan.validate()
 
 
-def test_json_round_trip_and_version_1_plans() -> None:
+def test_json_round_trip_and_version_1_and_2_plans() -> None:
     plan = staggered_plan()
     d = json.loads(plan.to_json())
-    assert d["schema_version"] == 2 and [g["phase"] for g in d["groups"]] == [0, 0, 1, 1, 1, 2]
+    assert d["schema_version"] == 3 and [g["phase"] for g in d["groups"]] == [0, 0, 1, 1, 1, 2]
+    assert all(g["ulysses"] * g["ring"] == g["sp"] for g in d["groups"])
     back = Plan.from_json(plan.to_json())
     assert back == plan and back.digest() == plan.digest()
     moved = copy.deepcopy(plan)
     moved.groups[1].phase, moved.groups[2].phase = 1, 1  # the same groups, another phase
     assert moved.digest() != plan.digest()
-    # A version 1 plan (one layout, groups without `phase`) still loads, as phase 0.
+    no_phase = copy.deepcopy(d)
+    del no_phase["groups"][3]["phase"]
+    with pytest.raises(PlanError, match="malformed plan: 'phase'"):  # version 3 groups must say
+        Plan.from_dict(no_phase)
+    # Version 2 plans (one layout, `ulysses` x `ring`, no `phase`) and version 1 plans (one
+    # layout, Ulysses only) still load, every group in phase 0, and hash as before.
     cm = tiny_cm(4, 2)
     single = assemble("manual", make_batch([100, 200]), cm, [(0, 2, [[0]]), (2, 2, [[1]])])
-    old = single.to_dict()
-    old["schema_version"] = 1
-    for g in old["groups"]:
+    v2 = single.to_dict()
+    v2["schema_version"] = 2
+    for g in v2["groups"]:
         del g["phase"]
-    loaded = Plan.from_dict(old).validate()
-    assert loaded == single and loaded.num_phases == 1 and loaded.digest() == single.digest()
+    v1 = copy.deepcopy(v2)
+    v1["schema_version"] = 1
+    for g in v1["groups"]:
+        del g["ulysses"], g["ring"]
+    for old in (v1, v2):
+        loaded = Plan.from_dict(old).validate()
+        assert loaded == single and loaded.num_phases == 1 and loaded.digest() == single.digest()
 
 
 # Tiny batches where phases win (a long sample that needs every GPU, short ones that run best
@@ -180,7 +191,9 @@ def example():  # noqa: ANN201
 
 def test_example_batch_runs_its_longest_sample_first(example) -> None:  # noqa: ANN001
     cm, batch = example
-    plan = solve(batch, cm.cluster, cm, IlpOptions(time_limit_s=1.0))
+    # 2 s, not the default 1 s: on 2 loaded cores the configuration program for the 511 short
+    # samples (0.7 s unloaded) may not finish in what 1 s leaves it, and phase 2 is then ~4% slower.
+    plan = solve(batch, cm.cluster, cm, IlpOptions(time_limit_s=2.0))
     single = solve(batch, cm.cluster, cm, IlpOptions(time_limit_s=1.0, max_phases=1))
     # The issue's construction: the longest sample alone on the 32 GPUs, then the other 511.
     order, need = split_order(batch, cm, allowed_sp_sizes(cm), plan.lower_bound_s - cm.grad_sync_s())
@@ -193,7 +206,7 @@ def test_example_batch_runs_its_longest_sample_first(example) -> None:  # noqa: 
     assert plan.lower_bound_s == pytest.approx(multi_phase_bound(batch, cm))
     assert plan.num_phases == 2 and plan.step_time_s <= 1.02 * two.step_time_s
     assert plan.step_time_s < 0.95 * single.step_time_s
-    assert plan.solve_time_s <= 1.2
+    assert plan.solve_time_s <= 2.4
     assert simulate(plan, cm).step_time_s == pytest.approx(plan.step_time_s)
     # The single-layout ILP's bound is above the two-phase plan: it holds for single layouts only.
     assert solve_ilp(batch, cm, IlpOptions(time_limit_s=1.0)).lower_bound_s > two.step_time_s
@@ -233,3 +246,26 @@ def test_plan_and_show_print_the_phases(tmp_path) -> None:  # noqa: ANN001
     header = next(ln for ln in shown if ln.split()[:2] == ["group", "phase"])
     assert "start (s)" in header
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_phases_hold_ring_groups() -> None:
+    """Llama-3-8B (8 KV heads) on 64 GPUs, one sample of 131,072 tokens and 100 short ones: the
+    long sample runs first on all 64 GPUs as Ulysses 8 x ring 8, the rest after on small groups;
+    the ring and the phase survive JSON, the simulator replays the plan to its predicted time."""
+    import random
+
+    from tests.test_ring_costmodel import llama3_8b
+
+    cm = llama3_8b(64)
+    rng = random.Random(0)
+    batch = make_batch([131_072] + [rng.randint(512, 8192) for _ in range(100)])
+    plan = solve(batch, cm.cluster, cm, IlpOptions(time_limit_s=2.0))
+    assert plan.num_phases == 2
+    first, second = plan.phases()
+    assert [g.layout for g in first] == ["8x8"] and all(g.ring == 1 for g in second)
+    assert groups_label(plan).startswith("1x(8x8) | ")
+    assert plan.lower_bound_s == pytest.approx(multi_phase_bound(batch, cm)) and plan.lower_bound_s <= plan.step_time_s
+    assert "against the single layout's" in plan.notes[-2]
+    back = Plan.from_json(plan.to_json())
+    assert back == plan and [(g.ring, g.phase) for g in back.groups] == [(g.ring, g.phase) for g in plan.groups]
+    assert simulate(plan, cm).step_time_s == pytest.approx(plan.step_time_s)

@@ -91,7 +91,7 @@ def show(plan_file: Path, step_index: int, gantt_path: Path | None, model: str |
         table(group_rows(the_plan), {
             "group": ("group", str),
             **({"phase": ("phase", str), "start_s": ("start (s)", secs)} if the_plan.num_phases > 1 else {}),
-            "ranks": ("ranks", str), "sp": ("sp", str),
+            "ranks": ("ranks", str), "sp": ("sp", str), "layout": ("u x c", str),
             "microbatches": ("micro-batches", str), "samples": ("samples", str), "tokens": ("tokens", str),
             "ckpt_min": ("ckpt min", str), "ckpt_max": ("ckpt max", str), "busy_s": ("busy (s)", secs),
             "peak_memory_gb": ("peak GB", "{:.1f}".format)}),

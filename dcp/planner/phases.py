@@ -125,7 +125,7 @@ def chain(strategy: str, batch: Sequence[Sample], plans: Sequence[Plan], *, mirr
         for g in plan.groups:
             ranks = [first.num_gpus - 1 - r for r in reversed(g.ranks)] if flip else list(g.ranks)
             groups.append(Group(ranks, g.sp, [dataclasses.replace(mb, samples=list(mb.samples))
-                                              for mb in g.microbatches], phase + g.phase))
+                                              for mb in g.microbatches], ring=g.ring, phase=phase + g.phase))
         phase += plan.num_phases
     out = Plan(strategy=strategy, num_gpus=first.num_gpus, gpus_per_node=first.gpus_per_node,
                memory_limit_bytes=first.memory_limit_bytes, num_layers=first.num_layers, samples=list(batch),
