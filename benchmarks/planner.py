@@ -12,7 +12,9 @@ sample), and reports for the ILP: solve time p50/p95 (wall clock of
 the whole `solve` call; cpu95 is its process CPU time, which other load on the machine does not
 inflate), mean and worst gap to the plan's proven lower bound, the worst ratio of its step time
 to each baseline's (<= 1 means never worse), how many of its solves the time limit cut short;
-and dcp-greedy's speedup over bucket (the worst over the cell's batches). The machine's load
+and dcp-greedy's speedup over bucket (the worst over the cell's batches); per workload, how often
+and by how much multi-phase plans beat the single-layout ILP (benchmarks/phase_wins.py: each batch
+is planned once more with `max_phases=1`, JSON `phases`). The machine's load
 average is recorded per cell: wall times on a shared machine are inflated by the others' work.
 Prints a table and writes JSON (default benchmarks/results/planner.json).
 """
@@ -32,6 +34,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from phase_wins import phase_columns, phase_lines, phase_summary  # noqa: E402
 
 from dcp.data.batches import make_batches  # noqa: E402
 from dcp.data.workloads import load_workload  # noqa: E402
@@ -75,6 +79,7 @@ def run_case(workload: str, gpus: int, batch: int, steps: int, ilp: IlpOptions, 
                "source": next((n.split(": ", 1)[1] for n in plan.notes if n.startswith("best plan from")), ""),
                "phases": next((n for n in plan.notes if n.startswith("seconds:")), ""),
                "warnings": [str(w.message) for w in caught if "ilp" in str(w.message)]}
+        row.update(phase_columns(plan, b, cm, ilp, _timed_solve))
         for name in BASELINES:
             other, other_wall, _ = _timed_solve(b, cm, resolve_options(name, dataset_longest_tokens=longest))
             row[f"{name}_step_s"] = other.step_time_s
@@ -140,8 +145,10 @@ def main(argv: list[str] | None = None) -> int:
             "hardware": args.hardware, "python": platform.python_version(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
             "duration_s": time.perf_counter() - started}
+    phases = phase_summary(cases)
+    print("\n".join(phase_lines(phases)))
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "cases": cases}, indent=1) + "\n")
+    out.write_text(json.dumps({"meta": meta, "cases": cases, "phases": phases}, indent=1) + "\n")
     print(f"wrote {out} ({meta['duration_s']:.0f} s)")
     return 0
 

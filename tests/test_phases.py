@@ -212,6 +212,27 @@ def test_example_batch_runs_its_longest_sample_first(example) -> None:  # noqa: 
     assert solve_ilp(batch, cm, IlpOptions(time_limit_s=1.0)).lower_bound_s > two.step_time_s
 
 
+def test_bound_is_below_two_phase_constructions_of_the_first_batch() -> None:
+    """The first batch of `dcp plan --gpus 32 --steps 2`: every split the search would try,
+    built from the public planner (phase 1 by itself on the 32 GPUs, then the rest), as laid
+    out and mirrored, runs no faster than the bound the planner reports."""
+    from dcp.data.batches import make_batches
+    from dcp.planner.phases import split_candidates
+
+    cm = cost_model(gpus=32)
+    batch = make_batches("wikipedia", cm, global_batch=512, steps=1, seed=0, full_only=True)[0]
+    sizes = allowed_sp_sizes(cm)
+    bound = multi_phase_bound(batch, cm)
+    order, need = split_order(batch, cm, sizes, bound - cm.grad_sync_s())
+    splits = split_candidates(need, [q for q in sizes if q >= 16])
+    assert splits
+    for k in splits:
+        head = solve_ilp([batch[i] for i in order[:k].tolist()], cm, IlpOptions(time_limit_s=0.3))
+        tail = solve_ilp([batch[i] for i in order[k:].tolist()], cm, IlpOptions(time_limit_s=0.3))
+        for mirror in (False, True):
+            assert bound <= chain("manual", batch, [head, tail], mirror=[False, mirror]).step_time_s
+
+
 def test_max_phases_is_checked_and_one_keeps_a_single_layout(example) -> None:  # noqa: ANN001
     with pytest.raises(ValueError, match="max_phases must be a whole number >= 1"):
         IlpOptions(max_phases=0)

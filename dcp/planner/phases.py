@@ -11,8 +11,9 @@ as soon as its part of a phase ends (`dcp.planner.plan`).
 
 The search (`solve_phased`), within the ILP's one deadline `time_limit_s`:
 
-1. the single-layout ILP (`dcp.planner.ilp.solve_ilp`), with `1 - PHASE_SHARE` of the limit
-   (and whatever it leaves unused going to step 2);
+1. the single-layout ILP (`dcp.planner.ilp.solve_ilp`), with the limit less what is kept back
+   for step 2 (`PHASE_SHARE` or `REACHING_SHARE` of it, none below `MIN_SEARCH_S`), whatever it
+   leaves unused going to step 2 too;
 2. unless that plan is within the solver's gap of `bounds.multi_phase_bound`, or no split can
    beat it: splits "the k longest samples, then the rest" priced by bounds for every k at once
    (`split_estimates`, a sum and a max over the samples of each side), then the most promising
@@ -53,6 +54,11 @@ REACHING_SHARE = 0.5
 gap of the batch's bound: its longest sample then holds the whole cluster in phase 1 and the
 rest fits after it, the batches phases win (2 of 20 wikipedia batches of 512 samples on 32
 GPUs: 9-11% faster; the others gated in have bounds 1.2-2% above the batch's and none won)."""
+MIN_SEARCH_S = 0.2
+"""No time is kept back for the search when its share would be shorter than this: too short to
+plan a split of hundreds of samples well (the example's 511 short samples: 0.2 s for a phase 2
+7% slower than 0.7 s gives), it would only cut the single layout's time; the search then gets
+what the single-layout ILP leaves unused."""
 MIN_NEED_SHARE = 1 / 2
 """Splits are tried for the samples that need groups of at least this share of the GPUs (and at
 least 2 of them): phase 1 then holds the cluster (nearly) to itself, and what it saves is the
@@ -143,17 +149,19 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
 
     started = time.perf_counter() if started is None else started
     # Chaining a split's phases, validating and reporting the plan come after the search.
-    deadline = started + options.time_limit_s - min(3 * final_pricing_s(len(batch)), options.time_limit_s / 4)
+    margin_s = min(3 * final_pricing_s(len(batch)), options.time_limit_s / 4)
+    deadline = started + options.time_limit_s - margin_s
     sizes = allowed_sp_sizes(cm, options.sp_sizes)
     check_feasible(batch, cm, sizes)
     bound_s = multi_phase_bound(batch, cm, sizes)
     splits, order, estimate = _splits(batch, cm, options, sizes, bound_s)
-    share = 0.0
+    reserve_s = 0.0
     if splits:  # a split whose own bound meets the batch's can reach it: give it more time
         reaches = min(estimate[k - 1] for k in splits) <= (bound_s - cm.grad_sync_s()) * (1 + options.mip_rel_gap)
-        share = REACHING_SHARE if reaches else PHASE_SHARE
-    single = solve_ilp(batch, cm, dataclasses.replace(options, time_limit_s=options.time_limit_s * (1 - share)),
-                       started)
+        reserve_s = (REACHING_SHARE if reaches else PHASE_SHARE) * options.time_limit_s
+        reserve_s = reserve_s if reserve_s >= MIN_SEARCH_S else 0.0  # too short to plan a split: keep none
+    single_s = options.time_limit_s - (reserve_s + margin_s if reserve_s else 0.0)
+    single = solve_ilp(batch, cm, dataclasses.replace(options, time_limit_s=single_s), started)
     phased, why = _search(batch, cm, options, single, bound_s, deadline, splits, order, estimate)
     return _report(phased or single, single, bound_s, why, started)
 
