@@ -5,7 +5,9 @@ pricing and validation of the chosen plan, which is kept back as a reserve measu
 (`final_pricing_s`). Each phase asks for its share of what is left (`until`), every loop checks
 the clock between steps, and every solver call gets the remaining time as its own limit, so the
 limit holds by construction, not by a quiet machine. What a phase had to skip or cut short is
-recorded and ends up in the plan's status and notes.
+recorded and ends up in the plan's status and notes: every step that can stop at a deadline
+takes a `Deadline`, which records the step when it does, so a plan that depends on the
+machine's load always says so, and one whose status records no cut is the same on any machine.
 """
 
 from __future__ import annotations
@@ -44,10 +46,12 @@ class Budget:
     spent_s: dict[str, float] = field(default_factory=dict)
     """Seconds per phase, in the order they ran."""
     cut: list[str] = field(default_factory=list)
-    """What the limit skipped or cut short, in words."""
+    """What the limit skipped, in words."""
+    stopped: list[str] = field(default_factory=list)
+    """What the limit stopped before it finished, in words."""
     sample_pass_s: float = 0.0
-    """How long one plain Python pass over the batch's samples took: what the costs of whole
-    strategies are guessed from before they run (`warm`)."""
+    """How long one plain Python pass over the batch's samples took: how much slower than the
+    benchmark machine this one runs now (`slowdown`)."""
     pricing_s: float = 0.0
     """The longest a candidate's exact pricing took: kept back from every search step that
     ends in one (`search_deadline`)."""
@@ -94,5 +98,44 @@ class Budget:
         self.spent_s[phase] = self.spent_s.get(phase, 0.0) + time.perf_counter() - since
 
     def skip(self, what: str) -> None:
+        """`what` did not run: the time limit left it no time."""
         if what not in self.cut:
             self.cut.append(what)
+
+    def stop(self, what: str) -> None:
+        """`what` ran but the time limit stopped it before it finished."""
+        if what not in self.stopped:
+            self.stopped.append(what)
+
+    def deadline_for(self, what: str, at: float | None = None) -> Deadline:
+        """A deadline (default: the search deadline) that records `what` when it stops it."""
+        return Deadline(self.search_deadline if at is None else at, what, self)
+
+
+@dataclass
+class Deadline:
+    """When a step must stop (time.perf_counter()), and the budget that records it if it does."""
+
+    at: float
+    what: str = ""
+    budget: Budget | None = None
+
+    @classmethod
+    def of(cls, deadline: float | Deadline) -> Deadline:
+        """`deadline` itself, or a plain time as a deadline that records nothing."""
+        return deadline if isinstance(deadline, Deadline) else cls(deadline)
+
+    def left(self) -> float:
+        return self.at - time.perf_counter()
+
+    def passed(self) -> bool:
+        """True once the time is past `at`; then `what` is recorded as cut short."""
+        if time.perf_counter() <= self.at:
+            return False
+        self.record()
+        return True
+
+    def record(self) -> None:
+        """The step stopped here because of the time (a solver's own time limit, say)."""
+        if self.budget is not None and self.what:
+            self.budget.stop(self.what)

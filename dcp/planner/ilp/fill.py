@@ -14,13 +14,13 @@ lower bound, where static packing is 20% above it.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 
 import numpy as np
 
 from dcp.costmodel import CostModel
 from dcp.planner.common import assemble_indices
+from dcp.planner.ilp.budget import Deadline
 from dcp.planner.plan import Plan
 from dcp.planner.pricing import BatchArrays, Layout, Pricer
 from dcp.planner.sample import Sample
@@ -35,17 +35,19 @@ canonical micro-batching is right, 0.09-0.12 for Llama-7B, 0.3 for Llama-13B).""
 
 
 def fill_layouts(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], pricer: Pricer,
-                 deadline: float = math.inf) -> list[Layout]:
+                 deadline: float | Deadline = math.inf) -> list[Layout]:
     """One layout (micro-batches of batch indices) per SP size at which every sample fits and
     fixed costs are worth it (`WORTH_IT`), largest size first (the cheapest to fill), while time
-    remains before `deadline` (a fill the deadline interrupts is dropped)."""
+    remains before `deadline` (a fill the deadline interrupts is dropped, and the deadline
+    records it)."""
     layouts = []
     k = cm.model.num_layers
+    deadline = Deadline.of(deadline)
     for p in sorted(sizes, reverse=True):
         no_ckpt, full = cm.linear_time(p, 0), cm.linear_time(p, k)
         if no_ckpt.fixed < WORTH_IT * (full.per_token - no_ckpt.per_token) * cm.max_tokens(p, 0):
             continue
-        if time.perf_counter() > deadline:
+        if deadline.passed():
             break
         layout = _fill(arrays, cm, p, pricer, deadline)
         if layout is not None:
@@ -65,7 +67,7 @@ _CHECK_EVERY = 256
 """Samples placed between two looks at the clock."""
 
 
-def _fill(arrays: BatchArrays, cm: CostModel, p: int, pricer: Pricer, deadline: float) -> Layout | None:
+def _fill(arrays: BatchArrays, cm: CostModel, p: int, pricer: Pricer, deadline: Deadline) -> Layout | None:
     groups = cm.cluster.num_gpus // p
     tokens, pairs = arrays.tokens, arrays.pairs
 
@@ -83,7 +85,7 @@ def _fill(arrays: BatchArrays, cm: CostModel, p: int, pricer: Pricer, deadline: 
     where = np.full(len(tokens), -1)
     order = np.lexsort((np.arange(len(tokens)), -price(tokens, pairs)))
     for step, i in enumerate(order):
-        if step % _CHECK_EVERY == 0 and time.perf_counter() > deadline:
+        if step % _CHECK_EVERY == 0 and deadline.passed():
             return None
         new = price(bin_tok + tokens[i], bin_pair + pairs[i])
         after = group_time[owner] - bin_time + new

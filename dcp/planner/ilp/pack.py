@@ -11,7 +11,6 @@ the canonical micro-batching of `costs` with perfect packing, so never above its
 from __future__ import annotations
 
 import math
-import time
 from collections import Counter
 from collections.abc import Sequence
 from typing import TypeVar
@@ -20,6 +19,7 @@ import numpy as np
 
 from dcp.costmodel import Cluster, CostModel
 from dcp.planner.common import aligned_layout
+from dcp.planner.ilp.budget import Deadline
 from dcp.planner.ilp.costs import CostTable, form_microbatches
 from dcp.planner.pricing import Layout
 
@@ -76,16 +76,18 @@ class _Loads:
         self.where[s] = h
 
 
-def improve(groups: Groups, table: CostTable, deadline: float, max_iter: int = 2000) -> Groups:
+def improve(groups: Groups, table: CostTable, deadline: float | Deadline, max_iter: int = 2000) -> Groups:
     """Local search: repeatedly apply the move or swap involving the slowest group that most
     lowers the larger of the two touched groups' times, while that stays below the slowest
     group's time. Swaps consider the slowest group's `_SWAP_TOP` largest samples against every
-    other sample. Deterministic (ties go to the lowest index); `deadline` is a safety net."""
+    other sample. Deterministic (ties go to the lowest index) unless `deadline` stops it, which
+    it then records."""
     if len(groups) < 2:
         return groups
+    deadline = Deadline.of(deadline)
     st = _Loads(groups, table)
     for it in range(max_iter):
-        if it % 8 == 0 and time.perf_counter() > deadline:
+        if it % 8 == 0 and deadline.passed():
             break
         loads = st.loads()
         c = int(np.argmax(loads))

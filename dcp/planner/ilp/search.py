@@ -22,6 +22,7 @@ from dcp.planner.ilp.lns import lns
 from dcp.planner.ilp.model import solve_classes
 from dcp.planner.ilp.pack import IMPROVE_STEPS, Groups, estimate, improve, spread
 from dcp.planner.ilp.patterns import solve_patterns
+from dcp.planner.ilp.solvers import stopped_on_time
 from dcp.planner.ilp.warm import warm_start
 from dcp.planner.options import IlpOptions
 from dcp.planner.pricing import BatchArrays, Pricer
@@ -129,7 +130,7 @@ class Search:
                     self.failed = error
                 break
             self.status = sol.status
-            if "time limit" in sol.status:
+            if stopped_on_time(sol.status):
                 self.cut_short = True
             self.proven = max(self.proven, sol.bound)
             found = [(self.improve(g), "aggregated program") for g in self.spreads(sol.counts, sol.classes)]
@@ -137,8 +138,12 @@ class Search:
             found += [(g, "configuration program") for g in [self.configurations(upper)] if g]
             if not found or not self.search(found):
                 break
-        for _ in range(PATTERN_ROUNDS):
-            if self.gap() <= self.options.mip_rel_gap or self.budget.search_deadline - time.perf_counter() < MIN_SOLVE_S:
+        for round_ in range(PATTERN_ROUNDS):
+            if self.gap() <= self.options.mip_rel_gap:
+                break
+            if self.budget.search_deadline - time.perf_counter() < MIN_SOLVE_S:
+                self.budget.skip("configuration program rounds" if round_ == 0 else
+                                 f"configuration program rounds {round_ + 1}-{PATTERN_ROUNDS}")
                 break
             groups = self.configurations(self.incumbent.busy_s)
             if groups is None or not self.search([(groups, "configuration program")]):
@@ -151,17 +156,20 @@ class Search:
         > theta (then a higher level); feasible gives groups packing the large samples as the
         class program's counting cuts cannot, locally searched. None when it finds none."""
         for _ in range(PATTERN_TRIES):
-            if self.gap() <= self.options.mip_rel_gap or self.budget.search_deadline - time.perf_counter() < MIN_SOLVE_S:
+            if self.gap() <= self.options.mip_rel_gap:
+                return None
+            if self.budget.search_deadline - time.perf_counter() < MIN_SOLVE_S:
+                self.budget.skip("configuration program levels")
                 return None
             theta = self.proven + PATTERN_STEP * (upper - self.proven)
             cap = min(self.budget.search_deadline, time.perf_counter() + PATTERN_SOLVE_SHARE * self.options.time_limit_s)
             try:
                 res = solve_patterns(self.table, self.cm.cluster.num_gpus, self.incumbent.busy_s, theta,
-                                     self.options.solver, cap)
+                                     self.options.solver, self.budget.deadline_for("the configuration program", cap))
             except Exception as e:  # the solver must never take the planner down
                 self.notes.append(f"configuration program failed ({type(e).__name__}: {e})")
                 return None
-            if res is not None and "time limit" in res.status:
+            if res is not None and stopped_on_time(res.status):
                 self.cut_short = True
             if res is None or not res.infeasible:
                 return None if res is None or res.groups is None else self.improve(res.groups)
@@ -187,15 +195,16 @@ class Search:
         return class_counts(loads, self.table.sizes, self.cm.cluster.num_gpus, items)
 
     def improve(self, groups: Groups) -> Groups:
-        return improve(groups, self.table, self.budget.search_deadline, IMPROVE_STEPS)
+        return improve(groups, self.table, self.budget.deadline_for("local search"), IMPROVE_STEPS)
 
     def search(self, found: list[tuple[Groups, str]]) -> bool:
         """Neighbourhood search on the best candidate (by estimate), then local search; True if
         it is the new incumbent."""
         groups, source = min(found, key=lambda f: estimate(f[0], self.table))
         target = (self.proven + self.sync) / (1 - self.options.mip_rel_gap) - self.sync
-        groups = lns(groups, self.table, self.options.solver, self.budget.search_deadline, LNS_ROUNDS, target)
-        groups = improve(groups, self.table, self.budget.search_deadline, IMPROVE_STEPS)
+        groups = lns(groups, self.table, self.options.solver, self.budget.deadline_for("neighbourhood search"),
+                     LNS_ROUNDS, target)
+        groups = self.improve(groups)
         return self.incumbent.offer_groups(groups, source)
 
     def gap(self) -> float:
