@@ -17,7 +17,7 @@ from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.greedy import solve_greedy
 from dcp.planner.ilp.classes import MAX_BUCKETS, MAX_EXACT, program_items
 from dcp.planner.ilp.costs import cost_table, pack_tokens
-from dcp.planner.ilp.pack import lpt_chunked
+from dcp.planner.ilp.pack import lpt_fast
 from dcp.planner.ilp.warm import baseline_plans
 from dcp.planner.pricing import BatchArrays
 from dcp.planner.status import program_outcome
@@ -114,7 +114,7 @@ def test_pack_tokens_respects_the_capacity() -> None:
 def test_lpt_in_rounds_balances_many_small_samples() -> None:
     rng = np.random.default_rng(4)
     sizes = rng.exponential(1.0, 5000)
-    groups = lpt_chunked(sizes, np.arange(5000), 37)
+    groups = lpt_fast(sizes, np.arange(5000), 37)
     loads = np.array([sizes[g].sum() for g in groups])
     assert sorted(i for g in groups for i in g) == list(range(5000))
     assert loads.max() - loads.min() <= 2 * np.sort(sizes)[-200]

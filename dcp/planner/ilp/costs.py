@@ -48,6 +48,18 @@ class CostTable:
     """max_tokens(p, 0): tokens a micro-batch may hold without checkpointing."""
     marg: np.ndarray
 
+    def estimate_terms(self) -> tuple[np.ndarray, np.ndarray]:
+        """What `pack`'s group estimate adds per sample and size: the tokens of a sample that
+        needs no checkpointing (it shares micro-batches), and its time besides them (its
+        marginal cost; a checkpointing sample's solo time). Computed once per table."""
+        if not hasattr(self, "_terms"):
+            short = self.ckpt == 0
+            short_tok = np.where(short, self.tokens[:, None], 0).astype(np.float64)
+            marg = np.where(short, self.add - self.fixed0[None, :] * self.tokens[:, None]
+                            / np.maximum(self.cap0, 1)[None, :], self.solo)
+            self._terms = (short_tok, marg)
+        return self._terms
+
 
 def cost_table(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], pricer: Pricer | None = None) -> CostTable:
     """Build the table; infeasible (sample, size) cells hold r = -1 and infinite costs.

@@ -160,7 +160,7 @@ def warm_start(inc: Incumbent, budget: Budget, batch: Sequence[Sample], cm: Cost
         else:
             _offer(opts, inc, notes, batch, cm, sizes, arrays, pricer)
     if time.perf_counter() < warm_until:
-        for layout in fill_layouts(arrays, cm, sizes, pricer, budget.deadline_for("fill", warm_until)):
+        for layout in fill_layouts(arrays, cm, sizes, pricer, budget.deadline_for("fill", warm_until), inc.busy_s):
             inc.offer_layout(layout, "fill")
     else:
         budget.skip("fill")
