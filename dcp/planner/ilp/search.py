@@ -15,6 +15,7 @@ import numpy as np
 from dcp.costmodel import CostModel
 from dcp.planner.bounds import capacity_bound, lower_bound
 from dcp.planner.ilp.budget import Budget
+from dcp.planner.ilp.columns import column_bound, column_plan, shapes_of
 from dcp.planner.ilp.costs import CostTable, cost_table
 from dcp.planner.ilp.heuristic import class_counts
 from dcp.planner.ilp.incumbent import Incumbent
@@ -45,6 +46,10 @@ PATTERN_TRIES = 3
 """Levels tried per round while the program proves them infeasible."""
 MIN_SOLVE_S = 0.03
 """A program round starts only with this much time left before the search deadline."""
+COLUMN_SHARE = 0.5
+"""The column program (batches of few shapes) may take this share of the search time left."""
+COLUMN_LEVELS = (1.015, 1.03, 1.06)
+"""Levels its plan is sought at, as multiples of the bound it proved (the first that gives one)."""
 
 
 class Search:
@@ -110,6 +115,7 @@ class Search:
         beside it; the better one (by estimate) searched and priced. A later round starts from
         the better incumbent with tighter cuts; configuration rounds follow while they improve."""
         t0 = time.perf_counter()
+        self.column_program()
         rounds = max(1, int(ROUNDS_PER_S * self.options.time_limit_s))
         for round_ in range(rounds):
             if self.gap() <= self.options.mip_rel_gap:
@@ -149,6 +155,32 @@ class Search:
             if groups is None or not self.search([(groups, "configuration program")]):
                 break
         self.budget.record("program", t0)
+
+    def column_program(self) -> None:
+        """Batches of few distinct shapes (`columns`): the configuration program's bound by
+        column generation, then its integer plan just above the bound, searched and priced."""
+        shapes = shapes_of(self.table)
+        if shapes is None or self.gap() <= self.options.mip_rel_gap:
+            return
+        if self.budget.search_deadline - time.perf_counter() < MIN_SOLVE_S:
+            self.budget.skip("the column program")
+            return
+        self.program_ran, self.status = True, "column program"
+        deadline = self.budget.deadline_for("the column program", self.budget.until(COLUMN_SHARE))
+        n = self.cm.cluster.num_gpus
+        try:
+            bound, start = column_bound(self.table, shapes, n, self.proven, self.incumbent.busy_s, deadline)
+            self.proven = max(self.proven, bound)
+            for level in COLUMN_LEVELS:
+                theta = self.proven * level
+                if theta >= self.incumbent.busy_s or self.gap() <= self.options.mip_rel_gap:
+                    break
+                groups = column_plan(self.table, shapes, n, theta, deadline, start)
+                if groups is not None:
+                    self.search([(self.improve(groups), "column program")])
+                    break
+        except Exception as e:  # the solver must never take the planner down
+            self.notes.append(f"column program failed ({type(e).__name__}: {e})")
 
     def configurations(self, upper: float) -> Groups | None:
         """The configuration program (`patterns`) at a level theta `PATTERN_STEP` of the way
