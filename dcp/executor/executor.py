@@ -5,7 +5,7 @@
     optimizer.step(); optimizer.zero_grad()
 
 Every rank runs its group's micro-batches one after another: forward and backward with Ulysses
-attention in the group and the first `ckpt_layers` layers checkpointed, the loss a plain sum
+(and ring) attention in the group and the first `ckpt_layers` layers checkpointed, the loss a plain sum
 over its shard's loss tokens. Then one SUM all-reduce over the world carries the gradients and
 the loss-token count; gradients are divided by the global count. Whatever the plan, the result
 equals single-process training on the same global batch with a per-token mean loss.
@@ -29,10 +29,11 @@ from dcp.executor.checkpoint import CheckpointSwitches
 from dcp.executor.comm import GradBuffer, broadcast_params
 from dcp.executor.parallel_state import ParallelState
 from dcp.executor.plan_check import ExecutorError, agree_on_plan, check_plan
+from dcp.executor.ring_comm import ring_peers
 from dcp.executor.ulysses import SPContext, install_ulysses
 from dcp.models.losses import IGNORE_INDEX
 from dcp.models.precision import check_param_dtypes, forward_autocast, recipe_for_model, torch_dtype
-from dcp.planner.plan import Plan
+from dcp.planner.plan import Group, Plan
 
 LossFn = Callable[[torch.Tensor, PackedBatch], tuple[torch.Tensor, torch.Tensor]]
 """(model output, packed batch) -> (loss summed over the shard's loss tokens, their count)."""
@@ -142,7 +143,7 @@ class Executor:
         peaks: list[int | None] = []
         cuda = state.device.type == "cuda"
         if group is not None:
-            self.ctx.group, self.ctx.size = state.group(group.ranks[0], group.sp), group.sp
+            self._enter_group(group)
             try:
                 for mb in group.microbatches:
                     timer = _Timer(state.device)
@@ -151,7 +152,8 @@ class Executor:
                     with timer:
                         batch = pack_microbatch(mb.samples, specs, samples, sp_size=group.sp,
                                                 sp_rank=state.rank - group.ranks[0], device=state.device,
-                                                per_sample_keys=self.per_sample_keys, pad_values=self.pad_values)
+                                                per_sample_keys=self.per_sample_keys, pad_values=self.pad_values,
+                                                ring=group.ring)
                         self.switches.set(mb.ckpt_layers)
                         with self._autocast():
                             out = self.forward_fn(self.model, batch)
@@ -162,7 +164,7 @@ class Executor:
                     loss_tokens += mb_tokens.detach().double() if torch.is_tensor(mb_tokens) else float(mb_tokens)
                     timers.append(timer)
             finally:
-                self.ctx.group, self.ctx.size = None, 1
+                self.ctx.group, self.ctx.size, self.ctx.rank, self.ctx.ring = None, 1, 0, None
         sync_start = time.perf_counter()
         total_loss, total_tokens = self.grads.reduce(loss_sum, loss_tokens)
         now = time.perf_counter()
@@ -177,6 +179,14 @@ class Executor:
             stats = self._gather(stats)
         return StepStats(total_loss / total_tokens, round(total_tokens), plan.step_time_s, now - start,
                          now - sync_start, stats)
+
+    def _enter_group(self, group: Group) -> None:
+        """Point the SP context at this rank's Ulysses group (its u consecutive ranks) and ring."""
+        sp_rank = self.state.rank - group.ranks[0]
+        u = group.ulysses
+        self.ctx.group = self.state.group(group.ranks[0] + sp_rank // u * u, u)
+        self.ctx.size, self.ctx.rank = group.sp, sp_rank
+        self.ctx.ring = ring_peers(group.ranks[0], u, group.ring, sp_rank) if group.ring > 1 else None
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         return forward_autocast(self.recipe, self.state.device.type)

@@ -14,12 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from dcp.costmodel import CostModel
+from dcp.costmodel import CostModel, SPLayout
 from dcp.planner.plan import Group, MicroBatch, Plan, PlanError
+from dcp.planner.pricing import group_layout
 
-EventKind = Literal["forward", "backward", "recompute", "all_to_all", "param_gather", "idle", "allreduce"]
-EVENT_KINDS: tuple[str, ...] = ("forward", "backward", "recompute", "all_to_all", "param_gather", "idle", "allreduce")
-COMM_KINDS = ("all_to_all", "param_gather", "allreduce")
+EventKind = Literal["forward", "backward", "recompute", "all_to_all", "ring", "param_gather", "idle", "allreduce"]
+EVENT_KINDS: tuple[str, ...] = ("forward", "backward", "recompute", "all_to_all", "ring", "param_gather", "idle",
+                                "allreduce")
+COMM_KINDS = ("all_to_all", "ring", "param_gather", "allreduce")
+"""`ring`: ring attention's point-to-point transfers its block attention does not hide."""
 # Plan times and re-priced phase sums are the same floats added in different orders.
 _RTOL = 1e-6
 
@@ -76,25 +79,28 @@ class Timeline:
 
 
 def microbatch_phases(cm: CostModel, tokens: int, pairs: int, sp_size: int,
-                      ckpt_layers: int) -> list[tuple[EventKind, float]]:
+                      ckpt_layers: int, layout: SPLayout | None = None) -> list[tuple[EventKind, float]]:
     """(kind, seconds) of one micro-batch in run order, lumped per phase; sums to cm.time_s.
 
-    From CostModel.layer_times: per layer a forward and a backward compute time and one
-    direction's all-to-alls. Head and loss (per token) and the per-micro-batch fixed cost have no
-    per-layer split and are lumped as forward compute. ZeRO-3 gathers every layer's parameters
-    before the forward and the backward pass (a checkpointed layer recomputes inside its backward,
-    after that pass's gather)."""
+    From CostModel.layer_times: per layer a forward and a backward compute time, one direction's
+    all-to-alls and, in a ring layout, the ring transfers its attention does not hide. Head and loss
+    (per token) and the per-micro-batch fixed cost have no per-layer split and are lumped as
+    forward compute. ZeRO-3 gathers every layer's parameters before the forward and the backward
+    pass (a checkpointed layer recomputes inside its backward, after that pass's gather)."""
     k, r, p, f = cm.model.num_layers, ckpt_layers, sp_size, cm.fit
-    lt = cm.layer_times(tokens, pairs, p)
+    layout = layout or cm.best_layout([(tokens, pairs, r)], p)
+    lt = cm.layer_times(tokens, pairs, p, layout)
     head = f.head_per_token_s * tokens / p + f.microbatch_fixed_s
     gather = cm.param_gather_s()
     phases: list[tuple[EventKind, float]] = [
         ("param_gather", gather), ("forward", k * lt.fwd_compute_s + head), ("all_to_all", k * lt.comm_s),
+        ("ring", k * lt.ring_fwd_s),
         ("param_gather", gather), ("recompute", r * lt.rec_compute_s), ("all_to_all", r * lt.comm_s),
-        ("backward", k * lt.bwd_compute_s), ("all_to_all", k * lt.comm_s),
+        ("ring", r * lt.ring_fwd_s),
+        ("backward", k * lt.bwd_compute_s), ("all_to_all", k * lt.comm_s), ("ring", k * lt.ring_bwd_s),
     ]
     # The split is derived independently of linear_time; they must agree.
-    total, expected = sum(s for _, s in phases), cm.time_s(tokens, pairs, p, r)
+    total, expected = sum(s for _, s in phases), cm.time_s(tokens, pairs, p, r, layout)
     if abs(total - expected) > _RTOL * max(total, expected, 1e-12):
         raise PlanError(f"cost model's phase split {total:.6g} s differs from its micro-batch time {expected:.6g} s")
     return [(kind, s) for kind, s in phases if s > 0]
@@ -106,7 +112,7 @@ def _group_events(plan: Plan, g: Group, cm: CostModel) -> list[Event]:
     t, out = 0.0, []
     for mi, mb in enumerate(g.microbatches):
         phases = microbatch_phases(cm, sum(tokens[i] for i in mb.samples),
-                                   sum(pairs[i] for i in mb.samples), g.sp, mb.ckpt_layers)
+                                   sum(pairs[i] for i in mb.samples), g.sp, mb.ckpt_layers, group_layout(g))
         _check_time(mb, sum(s for _, s in phases), g, mi)
         for kind, seconds in phases:
             out.append(Event(t, t + seconds, kind, mi))
@@ -153,7 +159,7 @@ def simulate(plan: Plan, cm: CostModel) -> Timeline:
 
 
 KIND_COLORS = {"forward": "#4c72b0", "backward": "#55a868", "recompute": "#dd8452",
-               "all_to_all": "#c44e52", "param_gather": "#937860", "idle": "#dddddd", "allreduce": "#8172b3"}
+               "all_to_all": "#c44e52", "ring": "#da8bc3", "param_gather": "#937860", "idle": "#dddddd", "allreduce": "#8172b3"}
 
 
 def gantt(timeline: Timeline, path: str | Path | None = None, title: str = "") -> Any:
