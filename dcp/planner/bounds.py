@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from dcp.costmodel import CostModel
+from dcp.planner.bound_group import group_bound
 from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.pricing import exact_times
 from dcp.planner.sample import Sample
@@ -74,8 +75,8 @@ def lower_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] 
     if key not in memo:
         if len(memo) >= _MEMO_SIZE:
             del memo[next(iter(memo))]
-        memo[key] = _makespan_bound(_Work(*distinct_samples(tokens, pairs), cm, sizes), cm.cluster.num_gpus) \
-            + cm.grad_sync_s()
+        work = _Work(*distinct_samples(tokens, pairs), cm, sizes)
+        memo[key] = group_bound(work, cm, sizes, _makespan_bound(work, cm.cluster.num_gpus)) + cm.grad_sync_s()
     return memo[key]
 
 
@@ -214,7 +215,9 @@ class _Work:
         slots = sum(max(len(c) for c in cands[p]) for p in sizes)
         if slots * len(tokens) > _MAX_CELLS:
             tokens, pairs, weight = _round_down(tokens, pairs, weight, max(1, _MAX_CELLS // slots))
-        self.weight = weight
+        self.tokens, self.pairs, self.weight = tokens, pairs, weight
+        self.memory_caps = {p: lv.memory_cap for p, lv in levels.items()}
+        self.coefs = {p: (lv.fixed, lv.per_token, lv.per_pair) for p, lv in levels.items()}
         rows: list[tuple[int, np.ndarray, np.ndarray]] = []  # (p, level per sample, open by memory)
         for p in sizes:
             lv = levels[p]
@@ -245,11 +248,16 @@ class _Work:
             r0 = np.searchsorted(levels[p].memory_cap, tokens, side="left")
             alone = exact_times(cm, p, tokens, pairs, np.minimum(r0, k))
             solo = np.minimum(solo, np.where(r0 <= k, alone, math.inf))
+        self.solo_best = solo
         self.longest = float(solo.max()) if len(solo) else 0.0
         self.memory_share = memory_share
         self.time_share = fixed * per_token  # over M - busy: fixed seconds per token when time caps it
 
     def __call__(self, makespan: float) -> float:
+        return float(self.costs(makespan) @ self.weight)
+
+    def costs(self, makespan: float) -> np.ndarray:
+        """Each distinct sample's least GPU-seconds in a plan of busy time `makespan`."""
         if not math.isfinite(makespan):
             cost = self.marginal + self.gpu_tokens * self.memory_share
         else:
@@ -258,4 +266,4 @@ class _Work:
             timed = np.divide(self.time_share, left, out=np.zeros_like(left), where=left > 0)
             share = np.maximum(self.memory_share, timed)
             cost = np.where(open_, self.marginal + self.gpu_tokens * share, np.inf)
-        return float(cost.min(axis=0) @ self.weight)
+        return cost.min(axis=0)
