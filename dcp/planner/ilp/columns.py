@@ -55,6 +55,8 @@ class Shapes:
 
 def shapes_of(table: CostTable) -> Shapes | None:
     """Distinct (tokens, pairs) of the batch; None when there are more than `MAX_TYPES`."""
+    if len(table.tokens) > MAX_TYPES and len(np.unique(table.tokens)) > MAX_TYPES:
+        return None  # at least as many shapes as token counts: one plain sort decides
     keys = np.stack([table.tokens.astype(np.float64), table.pairs], axis=1)
     _, first, inverse, counts = np.unique(keys, axis=0, return_index=True, return_inverse=True, return_counts=True)
     if len(first) > MAX_TYPES:

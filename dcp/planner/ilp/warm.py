@@ -145,8 +145,12 @@ def warm_start(inc: Incumbent, budget: Budget, batch: Sequence[Sample], cm: Cost
     # dcp-greedy always runs first: it is the fallback (tens of milliseconds at tens of thousands
     # of samples), so the plan is never worse than it, whatever the load. Then the heuristic.
     _offer(options[0], inc, notes, batch, cm, sizes, arrays, pricer)
-    first = heuristic(table, n, floor_s, targets=HEURISTIC_TARGETS[:1])
-    inc.offer_groups(first, "heuristic")
+    first = None
+    if time.perf_counter() < budget.search_deadline:
+        first = heuristic(table, n, floor_s, targets=HEURISTIC_TARGETS[:1])
+        inc.offer_groups(first, "heuristic")
+    else:
+        budget.skip("the heuristic")
     # Every other baseline runs unless a bound on its own step time proves it cannot win; only
     # when the search deadline has passed is one skipped (and the status says so).
     for opts in options[1:]:
@@ -167,7 +171,7 @@ def warm_start(inc: Incumbent, budget: Budget, batch: Sequence[Sample], cm: Cost
     if time.perf_counter() < warm_until:  # the heuristic's other targets, while the share lasts
         other = heuristic(table, n, floor_s, budget.deadline_for("heuristic targets", warm_until),
                           HEURISTIC_TARGETS[1:])
-        if estimate(other, table) < estimate(first, table):
+        if first is None or estimate(other, table) < estimate(first, table):
             first = other
             inc.offer_groups(first, "heuristic")
     else:
