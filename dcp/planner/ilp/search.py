@@ -46,6 +46,9 @@ PATTERN_TRIES = 3
 """Levels tried per round while the program proves them infeasible."""
 MIN_SOLVE_S = 0.03
 """A program round starts only with this much time left before the search deadline."""
+CLASS_SHARE = 0.5
+"""A class-program solve may take this share of the search time left: the configuration program
+and the searches after it get the rest."""
 COLUMN_SHARE = 0.5
 """The column program (batches of few shapes) may take this share of the search time left."""
 COLUMN_LEVELS = (1.015, 1.03, 1.06)
@@ -126,7 +129,7 @@ class Search:
             self.program_ran = True
             try:
                 sol = solve_classes(self.table, self.cm.cluster.num_gpus, self.incumbent.busy_s, self.proven,
-                                    self.incumbent.groups, self.options.solver, self.budget.search_deadline,
+                                    self.incumbent.groups, self.options.solver, self.budget.until(CLASS_SHARE),
                                     self.options.mip_rel_gap)
                 error = None if sol is not None else "no solution"
             except Exception as e:  # the solver must never take the planner down
