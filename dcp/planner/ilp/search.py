@@ -139,8 +139,9 @@ class Search:
                     self.failed = error
                 break
             self.status = sol.status
-            if stopped_on_time(sol.status):
+            if stopped_on_time(sol.status):  # at its share of the time (CLASS_SHARE) or the deadline
                 self.cut_short = True
+                self.budget.stop("the class program")
             self.proven = max(self.proven, sol.bound)
             found = [(self.improve(g), "aggregated program") for g in self.spreads(sol.counts, sol.classes)]
             upper = min([self.incumbent.busy_s] + [estimate(g, self.table) for g, _ in found])
