@@ -67,11 +67,13 @@ def smallest_fitting_sp(tokens: int, cm: CostModel, sizes: Sequence[int]) -> int
 
 
 def static_sp_size(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int],
-                   fixed: int | str | None = None, dataset_longest_tokens: int | None = None) -> int:
+                   fixed: int | str | None = None, dataset_longest_tokens: int | None = None,
+                   longest_tokens: int | None = None) -> int:
     """The SP size of a static baseline: `fixed` (checked against the allowed sizes and the
     batch's longest sample); for `fixed=DATASET` the smallest allowed size that fits the
-    dataset's longest sample fully checkpointed; for None the smallest that fits the batch's."""
-    longest = max(s.tokens for s in batch)
+    dataset's longest sample fully checkpointed; for None the smallest that fits the batch's.
+    `longest_tokens`, when given, is the batch's longest sample (saves a pass over it)."""
+    longest = max(s.tokens for s in batch) if longest_tokens is None else longest_tokens
     if fixed == DATASET:
         if dataset_longest_tokens is None:
             raise ValueError("a static baseline (strategy bucket or packed) fixes one SP size for the whole "
@@ -103,7 +105,9 @@ def strategy_name(options: BucketOptions | PackedOptions) -> str:
 def bucket_layout(batch: Sequence[Sample], cm: CostModel, options: BucketOptions, sizes: Sequence[int],
                   arrays: BatchArrays) -> tuple[Layout, list[list[int]], list[str]]:
     """Bucket parallel's groups (micro-batches of batch indices), checkpointed layers, notes."""
-    p, k = static_sp_size(batch, cm, sizes, options.static_sp, options.dataset_longest_tokens), cm.model.num_layers
+    p = static_sp_size(batch, cm, sizes, options.static_sp, options.dataset_longest_tokens,
+                       longest_tokens=int(arrays.tokens.max()))
+    k = cm.model.num_layers
     n_groups = cm.cluster.num_gpus // p
     mbs_per_group: list[list[list[int]]] = [[] for _ in range(n_groups)]
     turn = 0
@@ -191,7 +195,9 @@ def packed_layout(batch: Sequence[Sample], cm: CostModel, options: PackedOptions
                   arrays: BatchArrays, pricer: Pricer) -> tuple[Layout, list[list[int]], list[str]]:
     """Packing's groups (micro-batches of batch indices), checkpointed layers (the fewest that
     fit), notes."""
-    p, k = static_sp_size(batch, cm, sizes, options.static_sp, options.dataset_longest_tokens), cm.model.num_layers
+    p = static_sp_size(batch, cm, sizes, options.static_sp, options.dataset_longest_tokens,
+                       longest_tokens=int(arrays.tokens.max()))
+    k = cm.model.num_layers
     budget = options.token_budget or min(
         cm.max_tokens(p, k), group_share(int(arrays.tokens.sum()), p, cm.cluster.num_gpus))
     if budget <= 0:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from dcp.costmodel import CostModel
+from dcp.planner.bound_group import group_bound
 from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.pricing import exact_times
 from dcp.planner.sample import Sample
@@ -26,7 +27,7 @@ _MAX_STEPS = 40
 _MAX_CELLS = 1_000_000
 """Levels x distinct samples the makespan bound evaluates at once at most; past it, samples are
 rounded down to geometric length classes (a smaller sample never raises the bound)."""
-_MEMO: weakref.WeakKeyDictionary[CostModel, dict[tuple, float]] = weakref.WeakKeyDictionary()
+_MEMO: weakref.WeakKeyDictionary[CostModel, dict[tuple, tuple[float, float]]] = weakref.WeakKeyDictionary()
 """Recent bounds per cost model: every baseline plan of a batch reports the same bound."""
 _MEMO_SIZE = 16
 
@@ -64,8 +65,16 @@ def lower_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] 
     whose per-micro-batch parameter gathers make fixed costs large: a short step leaves room for
     few tokens per micro-batch to share them (at M = inf it is the plain GPU-seconds bound).
 
-    `arrays` (tokens, pairs), when given, saves reading them from the samples again.
+    It holds for every plan the executor can run, multi-phase plans included (see
+    `multi_phase_bound`). `arrays` (tokens, pairs), when given, saves reading them from the
+    samples again.
     """
+    return _bounds(batch, cm, sp_sizes, arrays)[0]
+
+
+def _bounds(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | None,
+            arrays: tuple[np.ndarray, np.ndarray] | None) -> tuple[float, float]:
+    """(`lower_bound`, `single_layout_bound`), memoized per cost model and batch."""
     sizes = tuple(allowed_sp_sizes(cm, sp_sizes))
     tokens, pairs = arrays if arrays is not None else sample_arrays(batch)
     digest = hashlib.blake2b(tokens.tobytes() + pairs.tobytes(), digest_size=16).digest()
@@ -74,9 +83,18 @@ def lower_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] 
     if key not in memo:
         if len(memo) >= _MEMO_SIZE:
             del memo[next(iter(memo))]
-        memo[key] = _makespan_bound(_Work(*distinct_samples(tokens, pairs), cm, sizes), cm.cluster.num_gpus) \
-            + cm.grad_sync_s()
+        work = _Work(*distinct_samples(tokens, pairs), cm, sizes)
+        makespan = _makespan_bound(work, cm.cluster.num_gpus)
+        memo[key] = (makespan + cm.grad_sync_s(), group_bound(work, cm, sizes, makespan) + cm.grad_sync_s())
     return memo[key]
+
+
+def single_layout_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | None = None,
+                        arrays: tuple[np.ndarray, np.ndarray] | None = None) -> float:
+    """`lower_bound` raised by charging the longest sample's group (`bound_group.group_bound`):
+    valid for single-layout plans only, where that group keeps its size for the whole step. A
+    multi-phase plan dissolves it once its sample is done, so this bound does not hold there."""
+    return _bounds(batch, cm, sp_sizes, arrays)[1]
 
 
 def capacity_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | None = None,
@@ -203,7 +221,9 @@ class _Work:
         slots = sum(max(len(c) for c in cands[p]) for p in sizes)
         if slots * len(tokens) > _MAX_CELLS:
             tokens, pairs, weight = _round_down(tokens, pairs, weight, max(1, _MAX_CELLS // slots))
-        self.weight = weight
+        self.tokens, self.pairs, self.weight = tokens, pairs, weight
+        self.memory_caps = {p: lv.memory_cap for p, lv in levels.items()}
+        self.coefs = {p: (lv.fixed, lv.per_token, lv.per_pair) for p, lv in levels.items()}
         rows: list[tuple[int, np.ndarray, np.ndarray]] = []  # (p, level per sample, open by memory)
         for p in sizes:
             lv = levels[p]
@@ -234,11 +254,16 @@ class _Work:
             r0 = np.searchsorted(levels[p].memory_cap, tokens, side="left")
             alone = exact_times(cm, p, tokens, pairs, np.minimum(r0, k))
             solo = np.minimum(solo, np.where(r0 <= k, alone, math.inf))
+        self.solo_best = solo
         self.longest = float(solo.max()) if len(solo) else 0.0
         self.memory_share = memory_share
         self.time_share = fixed * per_token  # over M - busy: fixed seconds per token when time caps it
 
     def __call__(self, makespan: float) -> float:
+        return float(self.costs(makespan) @ self.weight)
+
+    def costs(self, makespan: float) -> np.ndarray:
+        """Each distinct sample's least GPU-seconds in a plan of busy time `makespan`."""
         if not math.isfinite(makespan):
             cost = self.marginal + self.gpu_tokens * self.memory_share
         else:
@@ -247,7 +272,7 @@ class _Work:
             timed = np.divide(self.time_share, left, out=np.zeros_like(left), where=left > 0)
             share = np.maximum(self.memory_share, timed)
             cost = np.where(open_, self.marginal + self.gpu_tokens * share, np.inf)
-        return float(cost.min(axis=0) @ self.weight)
+        return cost.min(axis=0)
 
 
 def sample_floors(tokens: np.ndarray, pairs: np.ndarray, cm: CostModel,

@@ -19,8 +19,10 @@ and solver call is bounded by it; only the final assembly is kept back as a smal
    incumbent); the better candidate gets small exact re-solves of the slowest group's
    neighbourhood (`lns`) and moves and swaps (`pack`);
 4. finish: the incumbent assembled and validated, with the gap to the best proven bound (max of
-   `bounds.lower_bound` and the solver's dual bound + gradient sync) and a status that says
-   when the time limit cut the search short or left the program no time (`dcp.planner.status`).
+   `bounds.single_layout_bound` and the solver's dual bound + gradient sync) and a status that says
+   when the time limit cut the search short or left the program no time (`dcp.planner.status`):
+   every step that stops at a deadline records it, so a status without it means the same plan
+   on any machine.
    On solver failure the warm start is returned with a warning.
 """
 
@@ -73,17 +75,10 @@ def finish(search: Search) -> Plan:
     budget, best = search.budget, search.incumbent.best
     assert best is not None
     t0 = time.perf_counter()
-    skipped = f"{len(budget.cut)} step{'s' * (len(budget.cut) > 1)} skipped"
-    if search.program_ran:
-        status = search.status
-        if search.cut_short and CUT_SHORT not in status:
-            status += f", {CUT_SHORT}"
-        if budget.cut:
-            status += f", {skipped}" if CUT_SHORT in status else f", {CUT_SHORT} ({skipped})"
-    else:
-        status = NOT_RUN + (f" ({CUT_SHORT}, {skipped})" if budget.cut else " (the warm start meets the bound)")
+    status = _status(search)
     notes = [f"best plan from: {best.source}"]
     notes += [f"{what} skipped: {CUT_SHORT}" for what in budget.cut]
+    notes += [f"{what} cut short: {CUT_SHORT}" for what in budget.stopped]
     notes += search.notes
     bound_s = max(search.proven + search.sync, search.makespan_bound_s)
     step_s = best.busy_s + search.sync
@@ -96,3 +91,22 @@ def finish(search: Search) -> Plan:
     plan.notes.append("seconds: " + ", ".join(f"{k} {v:.3f}" for k, v in budget.spent_s.items()))
     plan.solve_time_s = budget.elapsed()
     return plan
+
+
+def _status(search: Search) -> str:
+    """The program's outcome, and whether (and where) the time limit cut the search: a status
+    without `CUT_SHORT` means no step stopped at a deadline, so the plan is the same on any
+    machine."""
+    budget = search.budget
+    parts = [f"{len(what)} step{'s' * (len(what) > 1)} {how}"
+             for what, how in ((budget.cut, "skipped"), (budget.stopped, "cut short")) if what]
+    limited = bool(parts) or search.cut_short
+    detail = f" ({', '.join(parts)})" if parts else ""
+    if search.program_ran:
+        status = search.status
+        if limited and CUT_SHORT not in status:
+            status += f", {CUT_SHORT}"
+        return status + detail
+    if limited:
+        return f"{NOT_RUN} ({CUT_SHORT}{', ' + ', '.join(parts) if parts else ''})"
+    return f"{NOT_RUN} (the warm start meets the bound)"

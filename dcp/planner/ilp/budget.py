@@ -5,7 +5,9 @@ pricing and validation of the chosen plan, which is kept back as a reserve measu
 (`final_pricing_s`). Each phase asks for its share of what is left (`until`), every loop checks
 the clock between steps, and every solver call gets the remaining time as its own limit, so the
 limit holds by construction, not by a quiet machine. What a phase had to skip or cut short is
-recorded and ends up in the plan's status and notes.
+recorded and ends up in the plan's status and notes: every step that can stop at a deadline
+takes a `Deadline`, which records the step when it does, so a plan that depends on the
+machine's load always says so, and one whose status records no cut is the same on any machine.
 """
 
 from __future__ import annotations
@@ -23,9 +25,13 @@ samples in 21,307 micro-batches on 32 GPUs: 71 ms; in 19,568 on 1,024 GPUs: 123 
 PASS_S_PER_SAMPLE = 5e-8
 """...on which one plain Python pass over a batch's samples (`Budget.sample_pass_s`) takes
 about this long per sample: the reserve scales with how much slower the pass ran here and now
-(other work on the machine's cores slows both alike), and never below `MIN_SLOWDOWN`."""
+(other work on the machine's cores slows both alike), and never below `MIN_SLOWDOWN`. Once the
+solve has run long enough (`MIN_CPU_S`), the ratio of its wall-clock to its CPU time so far
+measures the share of a core the machine's other work leaves it, steadier than one short pass
+(which a single preemption either misses or dominates); the larger of the two counts."""
 MIN_SLOWDOWN = 1.5
 MAX_SLOWDOWN = 6.0
+MIN_CPU_S = 0.02
 
 
 def final_pricing_s(samples: int, microbatches: int = 0, groups: int = 0, slowdown: float = 2.0) -> float:
@@ -44,13 +50,21 @@ class Budget:
     spent_s: dict[str, float] = field(default_factory=dict)
     """Seconds per phase, in the order they ran."""
     cut: list[str] = field(default_factory=list)
-    """What the limit skipped or cut short, in words."""
+    """What the limit skipped, in words."""
+    stopped: list[str] = field(default_factory=list)
+    """What the limit stopped before it finished, in words."""
     sample_pass_s: float = 0.0
-    """How long one plain Python pass over the batch's samples took: what the costs of whole
-    strategies are guessed from before they run (`warm`)."""
+    """How long one plain Python pass over the batch's samples took: how much slower than the
+    benchmark machine this one runs now (`slowdown`)."""
     pricing_s: float = 0.0
     """The longest a candidate's exact pricing took: kept back from every search step that
     ends in one (`search_deadline`)."""
+    cpu_started: float = field(default_factory=time.process_time)
+    wall_started: float = field(default_factory=time.perf_counter)
+    """The process's CPU time, and the wall clock, when the budget began (`slowdown`)."""
+    plan_dims: tuple[int, int, int] | None = None
+    """The incumbent's samples, micro-batches and groups (`plan_size`): the reserve follows the
+    slowdown as it changes."""
 
     @classmethod
     def start(cls, limit_s: float, samples: int, started: float | None = None) -> Budget:
@@ -61,6 +75,9 @@ class Budget:
     @property
     def deadline(self) -> float:
         """When searching must stop so that the final assembly ends within the limit."""
+        if self.plan_dims is not None:
+            self.reserve_s = min(final_pricing_s(*self.plan_dims, self.slowdown(self.plan_dims[0])),
+                                 self.limit_s / 2)
         return self.started + self.limit_s - self.reserve_s
 
     @property
@@ -70,13 +87,16 @@ class Budget:
 
     def slowdown(self, samples: int) -> float:
         """How much slower than the benchmark machine's quiet cores this one runs now."""
+        cpu_s = time.process_time() - self.cpu_started
+        shared = (time.perf_counter() - self.wall_started) / cpu_s if cpu_s >= MIN_CPU_S else 0.0
         if samples < 1000 or self.sample_pass_s <= 0:
-            return 2.0  # too short a pass to time
+            return min(max(2.0, shared), MAX_SLOWDOWN)  # too short a pass to time
         measured = self.sample_pass_s / (PASS_S_PER_SAMPLE * samples)
-        return min(max(measured, MIN_SLOWDOWN), MAX_SLOWDOWN)
+        return min(max(measured, shared, MIN_SLOWDOWN), MAX_SLOWDOWN)
 
     def plan_size(self, samples: int, microbatches: int, groups: int) -> None:
         """The incumbent changed: keep back what assembling it will take."""
+        self.plan_dims = (samples, microbatches, groups)
         self.reserve_s = min(final_pricing_s(samples, microbatches, groups, self.slowdown(samples)), self.limit_s / 2)
 
     def left(self) -> float:
@@ -94,5 +114,44 @@ class Budget:
         self.spent_s[phase] = self.spent_s.get(phase, 0.0) + time.perf_counter() - since
 
     def skip(self, what: str) -> None:
+        """`what` did not run: the time limit left it no time."""
         if what not in self.cut:
             self.cut.append(what)
+
+    def stop(self, what: str) -> None:
+        """`what` ran but the time limit stopped it before it finished."""
+        if what not in self.stopped:
+            self.stopped.append(what)
+
+    def deadline_for(self, what: str, at: float | None = None) -> Deadline:
+        """A deadline (default: the search deadline) that records `what` when it stops it."""
+        return Deadline(self.search_deadline if at is None else at, what, self)
+
+
+@dataclass
+class Deadline:
+    """When a step must stop (time.perf_counter()), and the budget that records it if it does."""
+
+    at: float
+    what: str = ""
+    budget: Budget | None = None
+
+    @classmethod
+    def of(cls, deadline: float | Deadline) -> Deadline:
+        """`deadline` itself, or a plain time as a deadline that records nothing."""
+        return deadline if isinstance(deadline, Deadline) else cls(deadline)
+
+    def left(self) -> float:
+        return self.at - time.perf_counter()
+
+    def passed(self) -> bool:
+        """True once the time is past `at`; then `what` is recorded as cut short."""
+        if time.perf_counter() <= self.at:
+            return False
+        self.record()
+        return True
+
+    def record(self) -> None:
+        """The step stopped here because of the time (a solver's own time limit, say)."""
+        if self.budget is not None and self.what:
+            self.budget.stop(self.what)

@@ -1,8 +1,8 @@
 """Length classes: the aggregated program's rows, and their samples handed back out.
 
 Samples are grouped into
-- exact types: length bands of large samples (their best solo time is at least `SMALL` of the
-  incumbent U; identical samples always together), counted per class, each at its least
+- exact types: length bands of large samples (their least marginal time, `CostTable.marg`, is
+  at least `SMALL` of the incumbent U; identical samples always together), counted per class, each at its least
   member's load and solo time; at most `MAX_EXACT`;
 - fluid buckets: the other samples, whose load ratios across SP sizes agree within a tolerance,
   split by fractions. A bucket's coefficient at size p is its exact summed load at its reference
@@ -21,7 +21,7 @@ import numpy as np
 from dcp.planner.ilp.costs import CostTable
 
 SMALL = 0.03
-"""A sample whose fastest solo time is below this fraction of U is treated as fluid."""
+"""A sample whose least marginal time is below this fraction of U is treated as fluid."""
 RATIO_TOL = 0.005
 """Fluid bucket: each size's load ratio (to the bucket's reference size) varies by at most this."""
 MAX_EXACT = 48
@@ -45,6 +45,9 @@ class Item:
     over the members, so the program stays a relaxation)."""
     solo: dict[int, float]
     """The least solo time of a member at each option (exact types; empty for fluid ones)."""
+    marg: dict[int, float]
+    """Like `coef`, for the marginal cost (`CostTable.marg`): what the item adds to its
+    micro-batches besides their fixed costs."""
 
 
 def program_items(table: CostTable, upper: float) -> list[Item]:
@@ -55,14 +58,17 @@ def program_items(table: CostTable, upper: float) -> list[Item]:
     tolerance doubled until at most `MAX_BUCKETS` remain."""
     n = len(table.tokens)
     opts = (table.ckpt >= 0) & (table.solo <= upper * (1 + 1e-9))
-    best_solo = table.solo.min(axis=1)
-    large = np.flatnonzero(best_solo >= SMALL * upper)
-    exact_ids = _bands(table, large, opts, best_solo)
+    # Large by what a sample adds beyond micro-batch fixed costs: with fixed costs of tens of
+    # ms (weight traffic) every sample's solo time would count as large.
+    best_marg = table.marg.min(axis=1)
+    large = np.flatnonzero(best_marg >= SMALL * upper)
+    exact_ids = _bands(table, large, opts, best_marg)
     items: list[Item] = []
     for ids in exact_ids:
         o = np.flatnonzero(opts[ids[0]]).tolist()
         items.append(Item(ids, o, True, {j: float(table.load[ids, j].min()) for j in o},
-                          {j: float(table.solo[ids, j].min()) for j in o}))
+                          {j: float(table.solo[ids, j].min()) for j in o},
+                          {j: float(table.marg[ids, j].min()) for j in o}))
     fluid = np.setdiff1d(np.arange(n), np.concatenate(exact_ids) if exact_ids else np.zeros(0, dtype=np.int64))
     if not len(fluid):
         return items
@@ -84,24 +90,31 @@ def program_items(table: CostTable, upper: float) -> list[Item]:
         members = fluid[order[lo:hi]]
         o = np.flatnonzero(opts[members[0]]).tolist()
         low = ratio[order[lo:hi]].min(axis=0)
-        total = float(table.load[members, o[0]].sum())
+        ref_load = table.load[members, o[0]]
+        total = float(ref_load.sum())
+        marg_low = (table.marg[members][:, o] / ref_load[:, None]).min(axis=0)
         # Coefficients use the smallest ratio in the bucket: the program stays a relaxation.
-        items.append(Item(members, o, False, {j: total * float(low[j]) for j in o}, {}))
+        items.append(Item(members, o, False, {j: total * float(low[j]) for j in o}, {},
+                          {j: total * float(r) for j, r in zip(o, marg_low, strict=True)}))
     return items
 
 
-def _bands(table: CostTable, large: np.ndarray, opts: np.ndarray, best_solo: np.ndarray) -> list[np.ndarray]:
-    """The large samples in length bands: the same sizes open to them and token counts within a
-    factor 1 + tolerance (`BAND_TOL`, grown by half until at most `MAX_EXACT` bands remain), each
-    band's members in ascending tokens. Identical samples always share a band; past the growth
+def _bands(table: CostTable, large: np.ndarray, opts: np.ndarray, best_size: np.ndarray) -> list[np.ndarray]:
+    """The large samples in length bands: the same sizes open to them, token counts and attention
+    pairs each within a factor 1 + tolerance (`BAND_TOL`, grown by half until at most `MAX_EXACT`
+    bands remain; so every cost, a positive combination of both, is too), each band's members in
+    ascending tokens. Videos of equal tokens but other frame counts differ in pairs several-fold:
+    a band by tokens alone would price them all at the cheapest. Identical samples always share a band; past the growth
     steps the longest bands are kept and the rest go fluid."""
     if not len(large):
         return []
     mask = (opts[large] * (1 << np.arange(opts.shape[1]))).sum(axis=1)
     log_t = np.log(table.tokens[large].astype(np.float64))
+    log_a = np.log(np.maximum(table.pairs[large], 1.0))
     tol = BAND_TOL
     for _ in range(24):
-        keys = np.column_stack([mask, np.floor(log_t / np.log1p(tol)).astype(np.int64)])
+        keys = np.column_stack([mask, np.floor(log_t / np.log1p(tol)).astype(np.int64),
+                                np.floor(log_a / np.log1p(tol)).astype(np.int64)])
         _, band = _unique_rows(keys)
         if band.max() + 1 <= MAX_EXACT:
             break
@@ -110,7 +123,7 @@ def _bands(table: CostTable, large: np.ndarray, opts: np.ndarray, best_solo: np.
     starts = np.flatnonzero(np.concatenate([[True], band[order][1:] != band[order][:-1]]))
     groups = [large[order[lo:hi]] for lo, hi in zip(starts, np.append(starts[1:], len(order)), strict=True)]
     if len(groups) > MAX_EXACT:
-        groups = sorted(groups, key=lambda g: (-best_solo[g[-1]], int(g[0])))[:MAX_EXACT]
+        groups = sorted(groups, key=lambda g: (-best_size[g[-1]], int(g[0])))[:MAX_EXACT]
     return sorted(groups, key=lambda g: (int(table.tokens[g[0]]), float(table.pairs[g[0]])))
 
 

@@ -11,6 +11,9 @@ For every sample i and allowed SP size p the table holds (from `CostModel.linear
     add[i, p]   a_ip, the additive estimate the local search uses: solo time for a sample that
                 needs checkpointing (it runs alone), else its marginal cost plus its token
                 share of one micro-batch's fixed cost
+    marg[i, p]  m_ip = per_token(p, r) T_i + per_pair(p, r) A_i, what sample i adds to any
+                micro-batch besides its fixed cost (r its fewest layers: every coefficient
+                grows with the layers a micro-batch checkpoints)
 
 A group runs its samples canonically: a sample that needs checkpointing at p runs alone with
 its fewest layers; the others are packed, longest first, into micro-batches of at most
@@ -44,6 +47,19 @@ class CostTable:
     """fixed(p, 0): the cost of one micro-batch that checkpoints nothing."""
     cap0: np.ndarray
     """max_tokens(p, 0): tokens a micro-batch may hold without checkpointing."""
+    marg: np.ndarray
+
+    def estimate_terms(self) -> tuple[np.ndarray, np.ndarray]:
+        """What `pack`'s group estimate adds per sample and size: the tokens of a sample that
+        needs no checkpointing (it shares micro-batches), and its time besides them (its
+        marginal cost; a checkpointing sample's solo time). Computed once per table."""
+        if not hasattr(self, "_terms"):
+            short = self.ckpt == 0
+            short_tok = np.where(short, self.tokens[:, None], 0).astype(np.float64)
+            marg = np.where(short, self.add - self.fixed0[None, :] * self.tokens[:, None]
+                            / np.maximum(self.cap0, 1)[None, :], self.solo)
+            self._terms = (short_tok, marg)
+        return self._terms
 
 
 def cost_table(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], pricer: Pricer | None = None) -> CostTable:
@@ -58,7 +74,7 @@ def cost_table(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], pricer:
     tokens, pairs = arrays.tokens, arrays.pairs
     table = CostTable(list(sizes), tokens.astype(np.int64), pairs, np.full((n, m), -1, dtype=np.int64),
                       np.full((n, m), np.inf), np.full((n, m), np.inf), np.full((n, m), np.inf),
-                      np.zeros(m), np.zeros(m))
+                      np.zeros(m), np.zeros(m), np.full((n, m), np.inf))
     for j, p in enumerate(sizes):
         lin = [cm.linear_time(p, r) for r in range(k + 1)]
         fixed = np.array([c.fixed for c in lin])
@@ -82,6 +98,7 @@ def cost_table(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], pricer:
         table.solo[:, j] = np.where(fits, solo, np.inf)
         table.add[:, j] = np.where(fits, np.where(rr == 0, share, solo), np.inf)
         table.load[:, j] = np.where(fits, load, np.inf)
+        table.marg[:, j] = np.where(fits, marginal, np.inf)
     return table
 
 

@@ -5,11 +5,11 @@ classes over their groups."""
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 
 import numpy as np
 
+from dcp.planner.ilp.budget import Deadline
 from dcp.planner.ilp.costs import CostTable
 from dcp.planner.ilp.pack import Groups, estimate, spread
 
@@ -62,16 +62,18 @@ HEURISTIC_TARGETS = (1.0, 1.04, 1.1, 1.25)
 among those where it runs alone within the target."""
 
 
-def heuristic(table: CostTable, num_gpus: int, target: float, deadline: float = math.inf,
+def heuristic(table: CostTable, num_gpus: int, target: float, deadline: float | Deadline = math.inf,
               targets: Sequence[float] = HEURISTIC_TARGETS) -> Groups:
-    """A quick solution, the best by estimate over `targets` (while time remains):
+    """A quick solution, the best by estimate over `targets` (while time remains; a target the
+    deadline skips is recorded there):
     each sample to the SP size with the least GPU-seconds among those where it runs alone
     within the target (else its fastest), classes merged upward until they fit the cluster, GPUs
     shared by `class_counts`, samples spread (`spread`)."""
     best: Groups | None = None
     best_est = math.inf
+    deadline = Deadline.of(deadline)
     for scale in targets:
-        if best is not None and time.perf_counter() > deadline:
+        if best is not None and deadline.passed():
             break
         groups = _heuristic_at(table, num_gpus, target * scale)
         est = estimate(groups, table)

@@ -12,14 +12,13 @@ with a[t, g] the additive time estimate of a type-t sample at group g's size and
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pulp
 
+from dcp.planner.ilp.budget import Deadline
 from dcp.planner.ilp.costs import CostTable
 from dcp.planner.ilp.pack import Groups, _Loads
-from dcp.planner.ilp.solvers import new_var, run_solver
+from dcp.planner.ilp.solvers import new_var, run_solver, stopped_on_time
 
 NEIGHBOURS = 6
 """Groups per neighbourhood, the slowest included."""
@@ -62,7 +61,8 @@ def _neighbourhood(loads: np.ndarray, gj: np.ndarray, sizes: np.ndarray, c: int,
     return chosen
 
 
-def _solve(groups: Groups, hood: list[int], table: CostTable, solver: str, deadline: float) -> dict[int, int] | None:
+def _solve(groups: Groups, hood: list[int], table: CostTable, solver: str,
+           deadline: Deadline) -> dict[int, int] | None:
     """New group (index into `groups`) for every sample of the neighbourhood, or None."""
     types: dict[tuple[int, float], list[int]] = {}
     for g in hood:
@@ -91,8 +91,10 @@ def _solve(groups: Groups, hood: list[int], table: CostTable, solver: str, deadl
         for i in types[key]:
             start[c[t, where[i]]] += 1.0
     start[z] = max(sum(float(table.add[i, groups[g][0]]) for i in groups[g][1]) for g in hood)
-    res = run_solver(prob, solver, deadline - time.perf_counter(), LNS_GAP, start, max_nodes=LNS_NODES,
+    res = run_solver(prob, solver, deadline.left(), LNS_GAP, start, max_nodes=LNS_NODES,
                      highs_options=_HIGHS_OPTIONS)
+    if stopped_on_time(res.status):
+        deadline.record()
     if res.values is None:
         return None
     out: dict[int, int] = {}
@@ -108,16 +110,18 @@ def _solve(groups: Groups, hood: list[int], table: CostTable, solver: str, deadl
     return out
 
 
-def lns(groups: Groups, table: CostTable, solver: str, deadline: float, rounds: int,
+def lns(groups: Groups, table: CostTable, solver: str, deadline: float | Deadline, rounds: int,
         target: float = 0.0) -> Groups:
     """Up to `rounds` neighbourhood solves, each accepted when it lowers the slowest group; stops
-    early once the slowest group's estimate is at most `target`."""
+    early once the slowest group's estimate is at most `target` (or at `deadline`, which then
+    records it)."""
     groups = [(j, list(ids)) for j, ids in groups]
+    deadline = Deadline.of(deadline)
     variant = failures = 0
     for _ in range(rounds):
-        if failures >= 2:
+        if failures >= 2 or len(groups) < 2:
             break
-        if time.perf_counter() >= deadline or len(groups) < 2:
+        if deadline.passed():
             break
         st = _Loads(groups, table)
         loads = st.loads()

@@ -71,6 +71,7 @@ def solve_classes(table: CostTable, num_gpus: int, upper: float, lower: float, s
     cap_v: dict[tuple[int, int], pulp.LpVariable] = {}
     n_groups: dict[int, pulp.LpAffineExpression] = {}
     load: dict[int, pulp.LpAffineExpression] = {}
+    marg: dict[int, pulp.LpAffineExpression] = {}
     for j, p in enumerate(sizes):
         bits = range(int(math.log2(num_gpus // p)) + 1)
         for k in bits:
@@ -81,12 +82,19 @@ def solve_classes(table: CostTable, num_gpus: int, upper: float, lower: float, s
             prob += cap_v[j, k] <= upper * beta[j, k], f"E3c_{j}_{k}"
         n_groups[j] = pulp.lpSum((1 << k) * beta[j, k] for k in bits)
         load[j] = pulp.lpSum(it.coef[j] * x[t, j] for t, it in enumerate(items) if j in it.coef)
+        capacity = pulp.lpSum((1 << k) * cap_v[j, k] for k in bits)
         # (E3) class capacity: load_p <= n_p * B = sum_k 2^k v[p,k]  (n_p = sum_k 2^k beta[p,k])
-        prob += load[j] <= pulp.lpSum((1 << k) * cap_v[j, k] for k in bits), f"E3_{j}"
+        prob += load[j] <= capacity, f"E3_{j}"
+        # (E3m) every group runs at least one micro-batch: f_p n_p + sum m[t,p] x[t,p] <= n_p B
+        marg[j] = pulp.lpSum(it.marg[j] * x[t, j] for t, it in enumerate(items) if j in it.marg)
+        prob += marg[j] + float(table.fixed0[j]) * n_groups[j] <= capacity, f"E3m_{j}"
     # (E2) groups cover at most N GPUs: sum_p p * n_p <= N (aligned_layout places them)
     prob += pulp.lpSum(p * n_groups[j] for j, p in enumerate(sizes)) <= num_gpus, "E2"
     # (E4) GPU-seconds: sum_p p * load_p <= N * B (each class's load fits n_p * B)
     prob += pulp.lpSum(p * load[j] for j, p in enumerate(sizes)) <= num_gpus * busy, "E4"
+    # (E4m) the same with (E3m)'s left-hand sides
+    prob += pulp.lpSum(p * (marg[j] + float(table.fixed0[j]) * n_groups[j]) for j, p in enumerate(sizes)) \
+        <= num_gpus * busy, "E4m"
     delta: dict[tuple[int, int], pulp.LpVariable] = {}
     for t, it in enumerate(items):
         if not it.exact:

@@ -10,8 +10,8 @@ the canonical micro-batching of `costs` with perfect packing, so never above its
 
 from __future__ import annotations
 
+import heapq
 import math
-import time
 from collections import Counter
 from collections.abc import Sequence
 from typing import TypeVar
@@ -20,6 +20,7 @@ import numpy as np
 
 from dcp.costmodel import Cluster, CostModel
 from dcp.planner.common import aligned_layout
+from dcp.planner.ilp.budget import Deadline
 from dcp.planner.ilp.costs import CostTable, form_microbatches
 from dcp.planner.pricing import Layout
 
@@ -33,7 +34,10 @@ _SWAP_TOP = 24
 _SWAP_GROUPS = 8
 """...against every sample of this many least-loaded groups (those with room to take one)..."""
 _SWAP_PER_SIZE = 2
-"""...and of this many least-loaded groups of each SP size."""
+"""...and of this many least-loaded groups of each SP size..."""
+_SWAP_OTHERS = 2048
+"""...evenly spaced over at most this many of their samples (groups of thousands of small
+samples would otherwise make each step cost milliseconds)."""
 _MULTIFIT_ITEMS = 8
 """MULTIFIT spreads a class of at most this many samples per group (and `_MULTIFIT_MAX` in all:
 each bisection step is a pass per sample); LPT (vectorized) beyond."""
@@ -46,10 +50,7 @@ class _Loads:
 
     def __init__(self, groups: Groups, table: CostTable) -> None:
         self.t = table
-        short = table.ckpt == 0
-        self.short_tok = np.where(short, table.tokens[:, None], 0).astype(np.float64)
-        self.marg = np.where(short, table.add - table.fixed0[None, :] * table.tokens[:, None]
-                             / np.maximum(table.cap0, 1)[None, :], table.solo)
+        self.short_tok, self.marg = table.estimate_terms()
         self.gj = np.array([j for j, _ in groups], dtype=np.int64)
         self.where = np.full(len(table.tokens), -1, dtype=np.int64)
         for g, (_, ids) in enumerate(groups):
@@ -58,6 +59,15 @@ class _Loads:
         cols = self.gj[self.where[placed]]
         self.base = np.bincount(self.where[placed], weights=self.marg[placed, cols], minlength=len(groups))
         self.tok = np.bincount(self.where[placed], weights=self.short_tok[placed, cols], minlength=len(groups))
+        self._held: list[np.ndarray] | None = None
+
+    def held(self, g: int) -> np.ndarray:
+        """Group g's samples, ascending (kept up to date by `move`)."""
+        if self._held is None:
+            order = np.argsort(self.where, kind="stable")
+            cuts = np.searchsorted(self.where[order], np.arange(-1, len(self.gj) + 1))
+            self._held = [order[cuts[k + 1]:cuts[k + 2]] for k in range(len(self.gj))]
+        return self._held[g]
 
     def est(self, base: np.ndarray, tok: np.ndarray, gj: np.ndarray | int) -> np.ndarray:
         """base + fixed(p, 0) * ceil(tokens / max_tokens(p, 0)), elementwise (broadcasting)."""
@@ -74,23 +84,29 @@ class _Loads:
         self.base[h] += self.marg[s, self.gj[h]]
         self.tok[h] += self.short_tok[s, self.gj[h]]
         self.where[s] = h
+        if self._held is not None:
+            self._held[g] = self._held[g][self._held[g] != s]
+            at = int(np.searchsorted(self._held[h], s))
+            self._held[h] = np.concatenate((self._held[h][:at], [s], self._held[h][at:]))
 
 
-def improve(groups: Groups, table: CostTable, deadline: float, max_iter: int = 2000) -> Groups:
+def improve(groups: Groups, table: CostTable, deadline: float | Deadline, max_iter: int = 2000) -> Groups:
     """Local search: repeatedly apply the move or swap involving the slowest group that most
     lowers the larger of the two touched groups' times, while that stays below the slowest
     group's time. Swaps consider the slowest group's `_SWAP_TOP` largest samples against every
-    other sample. Deterministic (ties go to the lowest index); `deadline` is a safety net."""
+    other sample. Deterministic (ties go to the lowest index) unless `deadline` stops it, which
+    it then records."""
     if len(groups) < 2:
         return groups
+    deadline = Deadline.of(deadline)
     st = _Loads(groups, table)
     for it in range(max_iter):
-        if it % 8 == 0 and time.perf_counter() > deadline:
+        if it % 8 == 0 and deadline.passed():
             break
         loads = st.loads()
         c = int(np.argmax(loads))
         lc, jc = loads[c], st.gj[c]
-        members = np.flatnonzero(st.where == c)
+        members = st.held(c)
         base_c = st.base[c] - st.marg[members, jc]
         tok_c = st.tok[c] - st.short_tok[members, jc]
         new_c = st.est(base_c, tok_c, jc)
@@ -108,7 +124,9 @@ def improve(groups: Groups, table: CostTable, deadline: float, max_iter: int = 2
         # the least-loaded groups overall and of every SP size (a swap can change sizes)
         partners = np.unique(np.concatenate([by_load[:_SWAP_GROUPS]] + [
             by_load[st.gj[by_load] == j][:_SWAP_PER_SIZE] for j in np.unique(st.gj)]))
-        others = np.flatnonzero(np.isin(st.where, partners[partners != c]))
+        others = np.sort(np.concatenate([st.held(int(g)) for g in partners if g != c] + [np.zeros(0, np.int64)]))
+        if len(others) > _SWAP_OTHERS:
+            others = others[np.linspace(0, len(others) - 1, _SWAP_OTHERS).astype(np.int64)]
         if len(others):
             top = np.argsort(-st.marg[members, jc], kind="stable")[:_SWAP_TOP]
             s_idx, og = members[top], st.where[others]
@@ -149,21 +167,43 @@ def spread(ids: Sequence[int], n_groups: int, j: int, table: CostTable) -> list[
     ids = np.asarray(sorted(ids), dtype=np.int64)
     if len(ids) <= min(_MULTIFIT_ITEMS * n_groups, _MULTIFIT_MAX):
         return multifit(ids, n_groups, j, table)
-    return lpt_chunked(table.add[ids, j], ids, n_groups)
+    return lpt_fast(table.add[ids, j], ids, n_groups)
 
 
-def lpt_chunked(sizes: np.ndarray, ids: np.ndarray, n_groups: int) -> list[list[int]]:
-    """LPT in rounds of `n_groups` samples: the next n longest go, longest first, to the groups
-    from least to most loaded (ties by index). The same as LPT while a round's samples differ
-    less than the groups' loads; one numpy step per round instead of a heap step per sample."""
+LPT_HEAD = 4
+"""`lpt_fast` runs LPT proper (a heap step per sample) on the longest n_groups * this samples
+and on every sample above `LPT_SHARE` of the mean load per group (water filling overshoots by
+up to one sample of the rest)."""
+LPT_SHARE = 1 / 64
+
+
+def lpt_fast(sizes: np.ndarray, ids: np.ndarray, n_groups: int) -> list[list[int]]:
+    """Longest processing time first on the longest samples (`LPT_HEAD`, `LPT_SHARE`; each to
+    the least-loaded group, ties by index); the shorter rest by water filling: the level L at
+    which the groups' room below it holds them, and each group a run of them (longest first)
+    that fills its room to within one sample. Within one short sample of LPT's balance, at one
+    numpy pass for the rest instead of a heap step each."""
     order = np.lexsort((ids, -sizes))
-    loads = np.zeros(n_groups)
     owner = np.empty(len(ids), dtype=np.int64)
-    for start in range(0, len(order), n_groups):
-        chunk = order[start:start + n_groups]
-        targets = np.lexsort((np.arange(n_groups), loads))[:len(chunk)]
-        owner[chunk] = targets
-        loads[targets] += sizes[chunk]
+    loads = np.zeros(n_groups)
+    heap = [(0.0, g) for g in range(n_groups)]
+    big = int((sizes > LPT_SHARE * float(sizes.sum()) / n_groups).sum())
+    head = order[:max(LPT_HEAD * n_groups, big)]
+    for k in head.tolist():
+        load, g = heapq.heappop(heap)
+        owner[k], loads[g] = g, load + sizes[k]
+        heapq.heappush(heap, (loads[g], g))
+    tail = order[len(head):]
+    if len(tail):
+        by_load = np.lexsort((np.arange(n_groups), loads))
+        low = loads[by_load]
+        # water level: with the k least-loaded groups under it, L = (tail + their loads) / k
+        level = (float(sizes[tail].sum()) + np.cumsum(low)) / np.arange(1, n_groups + 1)
+        k = int(np.argmax(level <= np.append(low[1:], np.inf)))
+        room = np.maximum(level[k] - low, 0.0)
+        mid = np.cumsum(sizes[tail]) - sizes[tail] / 2  # each sample goes where its middle falls
+        slot = np.minimum(np.searchsorted(np.cumsum(room), mid, side="right"), n_groups - 1)
+        owner[tail] = by_load[slot]
     by_group = np.argsort(owner, kind="stable")
     cuts = np.searchsorted(owner[by_group], np.arange(n_groups + 1))
     return [ids[by_group[cuts[g]:cuts[g + 1]]].tolist() for g in range(n_groups)]
@@ -173,7 +213,7 @@ def multifit(ids: np.ndarray, n_groups: int, j: int, table: CostTable, rounds: i
     """MULTIFIT: bisect on a capacity for which first-fit-decreasing packs every sample into
     `n_groups` groups; LPT's packing when it is better."""
     size = table.add[ids, j].astype(np.float64)
-    best = lpt_chunked(size, ids, n_groups) if len(ids) > n_groups else \
+    best = lpt_fast(size, ids, n_groups) if len(ids) > n_groups else \
         [[int(i)] for i in ids] + [[] for _ in range(n_groups - len(ids))]
     if n_groups <= 1 or len(ids) <= n_groups:
         return best

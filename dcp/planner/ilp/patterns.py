@@ -20,16 +20,16 @@ one is a packable class assignment to turn into groups.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
 import pulp
 
+from dcp.planner.ilp.budget import Deadline
 from dcp.planner.ilp.classes import Item, program_items, split_fluid
 from dcp.planner.ilp.costs import CostTable
 from dcp.planner.ilp.pack import Groups
-from dcp.planner.ilp.solvers import new_var, run_solver
+from dcp.planner.ilp.solvers import new_var, run_solver, stopped_on_time
 
 PARTS = 8
 """A sample is large at a size when its load there exceeds theta / PARTS."""
@@ -85,10 +85,12 @@ def _patterns(items: list[Item], big: list[int], j: int, theta: float, most: int
 
 
 def solve_patterns(table: CostTable, num_gpus: int, upper: float, theta: float, solver: str,
-                   deadline: float) -> PatternResult | None:
+                   deadline: float | Deadline) -> PatternResult | None:
     """The program at level `theta` (at most `upper`, the incumbent's busy time, at which the
     items are built); None when it is too large to pose. An exact type may only go where it runs
-    alone within theta; a fluid bucket keeps all its sizes (a relaxation either way)."""
+    alone within theta; a fluid bucket keeps all its sizes (a relaxation either way). When the
+    time left makes the program smaller than `MAX_PATTERNS` allows, `deadline` records it."""
+    deadline = Deadline.of(deadline)
     sizes = table.sizes
     items = program_items(table, upper)
     usable = {(t, j) for t, it in enumerate(items) for j in it.options
@@ -98,7 +100,8 @@ def solve_patterns(table: CostTable, num_gpus: int, upper: float, theta: float, 
             return PatternResult(None, True, "a sample runs alone longer than theta")
     parts = PARTS
     # The program's size follows the time left: its root node costs about ROOT_S_PER_COLUMN each.
-    most = max(1, min(MAX_PATTERNS, int((deadline - time.perf_counter()) / ROOT_S_PER_COLUMN)))
+    by_time = int(max(deadline.left(), 0.0) / ROOT_S_PER_COLUMN)
+    most = max(1, min(MAX_PATTERNS, by_time))
     while True:
         big = {j: [t for t, it in enumerate(items) if it.exact and (t, j) in usable and it.coef[j] > theta / parts]
                for j in range(len(sizes))}
@@ -111,6 +114,8 @@ def solve_patterns(table: CostTable, num_gpus: int, upper: float, theta: float, 
             pats[j], left = found, left - len(found)
         else:
             break
+        if by_time < MAX_PATTERNS:
+            deadline.record()  # fewer large samples than the deterministic budget would allow
         if parts <= 2:
             return None
         parts //= 2
@@ -142,10 +147,13 @@ def solve_patterns(table: CostTable, num_gpus: int, upper: float, theta: float, 
         prob += pulp.LpAffineExpression(room + fill) >= 0, f"P2_{j}"
     # (P3) groups cover at most N GPUs
     prob += pulp.lpSum(p * z[j, q] for j, p in enumerate(sizes) for q in range(len(pats[j]))) <= num_gpus, "P3"
-    if time.perf_counter() + ROOT_S_PER_COLUMN * len(z) > deadline:
+    if ROOT_S_PER_COLUMN * len(z) > deadline.left():
+        deadline.record()
         return PatternResult(None, False, "time limit reached")  # its root node alone would run past it
-    res = run_solver(prob, solver, deadline - time.perf_counter(), 0.01, None, max_nodes=PATTERN_NODES,
+    res = run_solver(prob, solver, deadline.left(), 0.01, None, max_nodes=PATTERN_NODES,
                      highs_options=_HIGHS_OPTIONS)
+    if stopped_on_time(res.status):
+        deadline.record()
     if res.values is None:
         return PatternResult(None, res.status == "infeasible", res.status)
     return PatternResult(_groups(items, table, pats, z, small, res.values), False, res.status)

@@ -13,8 +13,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from dcp.costmodel import CostModel
-from dcp.planner.bounds import capacity_bound, lower_bound
+from dcp.planner.bounds import capacity_bound, single_layout_bound
 from dcp.planner.ilp.budget import Budget
+from dcp.planner.ilp.columns import column_bound, column_plan, shapes_of
 from dcp.planner.ilp.costs import CostTable, cost_table
 from dcp.planner.ilp.heuristic import class_counts
 from dcp.planner.ilp.incumbent import Incumbent
@@ -22,6 +23,7 @@ from dcp.planner.ilp.lns import lns
 from dcp.planner.ilp.model import solve_classes
 from dcp.planner.ilp.pack import IMPROVE_STEPS, Groups, estimate, improve, spread
 from dcp.planner.ilp.patterns import solve_patterns
+from dcp.planner.ilp.solvers import stopped_on_time
 from dcp.planner.ilp.warm import warm_start
 from dcp.planner.options import IlpOptions
 from dcp.planner.pricing import BatchArrays, Pricer
@@ -44,6 +46,13 @@ PATTERN_TRIES = 3
 """Levels tried per round while the program proves them infeasible."""
 MIN_SOLVE_S = 0.03
 """A program round starts only with this much time left before the search deadline."""
+CLASS_SHARE = 0.5
+"""A class-program solve may take this share of the search time left: the configuration program
+and the searches after it get the rest."""
+COLUMN_SHARE = 0.5
+"""The column program (batches of few shapes) may take this share of the search time left."""
+COLUMN_LEVELS = (1.015, 1.03, 1.06)
+"""Levels its plan is sought at, as multiples of the bound it proved (the first that gives one)."""
 
 
 class Search:
@@ -63,9 +72,9 @@ class Search:
         # configuration levels, early stop) runs on the capacity bound, the one its load
         # coefficients share: as the floor, the makespan bound flattens the program's objective
         # above its relaxation (any assignment meeting it is "optimal") and the spread plans got
-        # worse (opensora:balanced, 64 GPUs: +0.2%). The plan reports `lower_bound` if larger.
+        # worse (opensora:balanced, 64 GPUs: +0.2%). The plan reports `single_layout_bound` if larger.
         self.proven = capacity_bound(batch, cm, sizes, bound_arrays) - self.sync
-        self.makespan_bound_s = lower_bound(batch, cm, sizes, bound_arrays)
+        self.makespan_bound_s = single_layout_bound(batch, cm, sizes, bound_arrays)
         self.incumbent = Incumbent(cm, self.table, self.arrays, self.pricer, options.max_microbatches, budget)
         self.notes: list[str] = []
         self.status, self.failed, self.cut_short, self.program_ran = "warm start", None, False, False
@@ -109,6 +118,7 @@ class Search:
         beside it; the better one (by estimate) searched and priced. A later round starts from
         the better incumbent with tighter cuts; configuration rounds follow while they improve."""
         t0 = time.perf_counter()
+        self.column_program()
         rounds = max(1, int(ROUNDS_PER_S * self.options.time_limit_s))
         for round_ in range(rounds):
             if self.gap() <= self.options.mip_rel_gap:
@@ -119,7 +129,7 @@ class Search:
             self.program_ran = True
             try:
                 sol = solve_classes(self.table, self.cm.cluster.num_gpus, self.incumbent.busy_s, self.proven,
-                                    self.incumbent.groups, self.options.solver, self.budget.search_deadline,
+                                    self.incumbent.groups, self.options.solver, self.budget.until(CLASS_SHARE),
                                     self.options.mip_rel_gap)
                 error = None if sol is not None else "no solution"
             except Exception as e:  # the solver must never take the planner down
@@ -129,21 +139,52 @@ class Search:
                     self.failed = error
                 break
             self.status = sol.status
-            if "time limit" in sol.status:
+            if stopped_on_time(sol.status):  # at its share of the time (CLASS_SHARE) or the deadline
                 self.cut_short = True
+                self.budget.stop("the class program")
             self.proven = max(self.proven, sol.bound)
             found = [(self.improve(g), "aggregated program") for g in self.spreads(sol.counts, sol.classes)]
             upper = min([self.incumbent.busy_s] + [estimate(g, self.table) for g, _ in found])
             found += [(g, "configuration program") for g in [self.configurations(upper)] if g]
             if not found or not self.search(found):
                 break
-        for _ in range(PATTERN_ROUNDS):
-            if self.gap() <= self.options.mip_rel_gap or self.budget.search_deadline - time.perf_counter() < MIN_SOLVE_S:
+        for round_ in range(PATTERN_ROUNDS):
+            if self.gap() <= self.options.mip_rel_gap:
+                break
+            if self.budget.search_deadline - time.perf_counter() < MIN_SOLVE_S:
+                self.budget.skip("configuration program rounds" if round_ == 0 else
+                                 f"configuration program rounds {round_ + 1}-{PATTERN_ROUNDS}")
                 break
             groups = self.configurations(self.incumbent.busy_s)
             if groups is None or not self.search([(groups, "configuration program")]):
                 break
         self.budget.record("program", t0)
+
+    def column_program(self) -> None:
+        """Batches of few distinct shapes (`columns`): the configuration program's bound by
+        column generation, then its integer plan just above the bound, searched and priced."""
+        shapes = shapes_of(self.table)
+        if shapes is None or self.gap() <= self.options.mip_rel_gap:
+            return
+        if self.budget.search_deadline - time.perf_counter() < MIN_SOLVE_S:
+            self.budget.skip("the column program")
+            return
+        self.program_ran, self.status = True, "column program"
+        deadline = self.budget.deadline_for("the column program", self.budget.until(COLUMN_SHARE))
+        n = self.cm.cluster.num_gpus
+        try:
+            bound, start = column_bound(self.table, shapes, n, self.proven, self.incumbent.busy_s, deadline)
+            self.proven = max(self.proven, bound)
+            for level in COLUMN_LEVELS:
+                theta = self.proven * level
+                if theta >= self.incumbent.busy_s or self.gap() <= self.options.mip_rel_gap:
+                    break
+                groups = column_plan(self.table, shapes, n, theta, deadline, start)
+                if groups is not None:
+                    self.search([(self.improve(groups), "column program")])
+                    break
+        except Exception as e:  # the solver must never take the planner down
+            self.notes.append(f"column program failed ({type(e).__name__}: {e})")
 
     def configurations(self, upper: float) -> Groups | None:
         """The configuration program (`patterns`) at a level theta `PATTERN_STEP` of the way
@@ -151,17 +192,20 @@ class Search:
         > theta (then a higher level); feasible gives groups packing the large samples as the
         class program's counting cuts cannot, locally searched. None when it finds none."""
         for _ in range(PATTERN_TRIES):
-            if self.gap() <= self.options.mip_rel_gap or self.budget.search_deadline - time.perf_counter() < MIN_SOLVE_S:
+            if self.gap() <= self.options.mip_rel_gap:
+                return None
+            if self.budget.search_deadline - time.perf_counter() < MIN_SOLVE_S:
+                self.budget.skip("configuration program levels")
                 return None
             theta = self.proven + PATTERN_STEP * (upper - self.proven)
             cap = min(self.budget.search_deadline, time.perf_counter() + PATTERN_SOLVE_SHARE * self.options.time_limit_s)
             try:
                 res = solve_patterns(self.table, self.cm.cluster.num_gpus, self.incumbent.busy_s, theta,
-                                     self.options.solver, cap)
+                                     self.options.solver, self.budget.deadline_for("the configuration program", cap))
             except Exception as e:  # the solver must never take the planner down
                 self.notes.append(f"configuration program failed ({type(e).__name__}: {e})")
                 return None
-            if res is not None and "time limit" in res.status:
+            if res is not None and stopped_on_time(res.status):
                 self.cut_short = True
             if res is None or not res.infeasible:
                 return None if res is None or res.groups is None else self.improve(res.groups)
@@ -187,15 +231,16 @@ class Search:
         return class_counts(loads, self.table.sizes, self.cm.cluster.num_gpus, items)
 
     def improve(self, groups: Groups) -> Groups:
-        return improve(groups, self.table, self.budget.search_deadline, IMPROVE_STEPS)
+        return improve(groups, self.table, self.budget.deadline_for("local search"), IMPROVE_STEPS)
 
     def search(self, found: list[tuple[Groups, str]]) -> bool:
         """Neighbourhood search on the best candidate (by estimate), then local search; True if
         it is the new incumbent."""
         groups, source = min(found, key=lambda f: estimate(f[0], self.table))
         target = (self.proven + self.sync) / (1 - self.options.mip_rel_gap) - self.sync
-        groups = lns(groups, self.table, self.options.solver, self.budget.search_deadline, LNS_ROUNDS, target)
-        groups = improve(groups, self.table, self.budget.search_deadline, IMPROVE_STEPS)
+        groups = lns(groups, self.table, self.options.solver, self.budget.deadline_for("neighbourhood search"),
+                     LNS_ROUNDS, target)
+        groups = self.improve(groups)
         return self.incumbent.offer_groups(groups, source)
 
     def gap(self) -> float:

@@ -35,6 +35,12 @@ class SolveResult:
     status: str
 
 
+def stopped_on_time(status: str) -> bool:
+    """Whether a `SolveResult.status` says the time limit stopped the solver (HiGHS: "time
+    limit reached", also for `_interrupt_at`; CBC: "stopped on time")."""
+    return "time limit" in status or "stopped on time" in status
+
+
 def new_var(prob: pulp.LpProblem, name: str, low: float | None = None, up: float | None = None,
             cat: str = pulp.LpContinuous) -> pulp.LpVariable:
     """A variable owned by `prob` (PuLP >= 3.3's add_variable; LpVariable on older PuLP)."""

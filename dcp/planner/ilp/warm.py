@@ -1,19 +1,21 @@
 """The ILP's warm start: never worse than any strategy the planner could have run.
 
-dcp-greedy runs first (the fallback, tens of milliseconds at tens of thousands of samples)
-unless it would take more than half the budget, then a quick heuristic on the cost table. Every
-other baseline (dcp-greedy-inter, bucket-per-batch, packed-per-batch, and bucket and packing at
-each larger static SP size: the static `bucket` and `packed` run at one of them, and packing
-there wins under ZeRO-3's heavy per-micro-batch costs) either runs and is offered, or is
-proven unable to beat the incumbent by a lower bound on its own step time (`baseline_bound`), or,
-when the budget's warm-start share is spent, is skipped and the plan's notes say so. Then the
-few large micro-batches of `fill` where fixed costs are heavy; the heuristic's groups and the
-incumbent's are improved by local search (`pack.improve`). A baseline is
-re-priced with the fewest checkpointed layers of each micro-batch, never slower than itself.
+dcp-greedy always runs first (the fallback, tens of milliseconds at tens of thousands of
+samples: the plan is never worse than it, under any load), then a quick heuristic on the cost
+table. Every other baseline (dcp-greedy-inter, bucket-per-batch, packed-per-batch, and bucket and
+packing at each larger static SP size: the static `bucket` and `packed` run at one of them, and
+packing there wins under ZeRO-3's heavy per-micro-batch costs) either is proven unable to beat
+the incumbent by a lower bound on its own step time (`baseline_bound`), or runs and is offered;
+only past the search deadline is one skipped, and the status says so. Then, while the warm
+share lasts, the few large micro-batches of `fill` where fixed costs are heavy, the heuristic's
+other targets, and local search (`pack.improve`) on the heuristic's groups and the incumbent's;
+each records it when the time limit skips or stops it. A baseline is re-priced with the fewest
+checkpointed layers of each micro-batch, never slower than itself.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 
@@ -22,10 +24,12 @@ import numpy as np
 from dcp.costmodel import CostModel
 from dcp.planner.baselines import (
     bucket_layout,
+    group_share,
     packed_layout,
     smallest_fitting_sp,
     solve_bucket,
     solve_packed,
+    static_sp_size,
 )
 from dcp.planner.greedy import greedy_layout, solve_greedy
 from dcp.planner.ilp.budget import Budget
@@ -40,12 +44,8 @@ from dcp.planner.pricing import BatchArrays, Pricer
 from dcp.planner.sample import Sample
 
 WARM_SHARE = 0.3
-"""Optional warm-start work (baselines past dcp-greedy, fill, local search) stops once this
+"""Optional warm-start work (fill, the heuristic's other targets, local search) stops once this
 share of the budget is gone; the program gets the rest."""
-GREEDY_PASSES = 40
-"""dcp-greedy costs up to this many plain passes over the samples (measured: 5 to 100)..."""
-GREEDY_SHARE = 0.5
-"""...and runs when that fits this share of the budget (it is the fallback: under load too)."""
 
 
 def baseline_options(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int]) -> list[StrategyOptions]:
@@ -89,9 +89,10 @@ def baseline_bound(options: StrategyOptions, batch: Sequence[Sample], cm: CostMo
                    arrays: BatchArrays, pricer: Pricer) -> float:
     """A lower bound on the busy time of the baseline's plan, whatever it packs: each of its
     micro-batches costs at least fixed + per_token T + per_pair A at the fewest layers its
-    samples allow (all K for bucket and dcp-greedy-inter), so its groups carry at least the
-    sum of their samples' marginal costs; a static strategy spreads them over N / p groups, a
-    mixed one over N GPUs (GPU-seconds); and no group is shorter than its longest sample."""
+    samples allow (all K for bucket and dcp-greedy-inter; for packing, the layers of a bin more
+    than half full, `_packed_work`), so its groups carry at least the sum of their samples'
+    marginal costs; a static strategy spreads them over N / p groups, a mixed one over N GPUs
+    (GPU-seconds); and no group is shorter than its longest sample."""
     k, n = cm.model.num_layers, cm.cluster.num_gpus
     if isinstance(options, GreedyOptions):
         if options.pyramid:
@@ -104,15 +105,34 @@ def baseline_bound(options: StrategyOptions, batch: Sequence[Sample], cm: CostMo
             work = np.minimum(work, np.where(np.isfinite(solo), marginal, np.inf))
             longest = np.minimum(longest, solo)
         return max(float(work.sum()) / n, float(longest.max()))
-    from dcp.planner.baselines import static_sp_size
-
+    longest = int(arrays.tokens.max())
     p = static_sp_size(batch, cm, sizes, getattr(options, "static_sp", None),
-                       getattr(options, "dataset_longest_tokens", None))
-    ckpt = k if isinstance(options, BucketOptions) else None
-    solo = pricer.times(p, arrays.tokens, arrays.pairs, ckpt)
-    lin = cm.linear_time(p, k if ckpt is not None else 0)
+                       getattr(options, "dataset_longest_tokens", None), longest_tokens=longest)
+    groups = n // p
+    if isinstance(options, PackedOptions):
+        return max(_packed_work(options, p, cm, arrays, pricer) / groups,
+                   float(pricer.times(p, arrays.tokens, arrays.pairs).max()))
+    solo = pricer.times(p, arrays.tokens, arrays.pairs, k)
+    lin = cm.linear_time(p, k)
     marginal = lin.per_token * arrays.tokens + lin.per_pair * arrays.pairs
-    return max(float(marginal.sum()) / (n // p), float(solo.max()))
+    return max(float(marginal.sum()) / groups, float(solo.max()))
+
+
+def _packed_work(options: PackedOptions, p: int, cm: CostModel, arrays: BatchArrays, pricer: Pricer) -> float:
+    """Group-seconds packing's micro-batches take at least. First fit leaves at most one bin at
+    most half full (a later bin's items would have fit it), so every other micro-batch holds
+    more than half the token budget and checkpoints at least the layers that takes; the one bin
+    holds at most half the budget, at most the batch's densest pairs per token."""
+    k = cm.model.num_layers
+    tokens, pairs = float(arrays.tokens.sum()), float(arrays.pairs.sum())
+    budget = options.token_budget or min(cm.max_tokens(p, k), group_share(int(tokens), p, cm.cluster.num_gpus))
+    half = min(int(pricer.layers(p, np.array([budget // 2 + 1.0]))[0]), k)
+    full, least = cm.linear_time(p, half), cm.linear_time(p, 0)
+    low_tokens = min(tokens, budget / 2)
+    low_pairs = min(pairs, float((arrays.pairs / arrays.tokens).max()) * low_tokens)
+    bins = max(1, math.ceil(tokens / budget))
+    return ((bins - 1) * full.fixed + least.fixed + full.per_token * (tokens - low_tokens)
+            + least.per_token * low_tokens + full.per_pair * (pairs - low_pairs) + least.per_pair * low_pairs)
 
 
 def warm_start(inc: Incumbent, budget: Budget, batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int],
@@ -120,52 +140,62 @@ def warm_start(inc: Incumbent, budget: Budget, batch: Sequence[Sample], cm: Cost
     """Fill the incumbent (see the module docstring); `floor_s` is a proven bound on the busy
     time (the heuristic's target)."""
     warm_until = budget.until(WARM_SHARE)
-    # dcp-greedy first, unless the limit is too short for it (its cost guessed from a plain pass
-    # over the samples); then the heuristic; later baselines cost about what the one before did
-    # and run while the warm share lasts.
-    last_s = GREEDY_PASSES * budget.sample_pass_s + 0.005
-    greedy_fits = last_s <= GREEDY_SHARE * (budget.search_deadline - time.perf_counter())
+    n = cm.cluster.num_gpus
+    options = baseline_options(batch, cm, sizes)
+    # dcp-greedy always runs first: it is the fallback (tens of milliseconds at tens of thousands
+    # of samples), so the plan is never worse than it, whatever the load. Then the heuristic.
+    _offer(options[0], inc, notes, batch, cm, sizes, arrays, pricer)
     first = None
-    for opts in baseline_options(batch, cm, sizes):
+    if time.perf_counter() < budget.search_deadline:
+        first = heuristic(table, n, floor_s, targets=HEURISTIC_TARGETS[:1])
+        inc.offer_groups(first, "heuristic")
+    else:
+        budget.skip("the heuristic")
+    # Every other baseline runs unless a bound on its own step time proves it cannot win; only
+    # when the search deadline has passed is one skipped (and the status says so).
+    for opts in options[1:]:
         name = describe(opts)
-        greedy = isinstance(opts, GreedyOptions) and opts.pyramid
-        if not greedy and first is None:
-            first = heuristic(table, cm.cluster.num_gpus, floor_s, targets=HEURISTIC_TARGETS[:1])
-            inc.offer_groups(first, "heuristic")
         bound = baseline_bound(opts, batch, cm, sizes, arrays, pricer)
         if bound >= inc.busy_s:
             notes.append(f"baseline {name} not run: its busy time is at least {bound:.3f} s, "
                          f"the incumbent's is {inc.busy_s:.3f} s")
-            continue
-        if not greedy_fits if greedy else time.perf_counter() + last_s > warm_until:
+        elif time.perf_counter() > budget.search_deadline:
             budget.skip(f"baseline {name}")
-            continue
-        t0 = time.perf_counter()
-        try:
-            layout = _layout(opts, batch, cm, sizes, arrays, pricer)
-        except Exception as e:  # a baseline's failure must not stop the ILP planner
-            notes.append(f"baseline {name} failed ({type(e).__name__}: {e}); not a warm start")
-            continue
-        finally:
-            last_s = time.perf_counter() - t0
-        inc.offer_layout(layout, name)
-    if first is None:
-        first = heuristic(table, cm.cluster.num_gpus, floor_s, targets=HEURISTIC_TARGETS[:1])
-        inc.offer_groups(first, "heuristic")
+        else:
+            _offer(opts, inc, notes, batch, cm, sizes, arrays, pricer)
     if time.perf_counter() < warm_until:
-        for layout in fill_layouts(arrays, cm, sizes, pricer, warm_until):
+        for layout in fill_layouts(arrays, cm, sizes, pricer, budget.deadline_for("fill", warm_until), inc.busy_s):
             inc.offer_layout(layout, "fill")
     else:
         budget.skip("fill")
     if time.perf_counter() < warm_until:  # the heuristic's other targets, while the share lasts
-        other = heuristic(table, cm.cluster.num_gpus, floor_s, warm_until, HEURISTIC_TARGETS[1:])
-        if estimate(other, table) < estimate(first, table):
+        other = heuristic(table, n, floor_s, budget.deadline_for("heuristic targets", warm_until),
+                          HEURISTIC_TARGETS[1:])
+        if first is None or estimate(other, table) < estimate(first, table):
             first = other
             inc.offer_groups(first, "heuristic")
+    else:
+        budget.skip("heuristic targets")
     for name, groups in [("heuristic", first), ("incumbent", inc.groups)]:
-        if groups is not None and time.perf_counter() < warm_until:
-            groups = improve(groups, table, warm_until, IMPROVE_STEPS)
-            inc.offer_groups(groups, f"{inc.source}+search" if name == "incumbent" else "heuristic+search")
+        if groups is None:
+            continue
+        if time.perf_counter() >= warm_until:
+            budget.skip(f"local search on the {name}")
+            continue
+        groups = improve(groups, table, budget.deadline_for(f"local search on the {name}", warm_until),
+                         IMPROVE_STEPS)
+        inc.offer_groups(groups, f"{inc.source}+search" if name == "incumbent" else "heuristic+search")
+
+
+def _offer(opts: StrategyOptions, inc: Incumbent, notes: list[str], batch: Sequence[Sample], cm: CostModel,
+           sizes: Sequence[int], arrays: BatchArrays, pricer: Pricer) -> None:
+    """Run one baseline and offer its layout; its failure is a note, not the planner's."""
+    try:
+        layout = _layout(opts, batch, cm, sizes, arrays, pricer)
+    except Exception as e:  # a baseline's failure must not stop the ILP planner
+        notes.append(f"baseline {describe(opts)} failed ({type(e).__name__}: {e}); not a warm start")
+        return
+    inc.offer_layout(layout, describe(opts))
 
 
 def _layout(opts: StrategyOptions, batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int],

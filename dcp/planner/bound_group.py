@@ -1,0 +1,166 @@
+"""A lower bound that charges the longest sample's group: the pooled work bound (`bounds`) lets
+the GPUs of the group that runs the longest sample spend their idle time at the price of a single
+GPU, which they cannot.
+
+The longest sample i runs in a group of some size p. That group is busy for at least i's time
+alone, so within a makespan M it has at most p (M - lin_p(i)) GPU-seconds for other samples,
+each of which costs it at least p times its marginal cost at p (its share of the micro-batch it
+joins, at the least over the levels where it fits; lin is the linear form, a lower bound on the
+exact time with rings). With rings a second form counts their transfers as never hidden behind
+the attention (the exact time adds (c - 1) max(0, y - x) per layer and direction, at least
+(c - 1) (y - x)): linear too, so the same argument holds with it, and the split must fit both. The other N - p GPUs offer (N - p) M. Each
+other sample costs at least its cheapest GPU-seconds within M outside the group (`bounds._Work`)
+and at least its marginal cost at p inside; whether any split of them fits both is a fractional
+knapsack, so M is below every plan's busy time when no size p where i runs within M admits one.
+Feasibility only grows with M, so bisection finds the bound.
+
+It matters where one sample needs a large group: wikipedia's 56K-token sample among 512 on 256
+GPUs takes a 64- or 128-GPU group (with rings), and the bound on the busy time rises by 15%.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from dcp.costmodel import CostModel
+from dcp.planner.pricing import exact_times
+
+_STEPS = 24
+"""Bisection steps at most (or down to a relative width of `_RTOL`)."""
+_RTOL = 1e-4
+_FEAS_RTOL = 1e-9
+"""Rounding room in the knapsack's comparison (a plan that fits exactly must fit here too)."""
+
+
+class _GroupOf:
+    """The longest sample's costs per size, and every sample's marginal GPU-seconds there, in two
+    lower-bound forms: the linear one, and the linear one plus a ring's transfers as if never
+    hidden (max(0, y - x) >= y - x: a form that can price attention-heavy samples below zero)."""
+
+    def __init__(self, cm: CostModel, sizes: Sequence[int], tokens: np.ndarray, pairs: np.ndarray,
+                 longest: int, memory_cap: dict[int, np.ndarray], coef: dict[int, tuple[np.ndarray, ...]]) -> None:
+        k = cm.model.num_layers
+        self.sizes: list[int] = []
+        self.solo: list[float] = []
+        self.forms: list[list[tuple[float, np.ndarray]]] = []
+        """Per size: (the longest sample's time, every sample's marginal GPU-seconds) per form."""
+        t0, a0 = tokens[longest], pairs[longest]
+        for p in sizes:
+            r0 = int(np.searchsorted(memory_cap[p], t0, side="left"))
+            if r0 > k:
+                continue  # the longest sample does not fit at p
+            r = np.searchsorted(memory_cap[p], tokens, side="left")
+            fixed, per_token, per_pair = coef[p]
+            forms = [_form(fixed, per_token, per_pair, 0.0, 0.0, 0.0, r0, r, t0, a0, tokens, pairs, p, k)]
+            ringed = [o for o in cm.layouts(p) if o.ring > 1]
+            if ringed:
+                per_layout = []
+                for o in cm.layouts(p):
+                    lin = [cm.layout_linear_time(o, level) for level in range(k + 1)]
+                    e0, e_tok, e_pair = _exposure(cm.ring_terms(o), k) if o.ring > 1 else (0.0, 0.0, 0.0)
+                    per_layout.append(_form(np.array([c.fixed for c in lin]), np.array([c.per_token for c in lin]),
+                                            np.array([c.per_pair for c in lin]), e0, e_tok, e_pair,
+                                            r0, r, t0, a0, tokens, pairs, p, k))
+                # Each micro-batch in its fastest layout: the least of each term is a lower bound.
+                forms.append((min(f[0] for f in per_layout), np.minimum.reduce([f[1] for f in per_layout])))
+            self.sizes.append(p)
+            self.solo.append(float(exact_times(cm, p, np.array([t0]), np.array([a0]), np.array([r0]))[0]))
+            self.forms.append(forms)
+
+
+def _exposure(ring: object, k: int) -> tuple[float, float, float]:
+    """(intercept, per token, per pair) of K (c - 1) ((y_f - x_f) + (y_b - x_b)): at most what the
+    exact time adds to the linear form ((K + r) forward and K backward exposures per layer)."""
+    scale = k * (ring.steps - 1)
+    return (scale * 2 * ring.step_latency_s,
+            scale * (ring.fwd_transfer_token_s - ring.fwd_step_token_s + ring.bwd_transfer_token_s
+                     - ring.bwd_step_token_s),
+            -scale * (ring.fwd_step_pair_s + ring.bwd_step_pair_s))
+
+
+def _form(fixed: np.ndarray, per_token: np.ndarray, per_pair: np.ndarray, e0: float, e_tok: float, e_pair: float,
+          r0: int, r: np.ndarray, t0: float, a0: float, tokens: np.ndarray, pairs: np.ndarray, p: int,
+          k: int) -> tuple[float, np.ndarray]:
+    """The longest sample's least time at its levels (r0..K) and every sample's least marginal
+    GPU-seconds at the levels where it fits (inf where none), under one linear form plus the
+    exposure terms."""
+    alone = float((fixed[r0:] + per_token[r0:] * t0 + per_pair[r0:] * a0).min()) + e0 + e_tok * t0 + e_pair * a0
+    marg = np.full(len(tokens), math.inf)
+    for level in range(k + 1):
+        cost = per_token[level] * tokens + per_pair[level] * pairs
+        marg = np.where(r <= level, np.minimum(marg, cost), marg)
+    return alone, p * (marg + e_tok * tokens + e_pair * pairs)
+
+
+def _saved(cost: np.ndarray, marg: np.ndarray, rest: np.ndarray, room: float) -> float:
+    """The most cheapest-cost GPU-seconds that samples worth `marg` each in the group can take
+    off the others, within `room` (a fractional knapsack; samples at marg <= 0 come free and
+    leave room)."""
+    use = (rest > 0) & np.isfinite(marg) & np.isfinite(cost)
+    free = use & (marg <= 0)
+    saved = float(np.dot(cost[free], rest[free]))
+    room -= float(np.dot(marg[free], rest[free]))
+    take = use & ~free
+    if room <= 0 or not take.any():
+        return saved
+    c, mg, w = cost[take], marg[take], rest[take]
+    order = np.argsort(-(c / mg), kind="stable")
+    c, mg, w = c[order], mg[order], w[order]
+    used = np.cumsum(mg * w)
+    full = int(np.searchsorted(used, room, side="right"))  # samples that fit whole
+    saved += float(np.dot(c[:full], w[:full]))
+    if full < len(c):
+        left = room - (float(used[full - 1]) if full else 0.0)
+        saved += c[full] * left / mg[full]
+    return saved
+
+
+def group_bound(work: object, cm: CostModel, sizes: Sequence[int], lo: float) -> float:
+    """The largest M (at least `lo`, a proven bound on the busy time) proven below every plan's
+    busy time by the longest sample's group (see the module docstring). `work` is the pooled
+    bound's `bounds._Work` on the batch's distinct samples."""
+    tokens, pairs, weight = work.tokens, work.pairs, work.weight
+    if len(tokens) < 2 or not math.isfinite(lo) or lo <= 0:
+        return lo
+    n = cm.cluster.num_gpus
+    longest = int(np.argmax(work.solo_best))
+    group = _GroupOf(cm, sizes, tokens, pairs, longest, work.memory_caps, work.coefs)
+    rest = weight.copy()
+    rest[longest] -= 1  # the longest sample itself; its twins stay with the others
+
+    def feasible(m: float) -> bool:
+        cost = work.costs(m)  # cheapest GPU-seconds of each sample within m, outside the group
+        total = float(np.dot(np.where(rest > 0, cost, 0.0), rest))
+        if not math.isfinite(total):
+            return False
+        for k, p in enumerate(group.sizes):
+            if group.solo[k] > m:
+                continue
+            outside = (n - p) * m + _FEAS_RTOL * total
+            # Every form bounds the group's time: the split must fit each of them.
+            if all(total - _saved(cost, marg, rest, p * (m - alone)) <= outside
+                   for alone, marg in group.forms[k]):
+                return True
+        return False
+
+    if feasible(lo):
+        return lo
+    hi = 2 * lo
+    for _ in range(_STEPS):
+        if feasible(hi):
+            break
+        lo, hi = hi, 2 * hi
+    else:
+        return lo
+    for _ in range(_STEPS):
+        if hi - lo <= _RTOL * hi:
+            break
+        mid = (lo + hi) / 2
+        if feasible(mid):
+            hi = mid
+        else:
+            lo = mid
+    return lo

@@ -1,0 +1,275 @@
+"""The configuration program by column generation (Gilmore and Gomory 1961), for batches of few
+distinct sample shapes (video workloads: a few dozen resolutions and frame counts).
+
+A configuration is a group: an SP size p and how many samples of each shape t it holds, a[t].
+At a busy-time level theta, the linear program
+
+    min  sum_q p_q z_q   s.t.  sum_q a[t,q] z_q >= n_t  (every sample placed),  z >= 0
+
+over the configurations that fit theta asks how many GPUs the batch needs when no group runs
+longer than theta. Columns come from a bounded knapsack per SP size on the duals (`_price`,
+dynamic programming on the weights in `UNITS` steps of theta). Two uses:
+
+- bound: a configuration fits when fixed(p, 0) + sum_t a[t] m_tp <= theta (m: `CostTable.marg`,
+  the least a sample adds to any micro-batch; every group runs at least one micro-batch) and
+  each of its samples alone runs within theta; weights round down. When even the fractional
+  program needs more than N GPUs (Farley's bound proves it before the columns run out), no plan
+  runs within theta: the busy time is above it. Much tighter than counting cuts when a few
+  large videos fill each group.
+- plan: weights are the additive estimates (`CostTable.add`, rounded up) within theta less one
+  micro-batch's fixed cost (the canonical packing's rounding); the integer program over the
+  columns found gives groups that fit theta by that estimate, priced exactly afterwards.
+
+Every solve is bounded by the deadline (HiGHS's time limit and interrupt, node limits); a cut is
+recorded there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dcp.planner.ilp.budget import Deadline
+from dcp.planner.ilp.costs import CostTable
+from dcp.planner.ilp.pack import Groups
+
+MAX_TYPES = 64
+"""Distinct (tokens, pairs) shapes at most for the program to be posed."""
+UNITS = 1000
+"""Knapsack weights in steps of theta / UNITS."""
+MAX_ROUNDS = 60
+"""Column-generation rounds per level at most."""
+IP_NODES = 200
+"""Branch-and-bound nodes for the integer program over the columns."""
+
+
+@dataclass
+class Shapes:
+    """The batch's distinct samples: members of each shape (table rows) and their counts."""
+
+    members: list[np.ndarray]
+    first: np.ndarray
+    counts: np.ndarray
+
+
+def shapes_of(table: CostTable) -> Shapes | None:
+    """Distinct (tokens, pairs) of the batch; None when there are more than `MAX_TYPES`."""
+    if len(table.tokens) > MAX_TYPES and len(np.unique(table.tokens)) > MAX_TYPES:
+        return None  # at least as many shapes as token counts: one plain sort decides
+    keys = np.stack([table.tokens.astype(np.float64), table.pairs], axis=1)
+    _, first, inverse, counts = np.unique(keys, axis=0, return_index=True, return_inverse=True, return_counts=True)
+    if len(first) > MAX_TYPES:
+        return None
+    inverse = inverse.ravel()
+    order = np.argsort(inverse, kind="stable")
+    cuts = np.searchsorted(inverse[order], np.arange(len(first) + 1))
+    return Shapes([order[cuts[t]:cuts[t + 1]] for t in range(len(first))], first, counts)
+
+
+class _Master:
+    """The linear program over the columns found so far (HiGHS, columns added in place)."""
+
+    def __init__(self, counts: np.ndarray, sizes: list[int]) -> None:
+        import highspy
+
+        from dcp.planner.ilp.solvers import _silence_highs_banner
+
+        _silence_highs_banner()
+        self.h = highspy.Highs()
+        self.h.setOptionValue("output_flag", False)
+        self.h.setOptionValue("threads", 1)
+        self.inf = highspy.kHighsInf
+        self.sizes = sizes
+        self.h.addRows(len(counts), counts.astype(np.float64), np.full(len(counts), self.inf), 0,
+                       np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0))
+        self.cols: list[tuple[int, np.ndarray]] = []
+        self.seen: set[tuple[int, bytes]] = set()
+
+    def add(self, j: int, a: np.ndarray) -> bool:
+        key = (j, a.tobytes())
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        idx = np.flatnonzero(a).astype(np.int32)
+        self.h.addCol(float(self.sizes[j]), 0.0, self.inf, len(idx), idx, a[idx].astype(np.float64))
+        self.cols.append((j, a))
+        return True
+
+    def solve(self, deadline: Deadline) -> tuple[float, np.ndarray] | None:
+        """The program's value (GPUs) and row duals; None if HiGHS gave no optimum in time."""
+        import highspy
+
+        self.h.setOptionValue("time_limit", max(deadline.left(), 0.001))
+        self.h.run()
+        if self.h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+            deadline.record()
+            return None
+        return self.h.getInfo().objective_function_value, np.maximum(np.array(self.h.getSolution().row_dual), 0.0)
+
+
+def _price(y: np.ndarray, weight: np.ndarray, room: float, counts: np.ndarray, ok: np.ndarray,
+           round_up: bool) -> tuple[float, np.ndarray]:
+    """Bounded knapsack: the shape counts a (a[t] <= counts[t], only where `ok`) maximizing
+    sum a y with sum a weight <= room, weights in steps of room / UNITS (rounded down, or up)."""
+    a = np.zeros(len(counts), dtype=np.int64)
+    if room <= 0:
+        return 0.0, a
+    scaled = weight / room * UNITS
+    units = np.ceil(scaled - 1e-9) if round_up else np.floor(scaled + 1e-9)
+    values = [np.zeros(UNITS + 1)]
+    steps: list[tuple[int, int, int]] = []
+    for t in np.flatnonzero(ok & (y > 1e-12)):
+        w = int(units[t])
+        if w > UNITS:
+            continue
+        left = int(counts[t]) if w == 0 else min(int(counts[t]), UNITS // w)
+        piece = 1
+        while left > 0:  # binary splitting: pieces 1, 2, 4, ... make every count up to `left`
+            m = min(piece, left)
+            left -= m
+            ww, vv, value = w * m, float(y[t]) * m, values[-1]
+            values.append(value + vv if ww == 0 else
+                          np.concatenate([value[:ww], np.maximum(value[ww:], value[:-ww] + vv)]))
+            steps.append((int(t), m, ww))
+            piece *= 2
+    c = UNITS
+    for k in range(len(steps) - 1, -1, -1):
+        if values[k + 1][c] > values[k][c]:
+            t, m, ww = steps[k]
+            a[t] += m
+            c -= ww
+    return float(values[-1][UNITS]), a
+
+
+def _generate(master: _Master, table: CostTable, shapes: Shapes, theta: float, num_gpus: int, plan: bool,
+              deadline: Deadline) -> bool | None:
+    """Column generation at level theta: True when the fractional program fits N GPUs, False when
+    it provably needs more (Farley's bound), None when the time or the rounds ran out first. For a
+    plan it goes on while columns improve the program (the integer program needs them)."""
+    sizes = table.sizes
+    weights = table.add if plan else table.marg
+    rows = shapes.first
+    ok = [(table.ckpt[rows, j] >= 0) & (table.solo[rows, j] <= theta) for j in range(len(sizes))]
+    for _ in range(MAX_ROUNDS):
+        if deadline.passed():
+            return None
+        solved = master.solve(deadline)
+        if solved is None:
+            return None
+        gpus, y = solved
+        fits = gpus <= num_gpus * (1 + 1e-9)
+        if fits and not plan:
+            return True
+        ratio, added = 0.0, False
+        for j, p in enumerate(sizes):
+            room = theta if plan else theta - float(table.fixed0[j])
+            value, a = _price(y, weights[rows, j], room, shapes.counts, ok[j], plan)
+            ratio = max(ratio, value / p)
+            if value > p * (1 + 1e-7) and a.any():
+                added |= master.add(j, a)
+        if gpus / max(ratio, 1.0) > num_gpus * (1 + 1e-9):
+            return False  # Farley: y / ratio is dual feasible, so the program needs more than N
+        if not added:
+            return fits
+    return None
+
+
+def _master(table: CostTable, shapes: Shapes, theta: float, columns: list[tuple[int, np.ndarray]] = ()) -> _Master:
+    """A program with `columns` (valid at theta) and one single-sample column per shape and size
+    where it runs within theta."""
+    master = _Master(shapes.counts, table.sizes)
+    for j in range(len(table.sizes)):
+        for t, i in enumerate(shapes.first):
+            if table.ckpt[i, j] >= 0 and table.solo[i, j] <= theta:
+                a = np.zeros(len(shapes.first), dtype=np.int64)
+                a[t] = 1
+                master.add(j, a)
+    for j, a in columns:
+        master.add(j, a)
+    return master
+
+
+Columns = list[tuple[int, np.ndarray]]
+
+
+def column_bound(table: CostTable, shapes: Shapes, num_gpus: int, lower: float, upper: float,
+                 deadline: Deadline, steps: int = 5) -> tuple[float, Columns]:
+    """The largest level in [lower, upper] found at which no plan runs (`lower` if none), by
+    bisection on theta, each level's program proven infeasible or feasible; and the columns of
+    the lowest level found feasible (a start for `column_plan`). Columns found at a level proven
+    infeasible fit every level above it, so the next levels start from them."""
+    lo, hi = lower, upper
+    known: Columns = []
+    feasible: Columns = []
+    for _ in range(steps):
+        if hi - lo <= 1e-4 * hi:
+            break
+        theta = (lo + hi) / 2
+        master = _master(table, shapes, theta, known)
+        fits = _generate(master, table, shapes, theta, num_gpus, False, deadline)
+        if fits is None:
+            break
+        if fits:
+            hi, feasible = theta, master.cols
+        else:
+            lo, known = theta * (1 - 1e-9), master.cols
+    return lo, feasible
+
+
+def column_plan(table: CostTable, shapes: Shapes, num_gpus: int, theta: float, deadline: Deadline,
+                start: Columns = ()) -> Groups | None:
+    """Groups that fit theta by the additive estimate, from the integer program over the columns
+    column generation finds at theta (from those of `start` that fit); None when it finds none
+    in time."""
+
+    rows = shapes.first
+    fit = [(j, a) for j, a in start
+           if float(a @ table.add[rows, j]) <= theta and (table.solo[rows[a > 0], j] <= theta).all()]
+    master = _master(table, shapes, theta, fit)
+    if not _generate(master, table, shapes, theta, num_gpus, True, deadline):
+        return None
+    # The integer program over the columns the fractional optimum uses (and the single-sample
+    # ones): a tenth of the columns, and its root node a tenth of the time; over all of them
+    # when that finds nothing. Any solution within N GPUs will do: every column fits theta.
+    used = np.array(master.h.getSolution().col_value) > 1e-9
+    for cols in ([c for c, on in zip(master.cols, used, strict=True) if on or c[1].sum() == 1], master.cols):
+        z = _integer(cols, shapes, table.sizes, num_gpus, deadline)
+        if z is not None:
+            break
+    else:
+        return None
+    pool = [list(m) for m in shapes.members]
+    groups: Groups = []
+    for (j, a), copies in zip(cols, z.tolist(), strict=True):
+        for _ in range(copies):
+            ids: list[int] = []
+            for t in np.flatnonzero(a):
+                take = min(int(a[t]), len(pool[t]))
+                ids += [int(i) for i in pool[t][:take]]
+                pool[t] = pool[t][take:]
+            if ids:
+                groups.append((j, ids))
+    return None if any(pool) else groups
+
+
+def _integer(cols: Columns, shapes: Shapes, sizes: list[int], num_gpus: int, deadline: Deadline) -> np.ndarray | None:
+    """Copies of each column covering every sample within N GPUs (HiGHS, first solution found)."""
+    import highspy
+
+    ip = _Master(shapes.counts, sizes)
+    for j, a in cols:
+        ip.add(j, a)
+    h, n = ip.h, len(ip.cols)
+    h.addRow(0.0, float(num_gpus), n, np.arange(n, dtype=np.int32), np.array([float(sizes[j]) for j, _ in ip.cols]))
+    h.changeColsIntegrality(n, np.arange(n, dtype=np.int32), np.full(n, highspy.HighsVarType.kInteger))
+    h.setOptionValue("mip_max_nodes", IP_NODES)
+    h.setOptionValue("mip_max_improving_sols", 1)
+    h.setOptionValue("time_limit", max(deadline.left(), 0.001))
+    h.run()
+    if h.getInfo().primal_solution_status != 2:
+        if deadline.left() <= 0:
+            deadline.record()
+        return None
+    z = np.rint(np.array(h.getSolution().col_value)).astype(np.int64)
+    return z if float(z @ np.array([sizes[j] for j, _ in ip.cols])) <= num_gpus else None
