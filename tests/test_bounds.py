@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dcp.costmodel import CostModel
 from dcp.data.batches import make_batches
 from dcp.planner import IlpOptions, lower_bound, solve
 from dcp.planner.bound_group import _exposure
