@@ -251,3 +251,14 @@ def least_exposed_s(cm: CostModel) -> float:
     if step.stage >= 3:
         least += step.gather_s[step.root] + (step.gather_s[0] if step.k else 0.0)
     return least
+
+
+def least_link_s(cm: CostModel, slots: int) -> float:
+    """Stage 3: a step of `slots` slots is at least the seconds its collectives occupy the link:
+    every slot's 2K gathers and K + 1 reduce-scatters, and the loss all-reduce (they run one at a
+    time, each once every rank joined). 0 at other stages."""
+    if cm.training.zero_stage < 3 or cm.cluster.num_gpus == 1:
+        return 0.0
+    step = _Step(cm)
+    per_slot = step.gather_s[step.root] + sum(step.gather_s[:step.k]) + sum(step.gather_s[:step.k - 1])
+    return slots * (per_slot + sum(step.reduce_s)) + step.scalars_s

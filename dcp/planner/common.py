@@ -9,6 +9,7 @@ from dcp.costmodel import CostModel
 from dcp.data.workloads import Sample
 from dcp.planner.bounds import lower_bound
 from dcp.planner.plan import Group, InfeasibleError, MicroBatch, Plan
+from dcp.planner.sync import price_step
 
 
 def allowed_sp_sizes(cm: CostModel, requested: Sequence[int] | None = None) -> list[int]:
@@ -97,15 +98,13 @@ def assemble(strategy: str, batch: Sequence[Sample], cm: CostModel,
             g.microbatches.append(MicroBatch(list(ids), int(r), cm.time_s(tokens, pairs, p, r),
                                              cm.memory_bytes(tokens, p, r)))
         groups.append(g)
-    sync = cm.grad_sync_s()
-    busy = max((g.busy_s for g in groups), default=0.0)
     lb = lower_bound(batch, cm) if lower_bound_s is None else lower_bound_s
-    step = busy + sync
     plan = Plan(
         strategy=strategy, num_gpus=cm.cluster.num_gpus, gpus_per_node=cm.cluster.gpus_per_node,
         memory_limit_bytes=cm.cluster.memory_bytes, num_layers=cm.model.num_layers, samples=list(batch),
-        groups=groups, step_time_s=step, lower_bound_s=lb, grad_sync_s=sync,
+        groups=groups, step_time_s=0.0, lower_bound_s=lb,
         solve_time_s=(time.perf_counter() - started) if started is not None else 0.0,
         solver_status=solver_status, gap=gap, notes=list(notes),
     )
+    price_step(plan, cm)  # the step as the executor's schedule runs it (dcp.planner.sync)
     return plan.validate()

@@ -77,6 +77,9 @@ class Plan:
     gap: float | None = None
     """(step_time - best proven bound) / step_time from the solver; None for heuristics."""
     notes: list[str] = field(default_factory=list)
+    zero_stage: int | None = None
+    """The ZeRO stage the step was priced for (its memory and schedule assume it; the executor
+    refuses a plan made for another); None: not priced for one (a hand-made plan)."""
 
     # -- derived ---------------------------------------------------------------------------
     def busy_s(self) -> float:

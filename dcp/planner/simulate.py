@@ -1,11 +1,12 @@
 """Replay a plan on the cost model: a per-rank timeline, idle and communication shares, a Gantt chart.
 
-Each group runs its micro-batches back to back. A micro-batch is split the way the executor runs
-it: K forward layers (compute, then the layer's all-to-alls), the head and per-micro-batch fixed
-cost, then K backward layers, the r checkpointed ones preceded by their forward recompute (its
-all-to-alls included, DeepSpeed-Ulysses re-runs them). The step ends with its data-parallel
-synchronization (`CostModel.grad_sync_s`: the gradient all-reduce, and for ZeRO-1 the parameter
-broadcast) that starts when the slowest group finishes; every other rank waits idle until then.
+The timeline is the executor's schedule as the cost model prices it (dcp.costmodel.schedule):
+each group's micro-batches, each split the way the executor runs it (forward layers with their
+all-to-alls, the head, backward layers with their recompute), and the world's collectives, each
+rank's wait for one split into idle (until every rank has joined it) and the collective itself.
+At ZeRO stages 0-2 groups run independently and the gradient reductions of each group's last
+micro-batch run under its backward; what is not hidden ends the step. At stage 3 every rank runs
+every slot in lockstep, with per-layer parameter gathers (`param_gather`) and empty passes.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Literal
 
 from dcp.costmodel import CostModel
 from dcp.planner.plan import Group, MicroBatch, Plan, PlanError
+from dcp.planner.sync import group_shapes
 
 EventKind = Literal["forward", "backward", "recompute", "all_to_all", "param_gather", "idle", "allreduce"]
 EVENT_KINDS: tuple[str, ...] = ("forward", "backward", "recompute", "all_to_all", "param_gather", "idle", "allreduce")
@@ -32,7 +34,7 @@ class Event:
     end_s: float
     kind: EventKind
     microbatch: int | None = None
-    """Index of the micro-batch in its group's list; None for idle and the all-reduce."""
+    """Index of the micro-batch in its group's list; None for idle and collectives."""
 
     @property
     def duration_s(self) -> float:
@@ -49,7 +51,7 @@ class Timeline:
     idle_fraction: float
     """Idle rank-seconds / (N * step time)."""
     comm_fraction: float
-    """All-to-all and all-reduce rank-seconds / (N * step time)."""
+    """All-to-all, parameter-gather and gradient-reduction rank-seconds / (N * step time)."""
     busy_s: list[float] = field(default_factory=list)
     """Per rank: seconds running micro-batches (compute and all-to-alls)."""
 
@@ -81,16 +83,14 @@ def microbatch_phases(cm: CostModel, tokens: int, pairs: int, sp_size: int,
 
     From CostModel.layer_times: per layer a forward and a backward compute time and one
     direction's all-to-alls. Head and loss (per token) and the per-micro-batch fixed cost have no
-    per-layer split and are lumped as forward compute. ZeRO-3 gathers every layer's parameters
-    before the forward and the backward pass (a checkpointed layer recomputes inside its backward,
-    after that pass's gather)."""
+    per-layer split and are lumped as forward compute. (ZeRO's collectives are the step's, not
+    the micro-batch's: `simulate` places them.)"""
     k, r, p, f = cm.model.num_layers, ckpt_layers, sp_size, cm.fit
     lt = cm.layer_times(tokens, pairs, p)
     head = f.head_per_token_s * tokens / p + f.microbatch_fixed_s
-    gather = cm.param_gather_s()
     phases: list[tuple[EventKind, float]] = [
-        ("param_gather", gather), ("forward", k * lt.fwd_compute_s + head), ("all_to_all", k * lt.comm_s),
-        ("param_gather", gather), ("recompute", r * lt.rec_compute_s), ("all_to_all", r * lt.comm_s),
+        ("forward", k * lt.fwd_compute_s + head), ("all_to_all", k * lt.comm_s),
+        ("recompute", r * lt.rec_compute_s), ("all_to_all", r * lt.comm_s),
         ("backward", k * lt.bwd_compute_s), ("all_to_all", k * lt.comm_s),
     ]
     # The split is derived independently of linear_time; they must agree.
@@ -98,20 +98,6 @@ def microbatch_phases(cm: CostModel, tokens: int, pairs: int, sp_size: int,
     if abs(total - expected) > _RTOL * max(total, expected, 1e-12):
         raise PlanError(f"cost model's phase split {total:.6g} s differs from its micro-batch time {expected:.6g} s")
     return [(kind, s) for kind, s in phases if s > 0]
-
-
-def _group_events(plan: Plan, g: Group, cm: CostModel) -> list[Event]:
-    tokens = {s.id: s.tokens for s in plan.samples}
-    pairs = {s.id: s.attn_pairs for s in plan.samples}
-    t, out = 0.0, []
-    for mi, mb in enumerate(g.microbatches):
-        phases = microbatch_phases(cm, sum(tokens[i] for i in mb.samples),
-                                   sum(pairs[i] for i in mb.samples), g.sp, mb.ckpt_layers)
-        _check_time(mb, sum(s for _, s in phases), g, mi)
-        for kind, seconds in phases:
-            out.append(Event(t, t + seconds, kind, mi))
-            t += seconds
-    return out
 
 
 def _check_time(mb: MicroBatch, priced_s: float, g: Group, mi: int) -> None:
@@ -127,22 +113,32 @@ def simulate(plan: Plan, cm: CostModel) -> Timeline:
     if plan.num_layers != cm.model.num_layers:
         raise PlanError(f"plan is for a model of {plan.num_layers} layers, the cost model's {cm.model.name} "
                         f"has {cm.model.num_layers}")
-    per_rank: list[list[Event]] = [[] for _ in range(plan.num_gpus)]
+    tokens = {s.id: s.tokens for s in plan.samples}
+    pairs = {s.id: s.attn_pairs for s in plan.samples}
     for g in plan.groups:
-        events = _group_events(plan, g, cm)
+        for mi, mb in enumerate(g.microbatches):
+            priced = cm.time_s(sum(tokens[i] for i in mb.samples), sum(pairs[i] for i in mb.samples), g.sp,
+                               mb.ckpt_layers)
+            _check_time(mb, priced, g, mi)
+    shapes, idle = group_shapes(plan)
+    price = cm.step_price(shapes, idle, spans=True)
+    spans = price.replay.spans
+    assert spans is not None
+    per_rank: list[list[Event]] = [[Event(*span) for span in spans[-1]] if idle else [] for _ in range(plan.num_gpus)]
+    for g, group_spans in zip(plan.groups, spans, strict=False):
         for rank in g.ranks:
-            per_rank[rank] = list(events)  # a group's ranks run in lockstep
-    busy = [rank_events[-1].end_s if rank_events else 0.0 for rank_events in per_rank]
-    compute_end = max(busy, default=0.0)
-    sync = cm.grad_sync_s()
-    step = compute_end + sync
-    for rank, rank_events in enumerate(per_rank):
-        if busy[rank] < compute_end:
-            rank_events.append(Event(busy[rank], compute_end, "idle"))
-        if sync > 0:
-            rank_events.append(Event(compute_end, step, "allreduce"))
+            per_rank[rank] = [Event(*span) for span in group_spans]  # a group's ranks run in lockstep
+    step = price.step_time_s
+    for rank_events in per_rank:
+        end = rank_events[-1].end_s if rank_events else 0.0
+        if end < step:
+            rank_events.append(Event(end, step, "idle"))
     if abs(step - plan.step_time_s) > _RTOL * max(step, 1.0):
         raise PlanError(f"simulated step {step:.6g} s differs from the plan's {plan.step_time_s:.6g} s")
+    busy = [0.0] * plan.num_gpus
+    for g in plan.groups:
+        for rank in g.ranks:
+            busy[rank] = g.busy_s
     timeline = Timeline(per_rank, step, 0.0, 0.0, busy)
     by_kind = timeline.seconds_by_kind()
     total = plan.num_gpus * step

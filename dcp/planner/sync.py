@@ -1,0 +1,48 @@
+"""A plan's step priced on the schedule the executor runs it with (dcp.costmodel.schedule).
+
+Strategies build groups and micro-batches against a makespan plus the least the synchronization
+can add (`CostModel.grad_sync_s`); `price_step` then prices the plan's actual step: at ZeRO
+stages 0-2 the gradient reductions its slowest groups' last backward passes do not hide, at
+stage 3 the lockstep slots. At stage 3 it first orders every group's micro-batches longest
+first, which balances the slots: the sum over slots of the slowest group's micro-batch is
+smallest when the j-th longest of every group run together (an exchange argument). The plan's
+`grad_sync_s` becomes what the schedule adds beyond the slowest group, so `step_time_s` stays
+busy + grad_sync_s, and any bound on the makespan plus `grad_sync_s()` stays a lower bound.
+"""
+
+from __future__ import annotations
+
+from dcp.costmodel import CostModel
+from dcp.costmodel.schedule import GroupShape, MicroBatchShape, StepPrice
+from dcp.planner.plan import Plan
+
+
+def group_shapes(plan: Plan) -> tuple[list[GroupShape], bool]:
+    """The plan's groups as the schedule sees them, and whether some rank is in no group."""
+    by_id = plan.sample_map()
+    shapes = [GroupShape(g.sp, tuple(MicroBatchShape(sum(by_id[i].tokens for i in mb.samples),
+                                                      sum(by_id[i].attn_pairs for i in mb.samples), mb.ckpt_layers)
+                                     for mb in g.microbatches))
+              for g in plan.groups]
+    covered = sum(len(g.ranks) for g in plan.groups)
+    return shapes, covered < plan.num_gpus
+
+
+def balance_slots(plan: Plan) -> None:
+    """Order every group's micro-batches longest first (stage 3's lockstep slots)."""
+    for g in plan.groups:
+        g.microbatches.sort(key=lambda mb: -mb.time_s)
+
+
+def price_step(plan: Plan, cm: CostModel, *, spans: bool = False) -> StepPrice:
+    """Set the plan's step time, gradient sync and ZeRO stage from the executor's schedule (at
+    stage 3 after `balance_slots`); returns the priced step (with every rank's spans if asked)."""
+    if cm.training.zero_stage == 3:
+        balance_slots(plan)
+    shapes, idle = group_shapes(plan)
+    price = cm.step_price(shapes, idle, spans=spans)
+    busy = plan.busy_s()
+    plan.step_time_s = max(price.step_time_s, busy)
+    plan.grad_sync_s = plan.step_time_s - busy
+    plan.zero_stage = cm.training.zero_stage
+    return price
