@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dcp.costmodel.events import Op, Replay, replay
+from dcp.costmodel.schedule_fast import independent_s, lockstep_s
 from dcp.costmodel.zero import padded, unit_params
 
 if TYPE_CHECKING:
@@ -68,8 +69,9 @@ class StepPrice:
     step_time_s: float
     busy_s: float
     """The slowest group's micro-batches alone (the makespan of independent groups)."""
-    replay: Replay
-    """Per program (each group in order, then the ranks in no group when any): its spans."""
+    replay: Replay | None
+    """With spans asked for: per program (each group in order, then the ranks in no group when
+    any), its spans; None when priced in closed form."""
 
     @property
     def exposed_s(self) -> float:
@@ -222,18 +224,40 @@ def price_step(cm: CostModel, groups: Sequence[GroupShape], idle_ranks: bool = F
                overlap: bool = True, spans: bool = False) -> StepPrice:
     """The step of `groups` (and of ranks in no group when `idle_ranks`) under `cm`'s ZeRO stage.
     `overlap=False` prices the executor's `overlap` switch: stages 0-2 start their reductions
-    only after the last micro-batch, stage 3 prefetches nothing and waits for every collective."""
+    only after the last micro-batch, stage 3 prefetches nothing and waits for every collective.
+    With `spans` the rank programs are replayed (`events.replay`) and every group's spans kept;
+    without, the same time comes from the closed form of `schedule_fast`."""
     step = _Step(cm)
-    busy = max((sum(cm.time_s(mb.tokens, mb.pairs, g.sp, mb.ckpt_layers) for mb in g.microbatches)
-                for g in groups), default=0.0)
+    per_group = [sum(cm.time_s(mb.tokens, mb.pairs, g.sp, mb.ckpt_layers) for mb in g.microbatches) for g in groups]
+    busy = max(per_group, default=0.0)
+    if not spans:
+        if step.stage >= 3:
+            return StepPrice(lockstep_s(step, groups, idle_ranks, overlap), busy, None)
+        return StepPrice(independent_s(step, groups, per_group, overlap), busy, None)
     members: list[GroupShape | None] = [*groups, *([None] if idle_ranks or not groups else [])]
     if step.stage >= 3:
         slots = max((len(g.microbatches) for g in groups), default=0)
         programs = [step.lockstep(g, slots, overlap) for g in members]
     else:
         programs = [step.independent(g, overlap) for g in members]
-    result = replay(programs, step.coll.seconds, step.coll.kinds, spans=spans)
+    programs, seconds, kinds = _in_issue_order(programs, step.coll.seconds, step.coll.kinds)
+    result = replay(programs, seconds, kinds, spans=True)
     return StepPrice(max(result.end_s, default=0.0), busy, result)
+
+
+def _in_issue_order(programs: list[list[Op]], seconds: list[float], kinds: list[str]
+                    ) -> tuple[list[list[Op]], list[float], list[str]]:
+    """Renumber collectives in the order the programs issue them (the same in all), so that the
+    link breaks ties in readiness in that order, as the executor's process groups do."""
+    new: dict[int, int] = {}
+    for op in programs[0]:
+        if op[0] == "issue":
+            new.setdefault(op[1], len(new))
+    for cid in range(len(seconds)):
+        new.setdefault(cid, len(new))
+    renumbered = [[(op[0], new[op[1]]) if op[0] != "compute" else op for op in prog] for prog in programs]
+    order = sorted(new, key=new.__getitem__)
+    return renumbered, [seconds[c] for c in order], [kinds[c] for c in order]
 
 
 def least_exposed_s(cm: CostModel) -> float:
