@@ -112,10 +112,12 @@ class Executor:
         layers = list(layers if layers is not None else getattr(model, "layers", []))
         if not layers:
             raise ValueError("the model has no `layers`; pass the transformer layers to checkpoint")
-        if sync_params:  # same start on every rank, whatever each rank's seed (the units: below)
-            broadcast_params([p for p in model.parameters() if not p.requires_grad])
+        # Every check of the model first (ZeroSchedule raises before its broadcast), so a model the
+        # stage cannot hold fails on every rank before any collective.
         self.zero = ZeroSchedule(model, layers, state, self.recipe, zero_stage, overlap=overlap,
                                  sync_params=sync_params)
+        if sync_params:  # same start on every rank, whatever each rank's seed (the units: above)
+            broadcast_params([p for p in model.parameters() if not p.requires_grad])
         self.zero_stage = zero_stage
         self.switches = CheckpointSwitches(layers)
         self.ctx = SPContext()
@@ -134,7 +136,7 @@ class Executor:
         # any rank's failure in the same all-gather: one bad plan or missing sample anywhere stops
         # all ranks with the same error, instead of leaving the others waiting in a collective.
         try:
-            check_plan(plan, state, len(self.switches.layers), self.heads)
+            check_plan(plan, state, len(self.switches.layers), self.heads, self.zero_stage)
             error = check_sample_tensors(local_samples(plan, state.rank), plan.sample_map(), samples,
                                          self.per_sample_keys)
         except ExecutorError as e:

@@ -13,11 +13,17 @@ class ExecutorError(RuntimeError):
     """The executor cannot run a step: bad plan, missing data, or ranks that disagree."""
 
 
-def check_plan(plan: Plan, state: ParallelState, num_layers: int, heads: tuple[int, int] | None) -> None:
+def check_plan(plan: Plan, state: ParallelState, num_layers: int, heads: tuple[int, int] | None,
+               zero_stage: int | None = None) -> None:
     """Raise ExecutorError if the plan cannot run here. Looks only at the plan and the model, so
-    every rank holding the same plan raises the same error, before issuing any collective."""
+    every rank holding the same plan raises the same error, before issuing any collective. A
+    plan priced for another ZeRO stage is refused: its memory and step assume that stage's
+    schedule (a stage-3 plan's micro-batches do not fit next to stage 1's whole replicas)."""
     if plan.num_gpus != state.world_size:
         raise ExecutorError(f"plan is for {plan.num_gpus} GPUs but this job has {state.world_size} ranks")
+    if zero_stage is not None and plan.zero_stage is not None and plan.zero_stage != zero_stage:
+        raise ExecutorError(f"plan was made for ZeRO stage {plan.zero_stage} (its memory and step time assume it), "
+                            f"but the executor runs stage {zero_stage}: plan with the executor's stage")
     try:
         plan.validate()
     except PlanError as e:

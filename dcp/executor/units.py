@@ -95,6 +95,10 @@ def build_units(model: nn.Module, layers: Sequence[nn.Module], world: int, rank:
             if p.requires_grad:
                 owner[id(p)] = li if owner.get(id(p), li) == li else -1
     trainable = [p for p in model.parameters() if p.requires_grad]
+    elsewhere = sorted({str(p.device) for p in trainable if p.device != device})
+    if elsewhere:
+        raise ValueError(f"the model's parameters are on {', '.join(elsewhere)}, this rank's device is {device}: "
+                         "move the model there first (the ZeRO schedule's buffers and collectives live on it)")
     known = {id(p) for p in trainable}
     outside = [li for li, layer in enumerate(layers) if any(id(p) not in known for p in layer.parameters()
                                                              if p.requires_grad)]

@@ -107,6 +107,8 @@ class Plan:
             raise PlanError(f"plan cluster is invalid: {self.num_gpus} GPUs, {self.gpus_per_node} per node")
         if self.num_layers <= 0:
             raise PlanError(f"plan is for a model of {self.num_layers} layers")
+        if self.zero_stage is not None and self.zero_stage not in (0, 1, 2, 3):
+            raise PlanError(f"plan's ZeRO stage {self.zero_stage!r} is not 0, 1, 2 or 3")
         for s in self.samples:
             if s.tokens < 1:
                 raise PlanError(f"sample {s.id} has {s.tokens} tokens; a sample needs at least 1")
