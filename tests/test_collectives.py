@@ -131,8 +131,9 @@ def test_grad_sync_reduces_in_the_recipes_reduce_dtype() -> None:
     # One all-reduce per unit (32 layers, then embeddings and head), in the reduce dtype.
     assert fp32.sync_terms()["grad_reduce"] == pytest.approx(sum(curve_.time_s(4 * n) for n in sizes))
     assert bf16.sync_terms()["grad_reduce"] == pytest.approx(sum(curve_.time_s(2 * n) for n in sizes))
-    # The least a step adds: the root's all-reduce (it ends the backward) and the loss scalars.
-    least = curve_.time_s(4 * sizes[-1]) + curve_.time_s(16)
+    # The least a step adds: layer 0's and the root's all-reduces (the backward ends with them) and
+    # the loss scalars.
+    least = curve_.time_s(4 * sizes[0]) + curve_.time_s(4 * sizes[-1]) + curve_.time_s(16)
     assert fp32.grad_sync_s() == pytest.approx(least)
 
 

@@ -261,15 +261,19 @@ def _in_issue_order(programs: list[list[Op]], seconds: list[float], kinds: list[
 
 
 def least_exposed_s(cm: CostModel) -> float:
-    """The least any plan's schedule adds beyond its slowest group: after that group's last
-    backward at least the root's reduction and the loss all-reduce run, at stages 1 and 2 the
-    parameters' all-gathers after them, and at stage 3 (one slot at least) the root's and the
-    first layer's gathers before its first forward. A lower bound, so a makespan bound plus it
-    stays a lower bound of the step."""
+    """The least any plan's schedule adds beyond its slowest group: at stages 0-2 that group
+    finishes its last micro-batch with layer 0's backward (the head's is priced in the forward),
+    so layer 0's and the root's reductions and the loss all-reduce run after it, and at stages 1
+    and 2 the parameters' all-gathers after those; at stage 3 (one slot at least) the root's and
+    layer 0's gathers precede the first forward and the root's reduce-scatter and the loss
+    all-reduce follow the last backward. A lower bound, so a makespan bound plus it stays a lower
+    bound of the step."""
     if cm.cluster.num_gpus == 1:
         return 0.0
     step = _Step(cm)
     least = step.reduce_s[step.root] + step.scalars_s
+    if step.stage <= 2 and step.k:
+        least += step.reduce_s[0]
     if step.stage in (1, 2):
         least += sum(step.gather_s)
     if step.stage >= 3:
