@@ -31,10 +31,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from dcp.costmodel import attention_pairs, load_model
-from dcp.data import Sample
 from dcp.executor import Executor, ParallelState
 from dcp.executor.reference import manual_plan
 from dcp.models import PackedSeqs, build_model, lm_loss, sample_tensors
+from dcp.planner import Sample
 
 RESULTS = Path(__file__).parent / "results" / "executor_overhead.json"
 # Big enough that a step is compute, as in training, small enough for two CPU cores.

@@ -28,9 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dcp.costmodel import Cluster, CostModel, TrainingSetup, load_hardware, load_model  # noqa: E402
 from dcp.data import load_workload  # noqa: E402
+from dcp.data.batches import make_batches  # noqa: E402
 from dcp.planner import STRATEGIES, solve  # noqa: E402
 from dcp.planner.plan import InfeasibleError, Plan  # noqa: E402
-from dcp.planner.run import make_batches, resolve_options  # noqa: E402
+from dcp.planner.run import resolve_options  # noqa: E402
 
 CASES = (("llama-7b", "wikipedia"), ("llama-7b", "lognormal:scale=16"), ("opensora-stdit-1.1b", "opensora:long"))
 SAMPLES_PER_GPU = {"wikipedia": 16, "lognormal:scale=16": 4, "opensora:long": 2}

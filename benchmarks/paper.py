@@ -37,13 +37,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dcp.costmodel import DEFAULT_HARDWARE, MEASURED_H200, CostModel, CostModelError  # noqa: E402
-from dcp.data.workloads import Sample, load_workload  # noqa: E402
+from dcp.data.batches import make_batches  # noqa: E402
+from dcp.data.workloads import load_workload  # noqa: E402
 from dcp.planner import BucketOptions, GreedyOptions, IlpOptions, PackedOptions, solve  # noqa: E402
 from dcp.planner.baselines import smallest_fitting_sp  # noqa: E402
-from dcp.planner.common import allowed_sp_sizes  # noqa: E402
+from dcp.planner.feasibility import allowed_sp_sizes  # noqa: E402
 from dcp.planner.options import StrategyOptions  # noqa: E402
 from dcp.planner.plan import InfeasibleError, Plan  # noqa: E402
-from dcp.planner.run import build_cost_model, gap, groups_label, make_batches, plan_steps  # noqa: E402
+from dcp.planner.run import build_cost_model, gap, groups_label, plan_steps  # noqa: E402
+from dcp.planner.sample import Sample  # noqa: E402
 from dcp.planner.simulate import EVENT_KINDS, Timeline, simulate  # noqa: E402
 
 MODEL_1D, MODEL_2D = "llama-7b", "opensora-stdit-1.1b"

@@ -121,7 +121,7 @@ def compare_figure(frame: Any, path: str | Path | None = None, metric: str = "st
 
 def sweep_figure(frame: Any, x: str, metrics: Sequence[str], strategies: Sequence[str] | None = None,
                  path: str | Path | None = None, title: str = "", log_y: Sequence[str] = ()) -> Any:
-    """One panel per metric of a `dcp.planner.sweep.sweep` frame against column `x`, a line per
+    """One panel per metric of a `dcp.whatif.sweep` frame against column `x`, a line per
     strategy. A numeric x spanning 8x or more is drawn on a log2 axis; a text x (model, workload)
     as categories in sweep order. Scenarios a strategy could not plan are gaps, noted below."""
     shown = list(strategies) if strategies is not None else list(dict.fromkeys(frame["strategy"]))

@@ -17,7 +17,7 @@ from dcp.costmodel import (
     load_hardware,
 )
 from dcp.costmodel.memory import MemoryFootprint
-from dcp.planner.common import allowed_sp_sizes
+from dcp.planner.feasibility import allowed_sp_sizes
 
 # Memory figures chosen for the tests (a checkpointed layer keeps 1/17 of a plain one), not measured:
 # the planner only needs a model whose memory fills up at a few hundred tokens.

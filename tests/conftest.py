@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from dcp.costmodel import Cluster, CostModel, TrainingSetup, load_hardware, load_model
-from dcp.data.workloads import Sample
+from dcp.planner.sample import Sample
 
 # Seeded and without deadlines: CI machines (2 cores) vary in speed, results must not.
 settings.register_profile("dcp", derandomize=True, deadline=None, max_examples=40,
@@ -24,6 +24,28 @@ def cost_model(model: str = "llama-7b", gpus: int = 32, gpus_per_node: int = 8,
     cluster = Cluster(num_gpus=gpus, gpus_per_node=gpus_per_node,
                       memory_bytes=hw.memory_bytes if memory_gb is None else memory_gb * 1e9)
     return CostModel(load_model(model), hw, cluster, TrainingSetup(zero_stage=zero_stage))
+
+
+@functools.cache
+def heavy_cost_model(gpus: int = 32, gpus_per_node: int = 8, fixed_s: float = 0.05,
+                     activation_scale: float = 1.6) -> CostModel:
+    """Llama 7B on H200 with the kind of corrections a calibrated profile brings: every micro-batch
+    pays `fixed_s` outside the layers (tens of ms), each layer's kernels cost ten times the
+    datasheet overhead, and activations take `activation_scale` times the memory (so less fits
+    and more must be checkpointed). The same linear shape: the planner's guarantees must hold."""
+    import dataclasses
+
+    base = cost_model(gpus=gpus, gpus_per_node=gpus_per_node)
+    # Memory comes from the footprint a fit carries (dcp.costmodel.memory.footprint_for).
+    act_full = activation_scale * base.footprint.act_full_bytes_per_token
+    memory = dataclasses.replace(base.footprint, act_full_bytes_per_token=act_full)
+    # Ten times the datasheet kernel overhead per layer and pass (the weight traffic stays as it is).
+    extra_s = 9 * base.hardware.kernel_overhead_s
+    fit = dataclasses.replace(base.fit, microbatch_fixed_s=fixed_s, fwd_fixed_s=base.fit.fwd_fixed_s + extra_s,
+                              bwd_fixed_s=base.fit.bwd_fixed_s + 2 * extra_s, act_full_bytes_per_token=act_full,
+                              memory=memory)
+    hw = dataclasses.replace(base.hardware, fits={**base.hardware.fits, base.model.name: fit})
+    return CostModel(base.model, hw, base.cluster, base.training)
 
 
 def make_batch(lengths: list[int], attention: str = "causal") -> list[Sample]:
@@ -46,6 +68,6 @@ def llama_cm() -> CostModel:
 @pytest.fixture(scope="session")
 def wiki_batches(llama_cm: CostModel) -> list[list[Sample]]:
     """Three 512-sample global batches of the built-in Wikipedia lengths."""
-    from dcp.planner.run import make_batches
+    from dcp.data.batches import make_batches
 
     return make_batches("wikipedia", llama_cm, global_batch=512, steps=3)

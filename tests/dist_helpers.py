@@ -22,8 +22,8 @@ from datetime import timedelta
 from typing import Any
 
 from dcp.costmodel import ModelSpec, attention_pairs, load_model
-from dcp.data import Sample
 from dcp.executor.reference import manual_plan
+from dcp.planner import Sample
 from dcp.planner.plan import Plan
 
 

@@ -16,8 +16,8 @@ from cli_helpers import run, run_bad
 from conftest import cost_model, make_batch
 
 from dcp.costmodel import Cluster, CostModel, load_hardware, load_model
-from dcp.data import GlobalBatchSampler, Sample
-from dcp.planner import IlpOptions, solve
+from dcp.data import GlobalBatchSampler
+from dcp.planner import IlpOptions, Sample, solve
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = ROOT / "dcp" / "presets"

@@ -26,7 +26,7 @@ from dcp.planner.baselines import (
     solve_bucket,
     solve_packed,
 )
-from dcp.planner.common import allowed_sp_sizes
+from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.greedy import profile_bucket, solve_greedy
 
 HEURISTICS = {"bucket-per-batch": BucketOptions(), "packed-per-batch": PackedOptions(), "dcp-greedy": GreedyOptions(),

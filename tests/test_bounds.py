@@ -8,9 +8,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dcp.planner import lower_bound, solve
-from dcp.planner.bounds import _link_bound, _makespan_bound, _Work, capacity_bound
-from dcp.planner.common import allowed_sp_sizes
-from dcp.planner.ilp import baseline_plans
+from dcp.planner.bounds import (
+    _link_bound,
+    _makespan_bound,
+    _Work,
+    capacity_bound,
+    distinct_samples,
+    sample_arrays,
+)
+from dcp.planner.feasibility import allowed_sp_sizes
+from dcp.planner.ilp.warm import baseline_plans
 from tests.brute_helpers import TINY_CASES, brute_force, tiny_cm
 from tests.conftest import ZERO3_LENGTHS, cost_model, make_batch
 
@@ -30,8 +37,9 @@ def test_bound_never_exceeds_the_optimum(lengths: list[int], gpus: int, per_node
     sizes = allowed_sp_sizes(cm)
     best = brute_force(batch, cm)  # the least busy time of any plan, plus the least sync any plan adds
     bound = lower_bound(batch, cm)
-    makespan = _makespan_bound(_Work(batch, cm, sizes), gpus) + cm.grad_sync_s()
-    link = _link_bound(batch, cm, sizes)
+    tokens, pairs = sample_arrays(batch)
+    makespan = _makespan_bound(_Work(*distinct_samples(tokens, pairs), cm, sizes), gpus) + cm.grad_sync_s()
+    link = _link_bound(float(tokens.sum()), cm, sizes)
     assert bound == max(makespan, link)
     assert makespan <= best * (1 + 1e-9)
     # The link part (stage 3) against every plan's priced step: random plans of every slot count.

@@ -148,8 +148,7 @@ def test_refuses_beyond_fitted_range() -> None:
     assert cm.min_ckpt_layers(4000, 1) is not None
     assert cm.min_ckpt_layers(4001, 1) is None
     assert cm.max_tokens(1, 0) == 4000
-    from dcp.data import Sample
-    from dcp.planner import BucketOptions, InfeasibleError, solve
+    from dcp.planner import BucketOptions, InfeasibleError, Sample, solve
 
     batch = [Sample(0, 100, 5050), Sample(7, 40000, 800020000)]
     with pytest.raises(InfeasibleError, match="sample 7 .* beyond what the profile can price"):

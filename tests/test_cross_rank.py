@@ -10,7 +10,7 @@ import time
 from dist_helpers import run_ranks
 
 from dcp.costmodel import attention_pairs, load_model
-from dcp.data import Sample
+from dcp.planner import Sample
 
 WORLD = 4
 WITHIN_S = 5.0

@@ -11,7 +11,7 @@ import torch
 from dist_helpers import Case, check_grads, llama_spec, random_case, run_ranks, run_ranks_raw
 
 from dcp.costmodel import ModelSpec, attention_pairs, load_model
-from dcp.data import Sample
+from dcp.planner import Sample
 
 # (first rank, SP size) per group; every step of a test draws a different one. Together they
 # mix SP sizes 1, 2 and 4 (4 uses all four ranks) and leave a rank idle in one.

@@ -14,8 +14,8 @@ import pytest
 import torch
 from dist_helpers import check_grads, random_groups, run_ranks
 
-from dcp.data import Sample
 from dcp.executor.batch import PackedBatch
+from dcp.planner import Sample
 from dcp.planner.plan import Plan
 
 pytest.importorskip("transformers")
@@ -118,7 +118,7 @@ def test_planner_is_told_the_sp_sizes_the_model_allows() -> None:
     from dcp.costmodel import Cluster, CostModel, TrainingSetup, load_hardware
     from dcp.executor.hf import allowed_sp_sizes
     from dcp.executor.hf_memory import measured_model_spec
-    from dcp.planner.common import allowed_sp_sizes as planner_sizes
+    from dcp.planner.feasibility import allowed_sp_sizes as planner_sizes
 
     for heads, kv, want in [(8, 4, [1, 2, 4]), (8, 8, [1, 2, 4, 8]), (6, 3, [1]), (12, 2, [1, 2])]:
         config = tiny_config("llama", heads, kv)

@@ -15,10 +15,12 @@ from hypothesis import strategies as st
 from dcp.planner import IlpOptions, InfeasibleError, lower_bound, solve
 from dcp.planner import ilp as ilp_module
 from dcp.planner.bounds import capacity_bound
-from dcp.planner.common import allowed_sp_sizes
-from dcp.planner.ilp import baseline_plans
-from dcp.planner.ilp_costs import cost_table
-from dcp.planner.ilp_patterns import solve_patterns
+from dcp.planner.feasibility import allowed_sp_sizes
+from dcp.planner.ilp import search as search_module
+from dcp.planner.ilp.costs import cost_table
+from dcp.planner.ilp.patterns import solve_patterns
+from dcp.planner.ilp.warm import baseline_plans
+from dcp.planner.pricing import BatchArrays
 from tests.brute_helpers import TINY_CASES, brute_force, tiny_cm
 from tests.conftest import cost_model, make_batch
 
@@ -60,7 +62,7 @@ def test_configuration_program_never_cuts_off_the_optimum(lengths: list[int], gp
     batch = make_batch(lengths)
     busy = brute_force(batch, cm) - cm.grad_sync_s()
     sizes = allowed_sp_sizes(cm)
-    table = cost_table(batch, cm, sizes)
+    table = cost_table(BatchArrays.of(batch), cm, sizes)
     for scale in (1 + 1e-7, 1.05):
         res = solve_patterns(table, gpus, busy * scale, busy * scale, "highs", time.perf_counter() + 10)
         assert res is not None and not res.infeasible and res.groups is not None
@@ -117,7 +119,7 @@ def test_tiny_random_batches_match_brute_force(lengths: list[int], cap: int) -> 
 
 def test_time_limit_is_respected() -> None:
     """A large batch with a small limit: the whole solve stays within 20% of it."""
-    from dcp.planner.run import make_batches
+    from dcp.data.batches import make_batches
 
     cm = cost_model(gpus=128)
     batch = make_batches("wikipedia", cm, global_batch=2048, steps=1)[0]
@@ -151,7 +153,7 @@ def test_solver_failure_falls_back_to_the_warm_start_with_a_warning(monkeypatch:
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("solver exploded")
 
-    monkeypatch.setattr(ilp_module, "solve_classes", broken)
+    monkeypatch.setattr(search_module, "solve_classes", broken)
     cm = cost_model(gpus=16)
     batch = make_batch([300 * (1 + (7 * i) % 23) for i in range(60)] + [60_000])
     with pytest.warns(UserWarning, match="solver exploded"):

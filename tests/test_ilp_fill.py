@@ -1,4 +1,4 @@
-"""`ilp_fill`: exact vectorized prices, and the ILP's warm start under ZeRO-3's heavy fixed costs."""
+"""`pricing.Pricer`'s exact vectorized prices, and `fill`, the ILP's warm start under ZeRO-3's heavy fixed costs."""
 
 from __future__ import annotations
 
@@ -8,21 +8,22 @@ import numpy as np
 import pytest
 
 from dcp.planner import IlpOptions, lower_bound, solve
-from dcp.planner.common import allowed_sp_sizes
-from dcp.planner.ilp import baseline_plans
-from dcp.planner.ilp_fill import _Prices, fill_plans
+from dcp.planner.feasibility import allowed_sp_sizes
+from dcp.planner.ilp.fill import fill_plans
+from dcp.planner.ilp.warm import baseline_plans
+from dcp.planner.pricing import Pricer
 from tests.conftest import ZERO3_LENGTHS, cost_model, make_batch
 
 
 @pytest.mark.parametrize("model,zero_stage", [("llama-70b", 3), ("llama-7b", 1)])
 def test_prices_match_the_cost_model(model: str, zero_stage: int) -> None:
     cm = cost_model(model=model, gpus=32, zero_stage=zero_stage)
+    pricer = Pricer(cm, allowed_sp_sizes(cm))
     for p in allowed_sp_sizes(cm):
-        price = _Prices(cm, p)
         tokens = np.array([0, 1, 100, cm.max_tokens(p, 0), cm.max_tokens(p, 0) + 1, 50_000, cm.max_tokens(p, cm.model.num_layers // 2),
                            cm.max_tokens(p, cm.model.num_layers), cm.max_tokens(p, cm.model.num_layers) + 1], float)
         pairs = tokens * (tokens + 1) / 2
-        for t, a, got in zip(tokens, pairs, price(tokens, pairs), strict=True):
+        for t, a, got in zip(tokens, pairs, pricer.times(p, tokens, pairs), strict=True):
             r = cm.min_ckpt_layers(t, p) if t > 0 else 0
             want = 0.0 if t == 0 else math.inf if r is None else cm.time_s(t, a, p, r)
             assert got == pytest.approx(want, rel=1e-12), (p, t)

@@ -23,12 +23,12 @@ from dcp.costmodel import (
     load_hardware,
     load_model,
 )
-from dcp.data import Sample
 from dcp.executor import Executor, ParallelState, executor_optimizer, held_bytes
 from dcp.executor.reference import manual_plan
 from dcp.models import build_model, lm_loss, mse_loss, sample_tensors
 from dcp.models.attention import forced_kernels
 from dcp.models.precision import param_dtype
+from dcp.planner import Sample
 from dcp.profiler.flash_standin import flash_dense_standin, flash_varlen_standin
 from dcp.profiler.live_bytes import layer_counting
 from dcp.profiler.memory import reference_footprint

@@ -13,8 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dcp.costmodel import Cluster, CostModel, TrainingSetup, load_hardware, load_model
+from dcp.data.batches import make_batches
 from dcp.planner import STRATEGIES, solve
-from dcp.planner.run import make_batches, resolve_options
+from dcp.planner.run import resolve_options
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 try:

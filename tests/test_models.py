@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from dcp.costmodel import ModelSpec, attention_pairs, load_model
-from dcp.data import Sample
 from dcp.models import (
     IGNORE_INDEX,
     PackedSeqs,
@@ -23,6 +22,7 @@ from dcp.models import (
     sample_tensors,
     sdpa_attention,
 )
+from dcp.planner import Sample
 
 LLAMA = load_model("tiny-llama")
 STDIT = load_model("tiny-stdit")

@@ -8,10 +8,10 @@ from collections.abc import Callable
 import pytest
 from conftest import cost_model, make_batch
 
-from dcp.data.workloads import Sample
 from dcp.planner import Group, MicroBatch, Plan, PlanError
 from dcp.planner.baselines import solve_packed
 from dcp.planner.greedy import solve_greedy
+from dcp.planner.sample import Sample
 
 
 def tiny_plan() -> Plan:

@@ -14,12 +14,12 @@ import torch.distributed as dist
 from dist_helpers import run_ranks
 
 from dcp.costmodel import load_model
-from dcp.data import Sample
 from dcp.executor import Executor, ParallelState, executor_optimizer
 from dcp.executor.reference import manual_plan
 from dcp.launch import RunOptions
 from dcp.models import build_model, lm_loss, sample_tensors
 from dcp.models.precision import param_dtype, recipe_for_model
+from dcp.planner import Sample
 
 SPEC = load_model("tiny-llama")
 

@@ -17,11 +17,11 @@ from dcp.data import (
     GlobalBatchSampler,
     PlannedBatch,
     PlanningError,
-    Sample,
     fetch_items,
     local_samples,
     lognormal,
 )
+from dcp.planner import Sample
 from dcp.planner.plan import Group, InfeasibleError, MicroBatch, Plan
 
 CLUSTER = Cluster(num_gpus=4, gpus_per_node=4, memory_bytes=1e9)

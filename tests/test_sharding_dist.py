@@ -12,7 +12,7 @@ import torch
 from dist_helpers import Case, llama_spec, random_case, run_ranks
 
 from dcp.costmodel import ModelSpec, attention_pairs
-from dcp.data import Sample
+from dcp.planner import Sample
 
 TOLERANCE = 1e-12
 # (first rank, SP size) per group on 4 ranks; with one idle rank in the first.

@@ -170,7 +170,8 @@ def test_compare_plot(tmp_path: Path) -> None:
 
 
 def test_compare_figure_marks_the_bound() -> None:
-    from dcp.planner.run import build_cost_model, compare, make_batches
+    from dcp.data.batches import make_batches
+    from dcp.planner.run import build_cost_model, compare
     from dcp.viz import compare_figure
 
     cm = build_cost_model("llama-7b", "h200-sxm", 16)

@@ -61,7 +61,7 @@ def test_simulation_of_wikipedia_and_opensora(wiki_batches) -> None:
     for batch in wiki_batches[:2]:
         for option in OPTIONS:
             check_timeline(solve(batch, cm.cluster, cm, option), cm)
-    from dcp.planner.run import make_batches
+    from dcp.data.batches import make_batches
 
     video = cost_model(model="opensora-stdit-1.1b")
     batch = make_batches("opensora", video, global_batch=256, steps=1)[0]

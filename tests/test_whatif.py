@@ -11,9 +11,9 @@ import pytest
 
 from dcp import calibration
 from dcp.costmodel import CostModelError, load_hardware
-from dcp.planner.sweep import Scenario, grid, sweep
 from dcp.profiler.fitting import mape
 from dcp.viz import calibration_figure, sweep_figure
+from dcp.whatif import Scenario, grid, sweep
 
 PROFILE = Path(__file__).resolve().parents[1] / "notebooks" / "data" / "cpu-tiny-llama.json"
 MODEL = "tiny-llama"

@@ -27,15 +27,15 @@ from dcp.commands.common import (
     write_whole,
 )
 from dcp.costmodel import DEFAULT_HARDWARE, DEFAULT_MODEL, RECIPES, CostModel
-from dcp.data.workloads import Sample, WorkloadError, load_workload
-from dcp.planner import STRATEGIES, STRATEGY_HELP
+from dcp.data.batches import make_batches
+from dcp.data.workloads import WorkloadError, load_workload
+from dcp.planner import STRATEGIES, STRATEGY_HELP, Sample
 from dcp.planner.options import IlpOptions
 from dcp.planner.report import stored_path
 from dcp.planner.run import (
     build_cost_model,
     compare,
     default_model,
-    make_batches,
     plan_steps,
     simulate_all,
     step_rows,
@@ -170,7 +170,7 @@ def plan(strategy: str, **o: Any) -> None:
     else:
         rows = table(step_rows(plans, timelines), {
             **STEP_COLUMNS, "lower_bound_s": ("bound (s)", secs), "gap": ("gap", pct),
-            "solve_time_s": ("solve (s)", secs)})
+            "solve_time_s": ("solve (s)", secs), "program": ("program", str)})
         text = (f"{strategy} on {s.cm.cluster.num_gpus} x {s.cm.hardware.name}, {s.cm.model.name}, "
                 f"{o['workload']}\n{rows}\n"
                 f"mean step {summary['mean_step_time_s']:.3f} s | "
@@ -238,7 +238,7 @@ def compare_cmd(strategies: str | None, plot: Path | None, plot_metric: str, **o
             "strategy": ("strategy", str), "mean_step_time_s": ("step (s)", secs),
             "speedup_vs_bucket": ("vs bucket", lambda x: "-" if x != x else f"{x:.2f}x"), "idle_fraction": ("idle", pct),
             "comm_fraction": ("comm", pct), "gap_to_lower_bound": ("gap to bound", pct),
-            "mean_solve_time_s": ("solve (s)", secs)})
+            "mean_solve_time_s": ("solve (s)", secs), "time_limited": ("limit hit", str)})
         text = (f"{len(s.batches)} steps of {o['workload']} on {s.cm.cluster.num_gpus} x {s.cm.hardware.name}, "
                 f"{s.cm.model.name}\n{rows}")
     if plot is not None:

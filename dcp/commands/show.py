@@ -29,6 +29,7 @@ from dcp.planner.report import (
     unused_ranks,
 )
 from dcp.planner.run import gap, groups_label, simulate_all, step_rows
+from dcp.planner.status import program_outcome
 
 
 @click.command()
@@ -84,6 +85,7 @@ def show(plan_file: Path, step_index: int, gantt_path: Path | None, model: str |
         f"(gap {pct(gap(the_plan))}) | solve {the_plan.solve_time_s:.3f} s ({the_plan.solver_status}) | "
         f"memory headroom {pct(memory_headroom(the_plan))}",
         "share of rank-seconds: " + " | ".join(f"{k} {pct(v)}" for k, v in kind_shares(tl).items()),
+        *([f"program: {program_outcome(the_plan)}; " + "; ".join(the_plan.notes)] if the_plan.strategy == "ilp" else []),
         table(group_rows(the_plan), {
             "group": ("group", str), "ranks": ("ranks", str), "sp": ("sp", str),
             "microbatches": ("micro-batches", str), "samples": ("samples", str), "tokens": ("tokens", str),

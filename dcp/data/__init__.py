@@ -3,6 +3,7 @@
 The torch DataLoader glue lives in `dcp.data.loader`, imported only when asked for.
 """
 
+from dcp.data.batches import make_batches
 from dcp.data.local import LocalBatch, PlannedDataset, collate_local, fetch_items, local_samples
 from dcp.data.prefetch import PlanAhead, PlanningError, SolvePlanner
 from dcp.data.sampler import (
@@ -13,7 +14,6 @@ from dcp.data.sampler import (
     unfittable_ids,
 )
 from dcp.data.workloads import (
-    Sample,
     Workload,
     WorkloadError,
     global_batches,
@@ -26,7 +26,7 @@ from dcp.data.workloads import (
 
 __all__ = [
     "GlobalBatchSampler", "LocalBatch", "PlanAhead", "PlannedBatch", "PlannedDataset", "PlannedIndices",
-    "PlanningError", "Sample", "SolvePlanner", "Workload", "WorkloadError", "collate_local",
-    "epoch_batches", "fetch_items", "global_batches", "load_workload", "local_samples", "lognormal",
+    "PlanningError", "SolvePlanner", "Workload", "WorkloadError", "collate_local",
+    "epoch_batches", "fetch_items", "global_batches", "load_workload", "local_samples", "lognormal", "make_batches",
     "opensora", "read_lengths", "unfittable_ids", "wikipedia",
 ]

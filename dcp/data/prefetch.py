@@ -19,9 +19,9 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 from dcp.costmodel import CostModel
-from dcp.data.workloads import Sample
 from dcp.planner.options import StrategyOptions
 from dcp.planner.plan import Plan
+from dcp.planner.sample import Sample
 
 Planner = Callable[[Sequence[Sample]], Plan]
 """Plans one global batch. Must be picklable (a module-level function, a dataclass instance,

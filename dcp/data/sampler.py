@@ -24,10 +24,11 @@ from dcp.costmodel import CostModel, attention_pairs
 from dcp.data.lengths import LengthSource, resolve_lengths
 from dcp.data.local import LocalBatch, local_samples
 from dcp.data.prefetch import PlanAhead, Planner, SolvePlanner
-from dcp.data.workloads import Sample, Workload, cut_batches
-from dcp.planner.common import allowed_sp_sizes, check_feasible
+from dcp.data.workloads import Workload, cut_batches
+from dcp.planner.feasibility import allowed_sp_sizes, check_feasible
 from dcp.planner.options import StrategyOptions, with_dataset
 from dcp.planner.plan import InfeasibleError, Plan
+from dcp.planner.sample import Sample
 
 log = logging.getLogger(__name__)
 

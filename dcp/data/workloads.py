@@ -14,20 +14,10 @@ import numpy as np
 
 from dcp.costmodel import attention_pairs
 from dcp.data.lengths import WorkloadError, read_lengths
+from dcp.planner.sample import Sample
 
-__all__ = ["Sample", "Workload", "WorkloadError", "cut_batches", "global_batches", "load_workload", "lognormal",
+__all__ = ["Workload", "WorkloadError", "cut_batches", "global_batches", "load_workload", "lognormal",
            "opensora", "read_lengths", "wikipedia"]
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One training sample as the planner sees it."""
-
-    id: int
-    tokens: int
-    attn_pairs: int
-    frames: int = 1
-    """Latent frames of a video sample (1 for text and images); tokens = frames * tokens per frame."""
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from dcp.data.workloads import Sample
 from dcp.models.packing import PackedSeqs
+from dcp.planner.sample import Sample
 
 SampleTensors = Mapping[str, torch.Tensor]
 

@@ -13,10 +13,10 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from dcp.data.workloads import Sample
 from dcp.executor.batch import SampleTensors, pack_microbatch
 from dcp.executor.executor import ForwardFn, LossFn
 from dcp.planner.plan import Group, MicroBatch, Plan
+from dcp.planner.sample import Sample
 
 
 def reference_step(model: nn.Module, batch: Sequence[Sample], samples: Mapping[int, SampleTensors],

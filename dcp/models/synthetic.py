@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from dcp.costmodel import ModelSpec
-from dcp.data.workloads import Sample
 from dcp.models.losses import IGNORE_INDEX
+from dcp.planner.sample import Sample
 
 
 def sample_tensors(spec: ModelSpec, sample: Sample, *, seed: int = 0, in_channels: int = 8,

@@ -3,8 +3,10 @@
 Both fix one SP size: for the whole training (`static_sp=DATASET`, the smallest that fits the
 dataset's longest sample with every layer checkpointed, as the DCP paper's baselines run;
 strategies `bucket` and `packed`), or a given size, or per step (the smallest that fits the
-batch's longest sample; `bucket-per-batch`, `packed-per-batch`), and split the cluster into N/p identical groups; they differ in how samples
-become micro-batches and how micro-batches reach groups.
+batch's longest sample; `bucket-per-batch`, `packed-per-batch`), and split the cluster into N/p
+identical groups; they differ in how samples become micro-batches and how micro-batches reach
+groups. Each computes its layout (`bucket_layout`, `packed_layout`: micro-batches of batch
+indices), which the ILP's warm start prices without building a plan.
 """
 
 from __future__ import annotations
@@ -13,11 +15,15 @@ import heapq
 import time
 from collections.abc import Sequence
 
+import numpy as np
+
 from dcp.costmodel import CostModel
-from dcp.data.workloads import Sample
-from dcp.planner.common import aligned_layout, allowed_sp_sizes, assemble, check_feasible
+from dcp.planner.common import aligned_layout, assemble_indices
+from dcp.planner.feasibility import allowed_sp_sizes, check_feasible
 from dcp.planner.options import DATASET, BucketOptions, PackedOptions
 from dcp.planner.plan import InfeasibleError, Plan
+from dcp.planner.pricing import BatchArrays, Layout, Pricer
+from dcp.planner.sample import Sample
 
 
 def length_bucket(tokens: int) -> int:
@@ -82,6 +88,33 @@ def static_sp_size(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int],
     return fixed
 
 
+def strategy_name(options: BucketOptions | PackedOptions) -> str:
+    """The strategy a static baseline's plan names: `bucket` / `packed` for one SP size for the
+    whole training (`DATASET` or a given size), `-per-batch` when every batch chooses its own."""
+    return options.name if options.static_sp is not None else f"{options.name}-per-batch"
+
+
+def bucket_layout(batch: Sequence[Sample], cm: CostModel, options: BucketOptions, sizes: Sequence[int],
+                  arrays: BatchArrays) -> tuple[Layout, list[list[int]], list[str]]:
+    """Bucket parallel's groups (micro-batches of batch indices), checkpointed layers, notes."""
+    p, k = static_sp_size(batch, cm, sizes, options.static_sp, options.dataset_longest_tokens), cm.model.num_layers
+    n_groups = cm.cluster.num_gpus // p
+    mbs_per_group: list[list[list[int]]] = [[] for _ in range(n_groups)]
+    turn = 0
+    bucket = np.frexp(arrays.tokens - 1)[1]  # length_bucket's exponent: the bit length of t - 1
+    for e in np.unique(bucket):
+        idx = np.flatnonzero(bucket == e)  # batch order inside the bucket
+        size = max(1, cm.max_tokens(p, k) // int(arrays.tokens[idx].max()))
+        size = min(size, group_share(len(idx), p, cm.cluster.num_gpus))
+        for i in range(0, len(idx), size):
+            mbs_per_group[turn % n_groups].append(idx[i:i + size].tolist())
+            turn += 1
+    layout = aligned_layout({p: n_groups}, cm.cluster.num_gpus, cm.cluster.gpus_per_node)
+    return ([(start, sp, mbs_per_group[gi]) for gi, (start, sp) in enumerate(layout)],
+            [[k] * len(mbs) for mbs in mbs_per_group],
+            [f"static SP size {p}, {n_groups} groups, all {k} layers checkpointed"])
+
+
 def solve_bucket(batch: Sequence[Sample], cm: CostModel, options: BucketOptions | None = None) -> Plan:
     """Bucket parallel: static SP size, per-bucket batch size, full checkpointing, round-robin.
 
@@ -93,41 +126,46 @@ def solve_bucket(batch: Sequence[Sample], cm: CostModel, options: BucketOptions 
     options = options or BucketOptions()
     sizes = allowed_sp_sizes(cm, options.sp_sizes)
     check_feasible(batch, cm, sizes)
-    p, k = static_sp_size(batch, cm, sizes, options.static_sp, options.dataset_longest_tokens), cm.model.num_layers
-    n_groups = cm.cluster.num_gpus // p
-    mbs_per_group: list[list[list[int]]] = [[] for _ in range(n_groups)]
-    turn = 0
-    for bucket_samples in by_bucket(batch).values():
-        longest = max(s.tokens for s in bucket_samples)
-        size = max(1, cm.max_tokens(p, k) // longest)
-        size = min(size, group_share(len(bucket_samples), p, cm.cluster.num_gpus))
-        for i in range(0, len(bucket_samples), size):
-            mbs_per_group[turn % n_groups].append([s.id for s in bucket_samples[i:i + size]])
-            turn += 1
-    layout = aligned_layout({p: n_groups}, cm.cluster.num_gpus, cm.cluster.gpus_per_node)
-    groups = [(start, sp, mbs_per_group[gi]) for gi, (start, sp) in enumerate(layout)]
-    return assemble(
-        "bucket" if options.static_sp is not None else "bucket-per-batch", batch, cm, groups,
-        ckpt=[[k] * len(mbs) for mbs in mbs_per_group], started=started,
-        notes=[f"static SP size {p}, {n_groups} groups, all {k} layers checkpointed"],
-    )
+    arrays = BatchArrays.of(batch)
+    layout, ckpt, notes = bucket_layout(batch, cm, options, sizes, arrays)
+    return assemble_indices(strategy_name(options), batch, cm, layout, ckpt=ckpt, started=started, notes=notes,
+                            arrays=arrays)
 
 
 def first_fit_decreasing(batch: Sequence[Sample], budget_tokens: int) -> list[list[Sample]]:
     """Pack samples, longest first (ties by id), into the first micro-batch with room for them.
 
     A sample longer than the budget gets a micro-batch of its own that nothing else joins."""
-    bins: list[list[Sample]] = []
-    room: list[int] = []
-    for s in sorted(batch, key=lambda s: (-s.tokens, s.id)):
-        for b, free in enumerate(room):
-            if s.tokens <= free:
-                bins[b].append(s)
-                room[b] -= s.tokens
-                break
+    return [[batch[i] for i in b] for b in ffd_indices(np.array([s.tokens for s in batch], dtype=np.float64),
+                                                         np.array([s.id for s in batch]), budget_tokens)]
+
+
+def ffd_indices(tokens: np.ndarray, ids: np.ndarray, budget_tokens: float) -> list[list[int]]:
+    """`first_fit_decreasing` on arrays: the bins as lists of indices into `tokens`.
+
+    The first bin with room is found by one vectorized scan per sample, starting past the bins
+    already too full for the batch's shortest sample (first fit fills the earliest bins first)."""
+    n = len(tokens)
+    order = np.lexsort((ids, -tokens))
+    room = np.zeros(n)
+    owner = np.empty(n, dtype=np.int64)
+    shortest = float(tokens.min()) if n else 0.0
+    used = lo = 0
+    for i in order.tolist():
+        t = tokens[i]
+        b = lo + int((room[lo:used] >= t).argmax()) if used > lo else used
+        if b < used and room[b] >= t:
+            room[b] -= t
+            while lo < used and room[lo] < shortest:
+                lo += 1
         else:
-            bins.append([s])
-            room.append(max(0, budget_tokens - s.tokens))
+            b = used
+            room[b] = max(0.0, budget_tokens - t)
+            used += 1
+        owner[i] = b
+    bins: list[list[int]] = [[] for _ in range(used)]
+    for i in order.tolist():
+        bins[owner[i]].append(i)
     return bins
 
 
@@ -143,6 +181,30 @@ def lpt_assign(times: Sequence[float], n_groups: int) -> list[list[int]]:
     return out
 
 
+def packed_layout(batch: Sequence[Sample], cm: CostModel, options: PackedOptions, sizes: Sequence[int],
+                  arrays: BatchArrays, pricer: Pricer) -> tuple[Layout, list[list[int]], list[str]]:
+    """Packing's groups (micro-batches of batch indices), checkpointed layers (the fewest that
+    fit), notes."""
+    p, k = static_sp_size(batch, cm, sizes, options.static_sp, options.dataset_longest_tokens), cm.model.num_layers
+    budget = options.token_budget or min(
+        cm.max_tokens(p, k), group_share(int(arrays.tokens.sum()), p, cm.cluster.num_gpus))
+    if budget <= 0:
+        raise InfeasibleError(f"packed: token budget {budget} must be positive")
+    bins = ffd_indices(arrays.tokens, arrays.ids, budget)
+    tokens = np.array([arrays.tokens[b].sum() for b in bins])
+    pairs = np.array([arrays.pairs[b].sum() for b in bins])
+    levels = pricer.levels(p, tokens)
+    if (levels > k).any():
+        raise InfeasibleError(f"packed: token budget {budget} is more than fits at SP size {p}: a micro-batch "
+                              f"of {int(tokens[levels > k][0])} tokens needs more than all {k} layers checkpointed")
+    n_groups = cm.cluster.num_gpus // p
+    jobs = lpt_assign(pricer.times(p, tokens, pairs).tolist(), n_groups)
+    layout = aligned_layout({p: n_groups}, cm.cluster.num_gpus, cm.cluster.gpus_per_node)
+    return ([(start, sp, [bins[j] for j in jobs[gi]]) for gi, (start, sp) in enumerate(layout)],
+            [levels[jobs[gi]].tolist() for gi in range(n_groups)],
+            [f"static SP size {p}, {n_groups} groups, {budget} tokens per micro-batch"])
+
+
 def solve_packed(batch: Sequence[Sample], cm: CostModel, options: PackedOptions | None = None) -> Plan:
     """Packing: static SP size, first-fit-decreasing into a token budget, LPT over groups.
 
@@ -155,25 +217,7 @@ def solve_packed(batch: Sequence[Sample], cm: CostModel, options: PackedOptions 
     options = options or PackedOptions()
     sizes = allowed_sp_sizes(cm, options.sp_sizes)
     check_feasible(batch, cm, sizes)
-    p, k = static_sp_size(batch, cm, sizes, options.static_sp, options.dataset_longest_tokens), cm.model.num_layers
-    budget = options.token_budget or min(
-        cm.max_tokens(p, k),
-        group_share(sum(s.tokens for s in batch), p, cm.cluster.num_gpus),
-    )
-    if budget <= 0:
-        raise InfeasibleError(f"packed: token budget {budget} must be positive")
-    bins = first_fit_decreasing(batch, budget)
-    times = []
-    for b in bins:
-        tokens = sum(s.tokens for s in b)
-        r = cm.min_ckpt_layers(tokens, p)
-        if r is None:
-            raise InfeasibleError(f"packed: token budget {budget} is more than fits at SP size {p}: a "
-                                  f"micro-batch of {tokens} tokens needs more than all {k} layers checkpointed")
-        times.append(cm.time_s(tokens, sum(s.attn_pairs for s in b), p, r))
-    n_groups = cm.cluster.num_gpus // p
-    jobs = lpt_assign(times, n_groups)
-    layout = aligned_layout({p: n_groups}, cm.cluster.num_gpus, cm.cluster.gpus_per_node)
-    groups = [(start, sp, [[s.id for s in bins[j]] for j in jobs[gi]]) for gi, (start, sp) in enumerate(layout)]
-    return assemble("packed" if options.static_sp is not None else "packed-per-batch", batch, cm, groups, started=started,
-                    notes=[f"static SP size {p}, {n_groups} groups, {budget} tokens per micro-batch"])
+    arrays = BatchArrays.of(batch)
+    layout, ckpt, notes = packed_layout(batch, cm, options, sizes, arrays, Pricer(cm, sizes))
+    return assemble_indices(strategy_name(options), batch, cm, layout, ckpt=ckpt, started=started, notes=notes,
+                            arrays=arrays)

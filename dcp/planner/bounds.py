@@ -1,7 +1,12 @@
-"""Lower bounds on a global batch's step time, valid for every plan the cost model can price."""
+"""Lower bounds on a global batch's step time, valid for every plan the cost model can price.
+
+Both bounds are sums over samples of a per-sample cost, so identical samples are counted once
+with a weight, and tens of thousands of samples cost a few array operations.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import math
 import weakref
 from collections.abc import Sequence
@@ -10,20 +15,41 @@ import numpy as np
 
 from dcp.costmodel import CostModel
 from dcp.costmodel.schedule import least_link_s
-from dcp.data.workloads import Sample
+from dcp.planner.feasibility import allowed_sp_sizes
+from dcp.planner.sample import Sample
 
 _MEMORY_RTOL = 1e-9
 """`Plan.validate` lets a micro-batch exceed the memory limit by this fraction; capacities here do too."""
-_RTOL = 1e-6
-_MAX_STEPS = 60
+_RTOL = 1e-5
+_MAX_STEPS = 40
 """Root finding on work(M) = N * M: stop at this relative width, or after this many steps."""
+_MAX_CELLS = 1_000_000
+"""Levels x distinct samples the makespan bound evaluates at once at most; past it, samples are
+rounded down to geometric length classes (a smaller sample never raises the bound)."""
 _MEMO: weakref.WeakKeyDictionary[CostModel, dict[tuple, float]] = weakref.WeakKeyDictionary()
-"""Recent bounds per cost model: every baseline plan of a batch reports the same bound (the ILP's
-warm start builds nine), and one costs tens of milliseconds at 2048 samples."""
+"""Recent bounds per cost model: every baseline plan of a batch reports the same bound."""
 _MEMO_SIZE = 16
 
 
-def lower_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | None = None) -> float:
+def sample_arrays(batch: Sequence[Sample]) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens and attention pairs of the batch's samples (float64)."""
+    n = len(batch)
+    return (np.fromiter((s.tokens for s in batch), dtype=np.float64, count=n),
+            np.fromiter((s.attn_pairs for s in batch), dtype=np.float64, count=n))
+
+
+def distinct_samples(tokens: np.ndarray, pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct (tokens, pairs) of a batch and how many samples share each."""
+    if not len(tokens):
+        return tokens, pairs, np.zeros(0)
+    order = np.lexsort((pairs, tokens))
+    t, a = tokens[order], pairs[order]
+    first = np.flatnonzero(np.concatenate([[True], (t[1:] != t[:-1]) | (a[1:] != a[:-1])]))
+    return t[first], a[first], np.diff(np.append(first, len(t))).astype(np.float64)
+
+
+def lower_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | None = None,
+                arrays: tuple[np.ndarray, np.ndarray] | None = None) -> float:
     """The busy time no plan can beat, plus the gradient sync: at least the longest sample's best
     time alone, and at least every makespan M at which the batch's work does not fit N GPUs.
 
@@ -38,21 +64,23 @@ def lower_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] 
     GPU-seconds bound). The gradient sync added is the least any plan's schedule adds
     (`CostModel.grad_sync_s`); under ZeRO-3 the bound is also at least the fewest slots' collectives
     (`_link_bound`), since every slot gathers every layer.
-    """
-    from dcp.planner.common import allowed_sp_sizes  # common imports this module
 
+    `arrays` (tokens, pairs), when given, saves reading them from the samples again.
+    """
     sizes = tuple(allowed_sp_sizes(cm, sp_sizes))
-    key = (sizes, tuple((s.tokens, s.attn_pairs) for s in batch))  # all of a sample that _Work reads
+    tokens, pairs = arrays if arrays is not None else sample_arrays(batch)
+    digest = hashlib.blake2b(tokens.tobytes() + pairs.tobytes(), digest_size=16).digest()
+    key = (sizes, len(tokens), digest)  # all of a sample that the bound reads
     memo = _MEMO.setdefault(cm, {})
     if key not in memo:
         if len(memo) >= _MEMO_SIZE:
             del memo[next(iter(memo))]
-        memo[key] = max(_makespan_bound(_Work(batch, cm, sizes), cm.cluster.num_gpus) + cm.grad_sync_s(),
-                        _link_bound(batch, cm, sizes))
+        memo[key] = max(_makespan_bound(_Work(*distinct_samples(tokens, pairs), cm, sizes), cm.cluster.num_gpus)
+                        + cm.grad_sync_s(), _link_bound(float(tokens.sum()), cm, sizes))
     return memo[key]
 
 
-def _link_bound(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int]) -> float:
+def _link_bound(total_tokens: float, cm: CostModel, sizes: Sequence[int]) -> float:
     """ZeRO-3 (lockstep slots): the link is busy at least the fewest slots' collectives. A slot
     runs at most one micro-batch per group, each of at most max_tokens(p, K) tokens, and the
     groups' p sum to at most N, so a slot holds at most N * max_p max_tokens(p, K) / p tokens."""
@@ -62,11 +90,12 @@ def _link_bound(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int]) ->
     per_gpu = max(cm.max_tokens(p, k) / p for p in sizes)
     if per_gpu <= 0:
         return 0.0
-    slots = math.ceil(sum(s.tokens for s in batch) / (cm.cluster.num_gpus * per_gpu) - 1e-9)
+    slots = math.ceil(total_tokens / (cm.cluster.num_gpus * per_gpu) - 1e-9)
     return least_link_s(cm, max(slots, 1))
 
 
-def capacity_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | None = None) -> float:
+def capacity_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | None = None,
+                   arrays: tuple[np.ndarray, np.ndarray] | None = None) -> float:
     """max(total minimal GPU-seconds / N, the longest sample's best time alone) + gradient sync,
     each micro-batch's fixed cost spread over the most tokens that fit memory: weaker than
     `lower_bound` when fixed costs are heavy (ZeRO-3), and the floor the ILP's search is tuned on.
@@ -77,27 +106,60 @@ def capacity_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[in
     marginal cost at r_i(p), plus its tokens' share p * fixed(p, 0) / max_tokens(p, K) of the
     micro-batch's fixed cost (it holds at most max_tokens(p, K) tokens).
     """
-    from dcp.planner.common import allowed_sp_sizes  # common imports this module
-
     sizes = allowed_sp_sizes(cm, sp_sizes)
+    tokens, pairs, weight = distinct_samples(*(arrays if arrays is not None else sample_arrays(batch)))
     k = cm.model.num_layers
-    capacity = {p: cm.max_tokens(p, k) for p in sizes}
-    fixed_per_token = {p: p * cm.linear_time(p, 0).fixed / capacity[p] for p in sizes if capacity[p] > 0}
-    work = 0.0
-    longest = 0.0
-    for s in batch:
-        best_work, best_time = math.inf, math.inf
-        for p in sizes:
-            r = cm.min_ckpt_layers(s.tokens, p)
-            if r is None:
+    work, solo = np.full(len(tokens), math.inf), np.full(len(tokens), math.inf)
+    for p in sizes:
+        levels = _Levels(cm, p)
+        r = np.searchsorted(levels.memory_cap, tokens, side="left")  # fewest layers that fit (K + 1: none)
+        fits = r <= k
+        r = np.minimum(r, k)
+        marginal = p * (levels.per_token[r] * tokens + levels.per_pair[r] * pairs)
+        capacity = cm.max_tokens(p, k)
+        share = p * levels.fixed[0] / capacity * tokens if capacity > 0 else np.zeros_like(tokens)
+        work = np.where(fits, np.minimum(work, marginal + share), work)
+        solo = np.where(fits, np.minimum(solo, levels.fixed[r] + marginal / p), solo)
+    return max(float(work @ weight) / cm.cluster.num_gpus, float(solo.max())) + cm.grad_sync_s()
+
+
+class _Levels:
+    """One SP size's coefficients at r = 0..K and the tokens that fit memory (and the profile's
+    priceable range) at each, with the validator's tolerance."""
+
+    def __init__(self, cm: CostModel, p: int) -> None:
+        k = cm.model.num_layers
+        room = cm.cluster.memory_bytes * (1 + _MEMORY_RTOL) - cm.static_bytes
+        lin = [cm.linear_time(p, r) for r in range(k + 1)]
+        self.fixed = np.array([c.fixed for c in lin])
+        self.per_token = np.array([c.per_token for c in lin])
+        self.per_pair = np.array([c.per_pair for c in lin])
+        # Each GPU holds ceil(T/p) tokens (CostModel.memory_bytes: the executor pads), so a
+        # micro-batch fits when ceil(T/p) <= room / bytes per token on one GPU: T <= p * floor(..).
+        self.memory_cap = np.array([min(p * math.floor(room / cm.activation_bytes_per_token(1, r)),
+                                        cm.priceable_tokens(p)) if room > 0 else 0.0 for r in range(k + 1)])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            self.memory_share = np.where(self.fixed > 0, self.fixed / self.memory_cap, 0.0)
+
+    def candidates(self) -> list[list[int]]:
+        """For a sample whose fewest layers at p are r0: the levels r >= r0 its cheapest cost can
+        be at, for every makespan M. Level r2 > r1 never beats r1 when both fit, if the per-token
+        price it adds is at least the memory share it saves (per_token(r2) - per_token(r1) >=
+        fixed(r1) / cap(r1) - fixed(r2) / cap(r2)): every other term, the time share and solo
+        time included, is no smaller at r2, as fixed, per_token and per_pair grow with r. When they
+        do not grow with r every level stays a candidate."""
+        k = len(self.fixed) - 1
+        grows = all((np.diff(c) >= 0).all() for c in (self.fixed, self.per_token, self.per_pair))
+        out = []
+        for r0 in range(k + 1):
+            if not grows:
+                out.append(list(range(r0, k + 1)))
                 continue
-            lin = cm.linear_time(p, r)
-            marginal = p * (lin.per_token * s.tokens + lin.per_pair * s.attn_pairs)
-            best_work = min(best_work, marginal + fixed_per_token[p] * s.tokens)
-            best_time = min(best_time, lin(s.tokens, s.attn_pairs))
-        work += best_work
-        longest = max(longest, best_time)
-    return max(work / cm.cluster.num_gpus, longest) + cm.grad_sync_s()
+            with np.errstate(invalid="ignore"):  # inf - inf: neither level holds a token
+                saved = self.memory_share[r0] - self.memory_share[r0 + 1:]
+            added = self.per_token[r0 + 1:] - self.per_token[r0]
+            out.append([r0] + [r0 + 1 + int(i) for i in np.flatnonzero(added < saved)])
+        return out
 
 
 def _makespan_bound(work: _Work, n: int) -> float:
@@ -131,39 +193,66 @@ def _makespan_bound(work: _Work, n: int) -> float:
     return lo
 
 
+def _round_down(tokens: np.ndarray, pairs: np.ndarray, weight: np.ndarray,
+                most: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """At most about `most` classes of samples on a geometric grid of token counts, each standing
+    for its members with the least tokens and the least pairs among them: every cost in the
+    bound grows with both, so the bound can only fall."""
+    spread = math.log(float(tokens.max()) / float(tokens.min())) if len(tokens) else 0.0
+    step = max(spread / most, 1e-6)
+    key = np.floor(np.log(tokens) / step).astype(np.int64)
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    starts = np.searchsorted(inverse[order], np.arange(len(first)))
+    return (np.minimum.reduceat(tokens[order], starts), np.minimum.reduceat(pairs[order], starts),
+            np.add.reduceat(weight[order], starts))
+
+
 class _Work:
     """work(M): GPU-seconds the batch needs if no group runs longer than M (see `lower_bound`),
-    over every level (p, r) at once; inf when some sample fits no micro-batch within M. Also
-    `longest`, the largest over samples of their least solo time at a level where they fit.
+    over every level (p, r) that can be a sample's cheapest (`_Levels.candidates`); inf when some
+    sample fits no micro-batch within M. Also `longest`, the largest over samples of their least
+    solo time at a level where they fit.
 
     For sample i at level l: cost = p (per_token t_i + per_pair a_i) + p t_i fixed / cap, where
     fixed / cap = max(fixed / memory_cap, fixed per_token / (M - fixed - per_pair a_i)), and the
-    level is open to i when t_i fits memory_cap and its solo time at l is at most M. Everything
-    but M is computed once."""
+    level is open to i when t_i fits memory_cap and its solo time at l is at most M. Arrays are
+    (level slots) x (distinct samples), weighted by how many samples each row stands for;
+    everything but M is computed once."""
 
-    def __init__(self, batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int]) -> None:
+    def __init__(self, tokens: np.ndarray, pairs: np.ndarray, weight: np.ndarray, cm: CostModel,
+                 sizes: Sequence[int]) -> None:
         k = cm.model.num_layers
-        room = cm.cluster.memory_bytes * (1 + _MEMORY_RTOL) - cm.static_bytes
-        levels = [(p, r) for p in sizes for r in range(k + 1)]
-        lin = [cm.linear_time(p, r) for p, r in levels]
-        gpus = np.array([p for p, _ in levels], dtype=np.float64)[:, None]
-        fixed = np.array([c.fixed for c in lin])[:, None]
-        per_token = np.array([c.per_token for c in lin])[:, None]
-        per_pair = np.array([c.per_pair for c in lin])[:, None]
-        memory_cap = np.array([min(room / cm.activation_bytes_per_token(p, r), cm.priceable_tokens(p))
-                               if room > 0 else 0.0 for p, r in levels])[:, None]
-        tokens = np.array([s.tokens for s in batch], dtype=np.float64)[None, :]
-        pairs = np.array([s.attn_pairs for s in batch], dtype=np.float64)[None, :]
-        # Arrays are levels x samples.
-        self.busy = fixed + per_pair * pairs  # what a micro-batch holding i runs besides its tokens
-        self.solo = self.busy + per_token * tokens
-        self.marginal = gpus * (per_token * tokens + per_pair * pairs)
-        self.marginal[np.broadcast_to(tokens > memory_cap, self.marginal.shape)] = np.inf
-        self.gpu_tokens = gpus * tokens
+        levels = {p: _Levels(cm, p) for p in sizes}
+        cands = {p: lv.candidates() for p, lv in levels.items()}
+        slots = sum(max(len(c) for c in cands[p]) for p in sizes)
+        if slots * len(tokens) > _MAX_CELLS:
+            tokens, pairs, weight = _round_down(tokens, pairs, weight, max(1, _MAX_CELLS // slots))
+        self.weight = weight
+        rows: list[tuple[int, np.ndarray, np.ndarray]] = []  # (p, level per sample, open by memory)
+        for p in sizes:
+            lv = levels[p]
+            r0 = np.searchsorted(lv.memory_cap, tokens, side="left")  # K + 1: fits nowhere at p
+            table = np.full((k + 2, max(len(c) for c in cands[p])), k + 1)
+            for r, c in enumerate(cands[p]):
+                table[r, :len(c)] = c
+            for s in range(table.shape[1]):
+                r = table[r0, s]
+                rows.append((p, np.minimum(r, k), r <= k))
+        gpus = np.array([p for p, _, _ in rows], dtype=np.float64)[:, None]
+        fixed = np.stack([levels[p].fixed[r] for p, r, _ in rows])
+        per_token = np.stack([levels[p].per_token[r] for p, r, _ in rows])
+        per_pair = np.stack([levels[p].per_pair[r] for p, r, _ in rows])
+        memory_share = np.stack([levels[p].memory_share[r] for p, r, _ in rows])
+        fits = np.stack([ok for _, _, ok in rows])
+        t, a = tokens[None, :], pairs[None, :]
+        self.busy = fixed + per_pair * a  # what a micro-batch holding i runs besides its tokens
+        self.solo = self.busy + per_token * t
+        self.marginal = np.where(fits, gpus * (per_token * t + per_pair * a), np.inf)
+        self.gpu_tokens = gpus * t
         # Alone at its cheapest level where it fits: no plan runs shorter than any sample's best.
-        self.longest = float(np.where(np.isfinite(self.marginal), self.solo, np.inf).min(axis=0).max())
-        with np.errstate(divide="ignore", invalid="ignore"):
-            self.memory_share = np.where(fixed > 0, fixed / memory_cap, 0.0)  # fixed seconds per token, full
+        self.longest = float(np.where(fits, self.solo, np.inf).min(axis=0).max())
+        self.memory_share = memory_share
         self.time_share = fixed * per_token  # over M - busy: fixed seconds per token when time caps it
 
     def __call__(self, makespan: float) -> float:
@@ -175,4 +264,4 @@ class _Work:
             timed = np.divide(self.time_share, left, out=np.zeros_like(left), where=left > 0)
             share = np.maximum(self.memory_share, timed)
             cost = np.where(open_, self.marginal + self.gpu_tokens * share, np.inf)
-        return float(cost.min(axis=0).sum())
+        return float(cost.min(axis=0) @ self.weight)

@@ -1,19 +1,25 @@
 """dcp-greedy: the DCP paper's runtime (NUS, "Training Variable Long Sequences With Data-centric
 Parallel"; NUS-HPC-AI-Lab/VideoSys), with the cost model standing in for its profiling runs.
 
-1. Profile each power-of-two length bucket: from the smallest SP size that fits the bucket's
-   longest sample, raise the batch size until memory runs out, doubling SP when batch size 1
-   does not fit; keep the (SP, batch) with the most samples per GPU-second, batch/(SP*time).
+1. Profile each power-of-two length bucket: at every SP size from the smallest that fits the
+   bucket's longest sample, raise the batch size until memory runs out; keep the (SP, batch)
+   with the most samples per GPU-second, batch/(SP*time).
 2. Cut each bucket into micro-batches of its batch size; the micro-batches of every bucket with
    the same SP size form one SP class.
-3. Give each class GPUs in proportion to its GPU-seconds (whole groups, largest SP first, at
-   least one group each), then balance accumulation: micro-batches longest-first onto the
-   least-loaded group of their class.
-4. Improve, as the paper's runtime would by re-profiling: move a block of GPUs from class to
-   class, and run a straggling micro-batch at a larger SP size, while that shortens the step.
+3. Give each class GPUs in proportion to its GPU-seconds, in whole groups, largest SP first. A
+   class whose share is under one group gets none when its micro-batches fit at a smaller size
+   (they join the class below), else one group.
+4. Balance accumulation: each class's micro-batches longest-first onto its least-loaded group;
+   then, while it shortens the step, move a micro-batch of the slowest group to the group where
+   it finishes earliest, of any SP size it fits, priced there. Without that spill, a class
+   with little work holds a whole group idle (a 16-GPU group for two long samples) while the
+   short samples queue on the few GPUs left: at 8192 wikipedia samples on 32 GPUs, 0.44x bucket.
+5. Improve, as the paper's runtime would by re-profiling: run the slowest group's longest
+   micro-batch at the next larger SP size, re-allocating, while that shortens the step.
 
 pyramid=True (DCP-intra) checkpoints only the layers a micro-batch must; pyramid=False
-(DCP-inter) checkpoints all K layers.
+(DCP-inter) checkpoints all K layers. Everything is vectorized over samples and micro-batches
+(thousands per batch), so the plan costs milliseconds; it is also the ILP's fallback.
 """
 
 from __future__ import annotations
@@ -22,12 +28,21 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from dcp.costmodel import CostModel
-from dcp.data.workloads import Sample
-from dcp.planner.baselines import by_bucket, group_share, lpt_assign
-from dcp.planner.common import aligned_layout, allowed_sp_sizes, assemble, check_feasible
+from dcp.planner.baselines import group_share, lpt_assign
+from dcp.planner.common import aligned_layout, assemble_indices
+from dcp.planner.feasibility import allowed_sp_sizes, check_feasible
 from dcp.planner.options import GreedyOptions
 from dcp.planner.plan import Plan
+from dcp.planner.pricing import BatchArrays, Layout, Pricer
+from dcp.planner.sample import Sample
+
+_MAX_PROMOTIONS = 16
+"""Target steps tried, and single straggler promotions at most (each re-allocates and re-balances)."""
+_SMALL = 4000
+"""Single straggler promotions only up to this many micro-batches (each re-schedules them all)."""
 
 
 @dataclass(frozen=True)
@@ -44,172 +59,254 @@ class BucketProfile:
         return self.batch_size / (self.sp * self.time_s)
 
 
-def _ckpt(cm: CostModel, tokens: int, p: int, pyramid: bool) -> int | None:
-    """Checkpointed layers for a micro-batch of `tokens` at p; None if it does not fit (memory,
-    or beyond what a fitted profile can price)."""
-    r = cm.min_ckpt_layers(tokens, p)
-    if r is None:
-        return None
-    return r if pyramid else cm.model.num_layers
-
-
-def profile_bucket(longest: Sample, count: int, cm: CostModel, sizes: Sequence[int],
-                   pyramid: bool) -> BucketProfile:
+def profile_bucket(longest: Sample, count: int, cm: CostModel, sizes: Sequence[int], pyramid: bool,
+                   pricer: Pricer | None = None) -> BucketProfile:
     """The paper's profile loop, priced by the cost model instead of measured.
 
     Batches are `b` copies of the bucket's longest sample, b up to the bucket's per-group share
     of its samples in this batch (`group_share`: the paper gives every rank a micro-batch per
     iteration, and balanced accumulation needs micro-batches to balance)."""
+    pricer = pricer or Pricer(cm, sizes)
+    k = cm.model.num_layers
     best: BucketProfile | None = None
     for p in sorted(sizes):
-        for b in range(1, group_share(count, p, cm.cluster.num_gpus) + 1):
-            r = _ckpt(cm, b * longest.tokens, p, pyramid)
-            if r is None:
-                break  # out of memory: a larger batch will not fit either; try the next SP size
-            prof = BucketProfile(p, b, cm.time_s(b * longest.tokens, b * longest.attn_pairs, p, r))
-            if best is None or prof.samples_per_gpu_s > best.samples_per_gpu_s * (1 + 1e-12):
-                best = prof
+        b = np.arange(1, group_share(count, p, cm.cluster.num_gpus) + 1, dtype=np.float64)
+        t = pricer.times(p, b * longest.tokens, b * longest.attn_pairs, None if pyramid else k)
+        # Memory grows with b: the batch sizes that fit are a prefix (none: try the next SP size).
+        fit = int(np.argmin(np.isfinite(t))) if not np.isfinite(t).all() else len(t)
+        if fit == 0:
+            continue
+        rate = b[:fit] / (p * t[:fit])
+        j = int(np.argmax(rate))
+        prof = BucketProfile(p, j + 1, float(t[j]))
+        if best is None or prof.samples_per_gpu_s > best.samples_per_gpu_s * (1 + 1e-12):
+            best = prof
     assert best is not None, "check_feasible guarantees the largest SP size fits a lone sample"
     return best
 
 
-def _mb_time(cm: CostModel, mb: Sequence[Sample], p: int, pyramid: bool) -> float:
-    tokens = sum(s.tokens for s in mb)
-    r = _ckpt(cm, tokens, p, pyramid)
-    assert r is not None, "micro-batches are cut to fit at their class's SP size or a larger one"
-    return cm.time_s(tokens, sum(s.attn_pairs for s in mb), p, r)
+@dataclass
+class _MicroBatches:
+    """The profiled micro-batches: members (batch indices, micro-batch after micro-batch, from
+    `starts`), home SP size index, and the exact time of each at every allowed size (inf where
+    it does not fit)."""
+
+    order: np.ndarray
+    starts: np.ndarray
+    home: np.ndarray
+    times: np.ndarray
+
+    def rehomed(self, home: np.ndarray) -> _MicroBatches:
+        return _MicroBatches(self.order, self.starts, home, self.times)
 
 
-class _Classes:
-    """Micro-batches by SP size with their times, and the group count of each class."""
-
-    def __init__(self, cm: CostModel, pyramid: bool) -> None:
-        self.cm, self.pyramid = cm, pyramid
-        self.mbs: dict[int, list[list[Sample]]] = {}
-        self.times: dict[int, list[float]] = {}
-        self.groups: dict[int, int] = {}
-
-    def add(self, p: int, mb: list[Sample]) -> None:
-        self.mbs.setdefault(p, []).append(mb)
-        self.times.setdefault(p, []).append(_mb_time(self.cm, mb, p, self.pyramid))
-
-    def work(self, p: int) -> float:
-        """GPU-seconds of the class."""
-        return p * sum(self.times[p])
-
-    def merge_into_next(self, p: int) -> None:
-        """Run class p's micro-batches at the next larger class's SP size (memory only drops)."""
-        q = min(s for s in self.mbs if s > p)
-        for mb in self.mbs.pop(p):
-            self.add(q, mb)
-        del self.times[p]
-
-    def copy(self) -> _Classes:
-        out = _Classes(self.cm, self.pyramid)
-        out.mbs = {p: list(v) for p, v in self.mbs.items()}
-        out.times = {p: list(v) for p, v in self.times.items()}
-        out.groups = dict(self.groups)
-        return out
-
-    def promote_longest(self, p: int, q: int) -> None:
-        """Move class p's longest micro-batch to SP size q > p."""
-        j = max(range(len(self.times[p])), key=lambda i: (self.times[p][i], -i))
-        mb = self.mbs[p].pop(j)
-        del self.times[p][j]
-        if not self.mbs[p]:
-            del self.mbs[p], self.times[p]
-        self.add(q, mb)
-
-    def step_s(self) -> float:
-        return max(self.makespan(p, n) for p, n in self.groups.items())
-
-    def makespan(self, p: int, n: int) -> float:
-        assignment = lpt_assign(self.times[p], n)
-        return max(sum(self.times[p][j] for j in jobs) for jobs in assignment)
+def _microbatches(batch: Sequence[Sample], arrays: BatchArrays, cm: CostModel, pricer: Pricer,
+                  pyramid: bool, notes: list[str]) -> _MicroBatches:
+    sizes, k = pricer.sizes, cm.model.num_layers
+    # Power-of-two length buckets (`baselines.length_bucket`): frexp's exponent of t - 1 is its bit length.
+    bucket = np.frexp(arrays.tokens - 1)[1]
+    order, counts, home = [], [], []
+    for e in np.unique(bucket):
+        idx = np.flatnonzero(bucket == e)
+        # The bucket's longest sample: most tokens, then most pairs, then lowest id.
+        top = idx[np.lexsort((arrays.ids[idx], -arrays.pairs[idx], -arrays.tokens[idx]))[0]]
+        prof = profile_bucket(batch[int(top)], len(idx), cm, sizes, pyramid, pricer)
+        notes.append(f"bucket {1 << int(e)}: sp {prof.sp}, batch size {prof.batch_size}")
+        order.append(idx[np.lexsort((arrays.ids[idx], -arrays.tokens[idx]))])
+        full, rest = divmod(len(idx), prof.batch_size)
+        counts += [prof.batch_size] * full + ([rest] if rest else [])
+        home += [sizes.index(prof.sp)] * (full + bool(rest))
+    flat = np.concatenate(order)
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    tokens = np.add.reduceat(arrays.tokens[flat], starts[:-1])
+    pairs = np.add.reduceat(arrays.pairs[flat], starts[:-1])
+    times = np.stack([pricer.times(p, tokens, pairs, None if pyramid else k) for p in sizes], axis=1)
+    return _MicroBatches(flat, starts, np.array(home, dtype=np.int64), times)
 
 
-def allocate_groups(classes: _Classes, num_gpus: int) -> None:
-    """Groups per class: GPUs proportional to GPU-seconds, in whole groups, largest SP first,
-    every class at least one group and at most one per micro-batch, total at most N."""
+def allocate_groups(mbs: _MicroBatches, sizes: Sequence[int], num_gpus: int) -> tuple[np.ndarray, dict[int, int]]:
+    """Groups per class (size index -> count) and the micro-batches' classes after small classes
+    joined the one below (see step 3 of the module docstring). At most one group per
+    micro-batch of a class, at most N GPUs in all."""
+    home = mbs.home.copy()
+    rows = np.arange(len(home))
     # Distinct powers of two can add up past N (e.g. 32 and 16 on 32 GPUs): fold the smallest
-    # class into the next larger until one group of each fits.
-    while sum(classes.mbs) > num_gpus:
-        classes.merge_into_next(min(classes.mbs))
-    total = sum(classes.work(p) for p in classes.mbs)
+    # class into the next larger (memory only drops) until one group of each fits.
+    while sum(sizes[j] for j in set(home.tolist())) > num_gpus:
+        lo = min(home.tolist())
+        home[home == lo] = min(j for j in set(home.tolist()) if j > lo)
+    own = mbs.times[rows, home]
+    work = {j: sizes[j] * float(own[home == j].sum()) for j in set(home.tolist())}
+    total = sum(work.values())
+    groups: dict[int, int] = {}
+    count: dict[int, int] = {}
     left = num_gpus
-    order = sorted(classes.mbs, reverse=True)
-    for i, p in enumerate(order):
-        reserve = sum(order[i + 1:])  # one group for every class still to come
-        share = num_gpus * classes.work(p) / total if total > 0 else num_gpus / len(order)
-        n = max(1, round(share / p))
-        n = min(n, (left - reserve) // p, len(classes.mbs[p]))
-        classes.groups[p] = n
+    for j in range(len(sizes) - 1, -1, -1):  # a class joining the one below is seen again there
+        ids = rows[home == j]
+        if not len(ids):
+            continue
+        p = sizes[j]
+        n = round(num_gpus * work[j] / total / p) if total > 0 else 1
+        below = [q for q in range(j) if np.isfinite(mbs.times[ids, q]).all()]
+        if n == 0 and below:
+            q = max(below)  # too little work for a group of its own: the next size down
+            home[ids] = q
+            work[q] = work.get(q, 0.0) + sizes[q] * float(mbs.times[ids, q].sum())
+            continue
+        reserve = sum(sizes[q] for q in work if q < j and (home == q).any())  # one group each below
+        n = max(1, min(n, (left - reserve) // p, len(ids)))
+        groups[j], count[j] = n, len(ids)
         left -= n * p
-    # Rounding down leaves GPUs over: hand them, a group at a time, to the class whose groups
-    # carry the most load per group and can still use one more.
+    # Rounding leaves GPUs over: hand them, a group at a time, to the class whose groups carry
+    # the most load per group and can still use one more.
     while True:
-        fits = [p for p in order if p <= left and classes.groups[p] < len(classes.mbs[p])]
+        fits = [j for j in groups if sizes[j] <= left and groups[j] < count[j]]
         if not fits:
             break
-        p = max(fits, key=lambda q: (classes.work(q) / (q * classes.groups[q]), q))
-        classes.groups[p] += 1
-        left -= p
+        j = max(fits, key=lambda q: (work[q] / (sizes[q] * groups[q]), q))
+        groups[j] += 1
+        left -= sizes[j]
+    return home, groups
 
 
-def rebalance(classes: _Classes, num_gpus: int, max_moves: int = 64) -> None:
-    """Move a block of GPUs from one class to the slowest while that shortens the step."""
-    for _ in range(max_moves):
-        spans = {p: classes.makespan(p, n) for p, n in classes.groups.items()}
-        slow = max(spans, key=lambda p: (spans[p], p))
-        free = num_gpus - sum(p * n for p, n in classes.groups.items())
-        best: tuple[float, dict[int, int]] | None = None
-        for donor in [None, *sorted(classes.groups)]:
-            if donor == slow:
-                continue
-            block = slow if donor is None else max(slow, donor)
-            gain = block // slow
-            if classes.groups[slow] + gain > len(classes.mbs[slow]):
-                continue
-            trial = dict(classes.groups)
-            trial[slow] += gain
-            if donor is None:
-                if block > free:
-                    continue
-            else:
-                trial[donor] -= block // donor
-                if trial[donor] < 1:
-                    continue
-            new = {p: classes.makespan(p, trial[p]) if trial[p] != classes.groups[p] else spans[p]
-                   for p in trial}
-            span = max(new.values())
-            if span < spans[slow] * (1 - 1e-9) and (best is None or span < best[0]):
-                best = (span, trial)
-        if best is None:
-            return
-        classes.groups = best[1]
+def _estimate(mbs: _MicroBatches, home: np.ndarray, groups: dict[int, int]) -> float:
+    """A schedule's step before balancing: per class, the larger of its mean load per group and
+    its longest micro-batch."""
+    own = mbs.times[np.arange(len(home)), home]
+    return max(max(float(own[home == j].sum()) / n, float(own[home == j].max())) for j, n in groups.items())
 
 
-def promote_stragglers(classes: _Classes, sizes: Sequence[int], num_gpus: int,
-                       max_tries: int = 32) -> _Classes:
+class _Schedule:
+    """Micro-batches on groups: each class LPT over its own groups, then spilled to balance."""
+
+    def __init__(self, mbs: _MicroBatches, home: np.ndarray, groups: dict[int, int]) -> None:
+        self.mbs = mbs
+        self.size_of = np.array([j for j in sorted(groups, reverse=True) for _ in range(groups[j])], dtype=np.int64)
+        self.where = np.full(len(home), -1, dtype=np.int64)
+        first = 0
+        for j in sorted(groups, reverse=True):
+            ids = np.flatnonzero(home == j)
+            for g, jobs in enumerate(lpt_assign(mbs.times[ids, j].tolist(), groups[j])):
+                self.where[ids[jobs]] = first + g
+            first += groups[j]
+        self.loads = np.bincount(self.where, weights=mbs.times[np.arange(len(home)), self.size_of[self.where]],
+                                 minlength=len(self.size_of))
+        self._balance()
+
+    def step_s(self) -> float:
+        return float(self.loads.max())
+
+    def _balance(self) -> None:
+        """While it lowers the slowest group: move one of its micro-batches to the least-loaded
+        group of the SP size where it finishes earliest (it must fit there)."""
+        times = self.mbs.times
+        # Groups are numbered largest size first: one contiguous block per size.
+        sizes_used, first = np.unique(-self.size_of, return_index=True)
+        blocks = [np.arange(f, f + c) for f, c in zip(first, np.diff(np.append(first, len(self.size_of))), strict=True)]
+        for _ in range(2 * len(self.where) + 64):
+            c = int(np.argmax(self.loads))
+            members = np.flatnonzero(self.where == c)
+            jc = self.size_of[c]
+            targets = []
+            for block in blocks:
+                loads = self.loads[block]
+                if block[0] <= c <= block[-1]:
+                    if len(block) == 1:
+                        continue
+                    loads = loads.copy()
+                    loads[c - block[0]] = np.inf
+                targets.append(int(block[np.argmin(loads)]))
+            if not targets:
+                return
+            tg = np.array(targets)
+            val = np.maximum(self.loads[tg][None, :] + times[members][:, self.size_of[tg]],
+                             (self.loads[c] - times[members, jc])[:, None])
+            k = int(np.argmin(val))
+            if not val.flat[k] < self.loads[c] * (1 - 1e-9):
+                return
+            mb, h = int(members[k // len(tg)]), int(tg[k % len(tg)])
+            self.loads[c] -= times[mb, jc]
+            self.loads[h] += times[mb, self.size_of[h]]
+            self.where[mb] = h
+
+
+def _promote(mbs: _MicroBatches, target_s: float) -> np.ndarray:
+    """Classes with every micro-batch longer than `target_s` at home moved to the smallest larger
+    size where it runs within the target (its fastest size when none does)."""
+    rows = np.arange(len(mbs.home))
+    over = mbs.times[rows, mbs.home] > target_s
+    ok = (mbs.times <= target_s) & (np.arange(mbs.times.shape[1])[None, :] >= mbs.home[:, None])
+    first_ok = np.where(ok.any(axis=1), np.argmax(ok, axis=1), np.argmin(mbs.times, axis=1))
+    return np.where(over, np.maximum(first_ok, mbs.home), mbs.home)
+
+
+def _promote_stragglers(mbs: _MicroBatches, sizes: Sequence[int], num_gpus: int) -> _Schedule:
     """Per-GPU throughput barely depends on SP size for attention-bound long samples, so the
-    profile runs them at a small SP size, where one of them alone can outlast the step. While it
-    shortens the step, run the slowest class's longest micro-batch at the next larger SP size."""
-    best = classes
-    for _ in range(max_tries):
-        spans = {p: best.makespan(p, k) for p, k in best.groups.items()}
-        slow = max(spans, key=lambda p: (spans[p], p))
-        larger = [q for q in sizes if q > slow]
-        if not larger:
+    profile runs them at a small SP size, where one of them alone can outlast the step. Try
+    target steps below the plain schedule's, each promoting every micro-batch longer than the
+    target (`_promote`), and keep the allocation whose estimate is best; then, while it shortens
+    the step, run the slowest group's longest micro-batch at the next larger size."""
+    home, groups = allocate_groups(mbs, sizes, num_gpus)
+    best = _Schedule(mbs, home, groups)
+    floor = float(mbs.times.min(axis=1).max())  # no schedule beats its longest micro-batch
+    target, chosen = best.step_s(), None
+    est_best = _estimate(mbs, home, groups)
+    for _ in range(_MAX_PROMOTIONS):
+        target *= 0.8
+        if target < floor:
             break
-        trial = best.copy()
-        trial.promote_longest(slow, min(larger))
-        trial.groups = {}
-        allocate_groups(trial, num_gpus)
-        rebalance(trial, num_gpus)
+        trial = mbs.rehomed(_promote(mbs, target))
+        est = _estimate(trial, *allocate_groups(trial, sizes, num_gpus))
+        if est < est_best * (1 - 1e-9):
+            est_best, chosen = est, trial
+    if chosen is not None:
+        trial_schedule = _Schedule(chosen, *allocate_groups(chosen, sizes, num_gpus))
+        if trial_schedule.step_s() < best.step_s() * (1 - 1e-9):
+            mbs, best = chosen, trial_schedule
+    for _ in range(_MAX_PROMOTIONS if len(mbs.home) <= _SMALL else 0):
+        c = int(np.argmax(best.loads))
+        members = np.flatnonzero(best.where == c)
+        mb = int(members[np.argmax(mbs.times[members, best.size_of[c]])])
+        if mbs.home[mb] + 1 >= len(sizes):
+            break
+        trial_home = mbs.home.copy()
+        trial_home[mb] += 1
+        trial_mbs = mbs.rehomed(trial_home)
+        trial = _Schedule(trial_mbs, *allocate_groups(trial_mbs, sizes, num_gpus))
         if trial.step_s() >= best.step_s() * (1 - 1e-9):
             break
-        best = trial
+        mbs, best = trial_mbs, trial
     return best
+
+
+def greedy_layout(batch: Sequence[Sample], cm: CostModel, options: GreedyOptions, sizes: Sequence[int],
+                  arrays: BatchArrays, pricer: Pricer) -> tuple[Layout, list[list[int]], list[str]]:
+    """The greedy's groups (micro-batches of batch indices), each micro-batch's checkpointed
+    layers, and one note per bucket profile."""
+    notes: list[str] = []
+    mbs = _microbatches(batch, arrays, cm, pricer, options.pyramid, notes)
+    schedule = _promote_stragglers(mbs, sizes, cm.cluster.num_gpus)
+    mbs = schedule.mbs
+    counts: dict[int, int] = {}
+    for j in schedule.size_of:
+        counts[sizes[j]] = counts.get(sizes[j], 0) + 1
+    layout: Layout = []
+    ckpt: list[list[int]] = []
+    k = cm.model.num_layers
+    tokens = np.add.reduceat(arrays.tokens[mbs.order], mbs.starts[:-1])
+    order, starts = mbs.order.tolist(), mbs.starts.tolist()
+    # Each group's micro-batches longest first (ties by number), groups numbered as _Schedule does.
+    by_group = np.lexsort((np.arange(len(schedule.where)),
+                           -mbs.times[np.arange(len(schedule.where)), schedule.size_of[schedule.where]],
+                           schedule.where))
+    cuts = np.searchsorted(schedule.where[by_group], np.arange(len(schedule.size_of) + 1)).tolist()
+    # aligned_layout places groups largest first, as _Schedule numbers them.
+    for g, (start, p) in enumerate(aligned_layout(counts, cm.cluster.num_gpus, cm.cluster.gpus_per_node)):
+        jobs = by_group[cuts[g]:cuts[g + 1]]
+        levels = pricer.levels(p, tokens[jobs], None if options.pyramid else k)
+        layout.append((start, p, [order[starts[m]:starts[m + 1]] for m in jobs.tolist()]))
+        ckpt.append(levels.tolist())
+    return layout, ckpt, notes
 
 
 def solve_greedy(batch: Sequence[Sample], cm: CostModel, options: GreedyOptions | None = None) -> Plan:
@@ -218,27 +315,7 @@ def solve_greedy(batch: Sequence[Sample], cm: CostModel, options: GreedyOptions 
     options = options or GreedyOptions()
     sizes = allowed_sp_sizes(cm, options.sp_sizes)
     check_feasible(batch, cm, sizes)
-    classes = _Classes(cm, options.pyramid)
-    notes = []
-    for bucket, samples in by_bucket(batch).items():
-        longest = max(samples, key=lambda s: (s.tokens, s.attn_pairs, -s.id))
-        prof = profile_bucket(longest, len(samples), cm, sizes, options.pyramid)
-        notes.append(f"bucket {bucket}: sp {prof.sp}, batch size {prof.batch_size}")
-        ordered = sorted(samples, key=lambda s: (-s.tokens, s.id))
-        for i in range(0, len(ordered), prof.batch_size):
-            classes.add(prof.sp, ordered[i:i + prof.batch_size])
-    n = cm.cluster.num_gpus
-    allocate_groups(classes, n)
-    rebalance(classes, n)
-    classes = promote_stragglers(classes, sizes, n)
-
-    layout = aligned_layout(classes.groups, n, cm.cluster.gpus_per_node)
-    assignment = {p: lpt_assign(classes.times[p], classes.groups[p]) for p in classes.groups}
-    groups, ckpt, seen = [], [], dict.fromkeys(classes.groups, 0)
-    for start, p in layout:
-        jobs = assignment[p][seen[p]]
-        seen[p] += 1
-        groups.append((start, p, [[s.id for s in classes.mbs[p][j]] for j in jobs]))
-        ckpt.append([cm.model.num_layers] * len(jobs))
-    return assemble("dcp-greedy" if options.pyramid else "dcp-greedy-inter", batch, cm, groups,
-                    ckpt=None if options.pyramid else ckpt, started=started, notes=notes)
+    arrays = BatchArrays.of(batch)
+    layout, ckpt, notes = greedy_layout(batch, cm, options, sizes, arrays, Pricer(cm, sizes))
+    return assemble_indices("dcp-greedy" if options.pyramid else "dcp-greedy-inter", batch, cm, layout,
+                            ckpt=ckpt, started=started, notes=notes, arrays=arrays)

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import Any
 
+import numpy as np
+
 from dcp.costmodel import CostModel, attention_pairs
-from dcp.data.workloads import Sample
-from dcp.planner.options import StrategyOptions
+from dcp.planner.options import StrategyOptions, strategy_options
+from dcp.planner.sample import Sample
 
 
 def _whole(value: Any) -> bool:
@@ -28,13 +31,13 @@ def _sample(item: Any, position: int, attention: str) -> Sample:
     if _whole(item):
         if attention == "spatial_temporal":
             raise ValueError(f"batch item {position} is a bare token count; a spatial_temporal model needs "
-                             "Samples with their frames (dcp.data.Sample(id, tokens, attn_pairs, frames))")
+                             "Samples with their frames (dcp.planner.Sample(id, tokens, attn_pairs, frames))")
         tokens = int(item)
         if tokens < 1:
             raise ValueError(f"batch item {position}: {tokens} tokens; a sample needs at least 1")
         return Sample(position, tokens, attention_pairs(attention, tokens))
     raise ValueError(f"batch item {position} is a {type(item).__name__} ({item!r:.40}); expected a "
-                     "dcp.data.Sample or a token count")
+                     "dcp.planner.Sample or a token count")
 
 
 def check_sample(s: Sample) -> None:
@@ -60,12 +63,17 @@ def check_batch(batch: Any, cost_model: CostModel) -> list[Sample]:
     """The batch as a list of valid Samples. Accepts Samples or token counts (a list or a 1-D
     numpy array; ids are then positions, attention pairs the model's); ids must be unique."""
     if isinstance(batch, (str, bytes)) or not isinstance(batch, Sequence) and not hasattr(batch, "__array__"):
-        raise ValueError(f"batch must be a sequence of dcp.data.Sample or token counts, got {type(batch).__name__}")
+        raise ValueError(f"batch must be a sequence of dcp.planner.Sample or token counts, got {type(batch).__name__}")
     items = list(batch.tolist() if hasattr(batch, "tolist") else batch)
     if not items:
         raise ValueError("cannot plan an empty batch")
-    samples = [_sample(item, i, cost_model.model.attention) for i, item in enumerate(items)]
-    seen: set[int] = set()
+    if all(type(item) is Sample for item in items):
+        samples = items
+    else:
+        samples = [_sample(item, i, cost_model.model.attention) for i, item in enumerate(items)]
+    if _all_valid(samples):
+        return samples
+    seen: set[int] = set()  # something is wrong: find the first culprit and name it
     for s in samples:
         check_sample(s)
         if s.id in seen:
@@ -74,10 +82,34 @@ def check_batch(batch: Any, cost_model: CostModel) -> list[Sample]:
     return samples
 
 
+_FIELDS = ("id", "tokens", "attn_pairs", "frames")
+_FAST_MAX_TOKENS = 2**31
+"""Below this, tokens * (tokens + 1) stays inside int64 (the array check's range)."""
+
+
+def _all_valid(samples: list[Sample]) -> bool:
+    """`check_sample` and the unique-id rule over the whole batch as array operations (tens of
+    thousands of samples in milliseconds, inside the ILP's time limit); False when any sample may
+    break them (then the per-sample checks name it). Every field must be a plain int here."""
+    columns = {}
+    for name in _FIELDS:
+        values = list(map(attrgetter(name), samples))
+        if set(map(type, values)) != {int}:
+            return False
+        try:
+            columns[name] = np.fromiter(values, dtype=np.int64, count=len(values))
+        except OverflowError:
+            return False
+    ids, tokens, pairs, frames = (columns[n] for n in _FIELDS)
+    if not (tokens.min() >= 1 and frames.min() >= 1 and tokens.max() < _FAST_MAX_TOKENS):
+        return False
+    if (tokens % frames).any() or (pairs < tokens).any() or (pairs > tokens * (tokens + 1)).any():
+        return False
+    return len(np.unique(ids)) == len(ids)
+
+
 def check_options(options: Any) -> StrategyOptions:
     """Strategy options from options or a strategy name (see `dcp.planner.STRATEGIES`)."""
-    from dcp.planner import strategy_options
-
     if isinstance(options, str):
         return strategy_options(options)
     if not isinstance(options, StrategyOptions):

@@ -110,3 +110,36 @@ def with_dataset(options: StrategyOptions, longest_tokens: int) -> StrategyOptio
     if getattr(options, "static_sp", None) == DATASET and getattr(options, "dataset_longest_tokens", 0) is None:
         return dataclasses.replace(options, dataset_longest_tokens=int(longest_tokens))  # type: ignore[type-var]
     return options
+
+
+STRATEGIES: dict[str, StrategyOptions] = {
+    "ilp": IlpOptions(),
+    "dcp-greedy": GreedyOptions(),
+    "dcp-greedy-inter": GreedyOptions(pyramid=False),
+    "bucket": BucketOptions(static_sp=DATASET),
+    "bucket-per-batch": BucketOptions(),
+    "packed": PackedOptions(static_sp=DATASET),
+    "packed-per-batch": PackedOptions(),
+}
+"""Strategies by name. `bucket` and `packed` are the DCP paper's static baselines: one SP size for
+the whole training, the smallest that fits the dataset's longest sample (they need
+`dataset_longest_tokens`, see `with_dataset`); the `-per-batch` variants choose it for every
+global batch, the smallest that fits that batch's longest sample (docs/results.md compares them)."""
+
+STRATEGY_HELP = {
+    "ilp": "the exact planner (MILP over SP group sizes, assignment and checkpointing)",
+    "dcp-greedy": "the DCP paper's runtime: per-bucket SP and batch size, pyramid checkpointing",
+    "dcp-greedy-inter": "dcp-greedy with every layer checkpointed (the paper's DCP-inter)",
+    "bucket": "bucket parallel with one SP size for the whole training (the paper's baseline)",
+    "bucket-per-batch": "bucket parallel re-choosing its SP size for every global batch",
+    "packed": "token-budget packing at one SP size for the whole training",
+    "packed-per-batch": "token-budget packing re-choosing its SP size for every global batch",
+}
+"""One line per strategy, for help texts."""
+
+
+def strategy_options(name: str) -> StrategyOptions:
+    """The options of a strategy name (see STRATEGIES); ValueError naming the known ones."""
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown strategy {name!r}; known: {', '.join(STRATEGIES)}")
+    return STRATEGIES[name]

@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from dcp.data.workloads import Sample
+from dcp.planner.sample import Sample
 
 PLAN_SCHEMA_VERSION = 1
 SAMPLE_FIELDS = ("id", "tokens", "attn_pairs", "frames")

@@ -1,8 +1,8 @@
-"""Orchestration shared by the CLI, notebooks and benchmarks: workload -> batches -> plans -> numbers.
+"""Orchestration shared by the CLI, notebooks and benchmarks: batches -> plans -> numbers.
 
     cm = build_cost_model("llama-7b", "h200-sxm", gpus=32)
-    workload = load_workload("wikipedia")
-    batches = make_batches(workload, cm, global_batch=512, steps=10)
+    workload = load_workload("wikipedia")                                  # dcp.data
+    batches = make_batches(workload, cm, global_batch=512, steps=10)       # dcp.data.batches
     plans = plan_steps(batches, cm, "dcp-greedy")
     compare(batches, cm, ["bucket", "dcp-greedy"], dataset_longest_tokens=int(workload.tokens.max()))
 
@@ -26,14 +26,14 @@ from dcp.costmodel import (
     load_hardware,
     load_model,
 )
-from dcp.data.workloads import Sample, Workload, global_batches, load_workload
 from dcp.planner import STRATEGIES, solve
 from dcp.planner.inputs import check_options
 from dcp.planner.options import IlpOptions, StrategyOptions, with_dataset
 from dcp.planner.plan import Plan
+from dcp.planner.sample import Sample
 from dcp.planner.simulate import Timeline, simulate
+from dcp.planner.status import program_outcome
 
-DEFAULT_GLOBAL_BATCH = 512
 REFERENCE_STRATEGY = "bucket"
 
 
@@ -53,20 +53,6 @@ def build_cost_model(model: str, hardware: str, gpus: int, gpus_per_node: int | 
     cluster = Cluster(num_gpus=gpus, gpus_per_node=gpus_per_node or hw.gpus_per_node,
                       memory_bytes=hw.memory_bytes if memory_gb is None else memory_gb * 1e9)
     return CostModel(spec, hw, cluster, TrainingSetup(precision=precision, zero_stage=zero_stage))
-
-
-def make_batches(workload: str | Workload, cm: CostModel, *, global_batch: int | None = None,
-                 global_tokens: int | None = None, steps: int | None = 10, seed: int = 0,
-                 full_only: bool = False) -> list[list[Sample]]:
-    """Global batches of a workload (or its spec), `global_batch` samples (default 512) or at most
-    `global_tokens` tokens each, with attention pairs for the cost model's model; `full_only`:
-    no partial last batch (see `dcp.data.workloads.global_batches`)."""
-    if global_batch is None and global_tokens is None:
-        global_batch = DEFAULT_GLOBAL_BATCH
-    if isinstance(workload, str):
-        workload = load_workload(workload, seed=seed)
-    return global_batches(workload, cm.model.attention, batch_size=global_batch,
-                          token_budget=global_tokens, steps=steps, seed=seed, full_only=full_only)
 
 
 def resolve_options(name: str | StrategyOptions, time_limit_s: float | None = None,
@@ -130,8 +116,8 @@ def step_rows(plans: Sequence[Plan], timelines: Sequence[Timeline]) -> Any:
             "step": i, "samples": len(plan.samples), "tokens": sum(s.tokens for s in plan.samples),
             "groups": groups_label(plan), "microbatches": sum(len(g.microbatches) for g in plan.groups),
             "step_time_s": plan.step_time_s, "lower_bound_s": plan.lower_bound_s, "gap": gap(plan),
-            "solve_time_s": plan.solve_time_s, "idle_fraction": tl.idle_fraction,
-            "comm_fraction": tl.comm_fraction,
+            "solve_time_s": plan.solve_time_s, "program": program_outcome(plan), "solver_status": plan.solver_status,
+            "idle_fraction": tl.idle_fraction, "comm_fraction": tl.comm_fraction,
         })
     return pd.DataFrame(rows)
 
@@ -151,6 +137,7 @@ def summarize(plans: Sequence[Plan], timelines: Sequence[Timeline]) -> dict[str,
         "idle_fraction": weighted("idle_fraction"), "comm_fraction": weighted("comm_fraction"),
         "mean_gap": sum(gap(p) for p in plans) / n,
         "mean_solve_time_s": sum(p.solve_time_s for p in plans) / n,
+        "cut_short_steps": sum(program_outcome(p) in ("cut short", "not run") for p in plans),
     }
 
 
@@ -164,7 +151,17 @@ def strategy_metrics(plans: Sequence[Plan], cm: CostModel) -> dict[str, float]:
     return {"mean_step_time_s": s["mean_step_time_s"], "idle_fraction": s["idle_fraction"],
             "comm_fraction": s["comm_fraction"], "gap_to_lower_bound": s["mean_gap"],
             "mean_solve_time_s": s["mean_solve_time_s"], "throughput_tokens_per_s": s["throughput_tokens_per_s"],
-            "mean_lower_bound_s": sum(p.lower_bound_s for p in plans) / len(plans)}
+            "mean_lower_bound_s": sum(p.lower_bound_s for p in plans) / len(plans),
+            "time_limited": _limited(plans)}
+
+
+def _limited(plans: Sequence[Plan]) -> str:
+    """How many of the ILP's plans the time limit cut short or left without the program ("2/5"),
+    "-" for a heuristic strategy."""
+    outcomes = [program_outcome(p) for p in plans]
+    if all(o == "-" for o in outcomes):
+        return "-"
+    return f"{sum(o in ('cut short', 'not run') for o in outcomes)}/{len(plans)}"
 
 
 def compare(batches: Sequence[Sequence[Sample]], cm: CostModel, strategies: Sequence[str] | None = None,

@@ -1,10 +1,10 @@
 """The configuration program at one busy-time level theta: can every group run within theta?
 
-The aggregated program (`ilp_model`) bounds each class's large samples with counting cuts, which
+The aggregated program (`model`) bounds each class's large samples with counting cuts, which
 miss how a handful of large videos actually combine in groups. Here the large samples of each
 class are packed exactly, as patterns (Gilmore-Gomory configurations): a pattern of size p is a
 multiset of large types whose loads sum to at most theta. Smaller samples stay counts and
-fractions per class, filling the room the patterns leave (`ilp_model.program_items`: exact types and
+fractions per class, filling the room the patterns leave (`classes.program_items`: exact types and
 fluid buckets; large means load above theta / `PARTS` at that size).
 
     find z[p,q] >= 0 integer (groups of size p with pattern q), c[t,p] (integer), y[b,p] in [0, 1]
@@ -26,15 +26,19 @@ from dataclasses import dataclass
 import numpy as np
 import pulp
 
-from dcp.planner.ilp_costs import CostTable
-from dcp.planner.ilp_model import Item, program_items, split_fluid
-from dcp.planner.ilp_pack import Groups
-from dcp.planner.ilp_solvers import new_var, run_solver
+from dcp.planner.ilp.classes import Item, program_items, split_fluid
+from dcp.planner.ilp.costs import CostTable
+from dcp.planner.ilp.pack import Groups
+from dcp.planner.ilp.solvers import new_var, run_solver
 
 PARTS = 8
 """A sample is large at a size when its load there exceeds theta / PARTS."""
-MAX_PATTERNS = 3000
+MAX_PATTERNS = 1500
 """Patterns per program at most; past it, fewer samples count as large (PARTS halves)."""
+ROOT_S_PER_COLUMN = 7e-4
+"""HiGHS's root node on this program, which its time limit and interrupt callback do not cut
+short, took up to 0.6 ms per integer column on the benchmark machine (837 columns: 0.5 s): the
+program gets only as many patterns as fit the time left, and is not solved when it would not."""
 PATTERN_NODES = 50
 """Branch-and-bound node limit per solve (deterministic)."""
 _HIGHS_OPTIONS: dict[str, float | int] = {
@@ -88,16 +92,18 @@ def solve_patterns(table: CostTable, num_gpus: int, upper: float, theta: float, 
     sizes = table.sizes
     items = program_items(table, upper)
     usable = {(t, j) for t, it in enumerate(items) for j in it.options
-              if not it.exact or table.solo[it.members[0], j] <= theta * (1 + 1e-9)}
+              if not it.exact or it.solo[j] <= theta * (1 + 1e-9)}
     for t, it in enumerate(items):
         if not any((t, j) in usable for j in it.options):
             return PatternResult(None, True, "a sample runs alone longer than theta")
     parts = PARTS
+    # The program's size follows the time left: its root node costs about ROOT_S_PER_COLUMN each.
+    most = max(1, min(MAX_PATTERNS, int((deadline - time.perf_counter()) / ROOT_S_PER_COLUMN)))
     while True:
         big = {j: [t for t, it in enumerate(items) if it.exact and (t, j) in usable and it.coef[j] > theta / parts]
                for j in range(len(sizes))}
         pats: dict[int, list[dict[int, int]]] = {}
-        left = MAX_PATTERNS
+        left = most
         for j in range(len(sizes)):
             found = _patterns(items, big[j], j, theta, left)
             if found is None:
@@ -136,6 +142,8 @@ def solve_patterns(table: CostTable, num_gpus: int, upper: float, theta: float, 
         prob += pulp.LpAffineExpression(room + fill) >= 0, f"P2_{j}"
     # (P3) groups cover at most N GPUs
     prob += pulp.lpSum(p * z[j, q] for j, p in enumerate(sizes) for q in range(len(pats[j]))) <= num_gpus, "P3"
+    if time.perf_counter() + ROOT_S_PER_COLUMN * len(z) > deadline:
+        return PatternResult(None, False, "time limit reached")  # its root node alone would run past it
     res = run_solver(prob, solver, deadline - time.perf_counter(), 0.01, None, max_nodes=PATTERN_NODES,
                      highs_options=_HIGHS_OPTIONS)
     if res.values is None:

@@ -1,13 +1,13 @@
 """Few large micro-batches, balanced on exact prices: a warm start for fixed-cost-heavy settings.
 
-The ILP's own search prices groups by its canonical micro-batching (`ilp_costs`): samples that
+The ILP's own search prices groups by its canonical micro-batching (`costs`): samples that
 need no checkpointing share micro-batches of at most max_tokens(p, 0) tokens. Under ZeRO-3 every
 micro-batch gathers all parameters (seconds for a 70B model), so the best plans run one or two
 large micro-batches per group, checkpointing as much as their tokens need, which that model
 cannot express; packing at a static SP size can, but balances tokens, not time. Here, for each
 SP size p, the cluster is cut into groups of p and every sample, longest first, goes to the
 micro-batch that least lengthens its group (micro-batch times exact: fewest checkpointed layers
-that fit, `CostModel.linear_time`). On Llama-70B, ZeRO-3, 32 GPUs, wikipedia: within 2% of the
+that fit, `pricing.Pricer`). On Llama-70B, ZeRO-3, 32 GPUs, wikipedia: within 2% of the
 lower bound, where static packing is 20% above it.
 """
 
@@ -20,9 +20,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from dcp.costmodel import CostModel
-from dcp.data.workloads import Sample
-from dcp.planner.common import assemble
+from dcp.planner.common import assemble_indices
 from dcp.planner.plan import Plan
+from dcp.planner.pricing import BatchArrays, Layout, Pricer
+from dcp.planner.sample import Sample
 
 _EXTRA_MICROBATCHES = 1
 """Micro-batches per group beyond the fewest that hold the batch fully checkpointed."""
@@ -33,32 +34,12 @@ on h200-sxm; ZeRO-1, whose fixed cost is the weight traffic: 0.06-0.09 for STDiT
 canonical micro-batching is right, 0.09-0.12 for Llama-7B, 0.3 for Llama-13B)."""
 
 
-class _Prices:
-    """Exact time of a micro-batch at SP size p from its tokens and pairs, vectorized: the fewest
-    checkpointed layers whose `CostModel.max_tokens` holds it (capacities grow with r), then
-    `linear_time(p, r)`."""
-
-    def __init__(self, cm: CostModel, p: int) -> None:
-        k = cm.model.num_layers
-        self.capacity = np.array([cm.max_tokens(p, r) for r in range(k + 1)], dtype=np.float64)
-        lin = [cm.linear_time(p, r) for r in range(k + 1)]
-        # Level K + 1 stands for "fits nowhere": infinite time.
-        self.fixed = np.array([c.fixed for c in lin] + [math.inf])
-        self.per_token = np.array([c.per_token for c in lin] + [0.0])
-        self.per_pair = np.array([c.per_pair for c in lin] + [0.0])
-
-    def __call__(self, tokens: np.ndarray, pairs: np.ndarray) -> np.ndarray:
-        """Times (inf where nothing fits; 0 for an empty micro-batch)."""
-        r = np.searchsorted(self.capacity, tokens, side="left")
-        t = self.fixed[r] + self.per_token[r] * tokens + self.per_pair[r] * pairs
-        return np.where(tokens > 0, t, 0.0)
-
-
-def fill_plans(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], lower_bound_s: float,
-               deadline: float = math.inf) -> list[Plan]:
-    """One plan per SP size at which every sample fits and fixed costs are worth it (`WORTH_IT`),
-    largest size first (the cheapest to fill), while time remains before `deadline`."""
-    plans = []
+def fill_layouts(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], pricer: Pricer,
+                 deadline: float = math.inf) -> list[Layout]:
+    """One layout (micro-batches of batch indices) per SP size at which every sample fits and
+    fixed costs are worth it (`WORTH_IT`), largest size first (the cheapest to fill), while time
+    remains before `deadline` (a fill the deadline interrupts is dropped)."""
+    layouts = []
     k = cm.model.num_layers
     for p in sorted(sizes, reverse=True):
         no_ckpt, full = cm.linear_time(p, 0), cm.linear_time(p, k)
@@ -66,17 +47,31 @@ def fill_plans(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], low
             continue
         if time.perf_counter() > deadline:
             break
-        layout = _fill(batch, cm, p)
+        layout = _fill(arrays, cm, p, pricer, deadline)
         if layout is not None:
-            plans.append(assemble("ilp", batch, cm, layout, lower_bound_s=lower_bound_s))
-    return plans
+            layouts.append(layout)
+    return layouts
 
 
-def _fill(batch: Sequence[Sample], cm: CostModel, p: int) -> list[tuple[int, int, list[list[int]]]] | None:
+def fill_plans(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], lower_bound_s: float,
+               deadline: float = math.inf) -> list[Plan]:
+    """`fill_layouts` as plans (assembled and validated)."""
+    arrays = BatchArrays.of(batch)
+    return [assemble_indices("ilp", batch, cm, layout, lower_bound_s=lower_bound_s, arrays=arrays)
+            for layout in fill_layouts(arrays, cm, sizes, Pricer(cm, sizes), deadline)]
+
+
+_CHECK_EVERY = 256
+"""Samples placed between two looks at the clock."""
+
+
+def _fill(arrays: BatchArrays, cm: CostModel, p: int, pricer: Pricer, deadline: float) -> Layout | None:
     groups = cm.cluster.num_gpus // p
-    price = _Prices(cm, p)
-    tokens = np.array([s.tokens for s in batch], dtype=np.float64)
-    pairs = np.array([s.attn_pairs for s in batch], dtype=np.float64)
+    tokens, pairs = arrays.tokens, arrays.pairs
+
+    def price(t: np.ndarray, a: np.ndarray) -> np.ndarray:
+        return pricer.times(p, t, a)
+
     if not np.isfinite(price(tokens, pairs)).all():
         return None
     full = cm.max_tokens(p, cm.model.num_layers)
@@ -85,9 +80,11 @@ def _fill(batch: Sequence[Sample], cm: CostModel, p: int) -> list[tuple[int, int
     owner = np.arange(n_bins) // per_group  # the group of each micro-batch
     bin_tok, bin_pair, bin_time = np.zeros(n_bins), np.zeros(n_bins), np.zeros(n_bins)
     group_time = np.zeros(groups)
-    where = np.full(len(batch), -1)
-    order = np.lexsort((np.arange(len(batch)), -price(tokens, pairs)))
-    for i in order:
+    where = np.full(len(tokens), -1)
+    order = np.lexsort((np.arange(len(tokens)), -price(tokens, pairs)))
+    for step, i in enumerate(order):
+        if step % _CHECK_EVERY == 0 and time.perf_counter() > deadline:
+            return None
         new = price(bin_tok + tokens[i], bin_pair + pairs[i])
         after = group_time[owner] - bin_time + new
         b = int(np.argmin(after))
@@ -98,6 +95,7 @@ def _fill(batch: Sequence[Sample], cm: CostModel, p: int) -> list[tuple[int, int
         bin_pair[b] += pairs[i]
         bin_time[b] = new[b]
         where[i] = b
-    return [(g * p, p, [[batch[i].id for i in np.flatnonzero(where == b)]
-                        for b in range(g * per_group, (g + 1) * per_group) if bin_tok[b] > 0])
-            for g in range(groups)]
+    members = np.argsort(where, kind="stable")
+    cuts = np.searchsorted(where[members], np.arange(n_bins + 1))
+    return [(g * p, p, [members[cuts[b]:cuts[b + 1]].tolist() for b in range(g * per_group, (g + 1) * per_group)
+                        if bin_tok[b] > 0]) for g in range(groups)]

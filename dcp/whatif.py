@@ -18,10 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from dcp.costmodel import DEFAULT_HARDWARE, DEFAULT_MODEL, CostModel, CostModelError
-from dcp.data.workloads import Sample, Workload, load_workload
+from dcp.data.batches import make_batches
+from dcp.data.workloads import Workload, load_workload
 from dcp.planner.plan import InfeasibleError, Plan
 from dcp.planner.report import checkpoint_share, memory_headroom
-from dcp.planner.run import build_cost_model, make_batches, plan_steps, strategy_metrics
+from dcp.planner.run import build_cost_model, plan_steps, strategy_metrics
+from dcp.planner.sample import Sample
 
 SWEEP_STRATEGIES = ("ilp", "dcp-greedy", "bucket", "packed")
 BASELINES = ("bucket", "packed")

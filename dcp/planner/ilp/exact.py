@@ -14,11 +14,11 @@ from itertools import combinations
 import pulp
 
 from dcp.costmodel import CostModel
-from dcp.data.workloads import Sample
-from dcp.planner.ilp_costs import CostTable
-from dcp.planner.ilp_pack import place
-from dcp.planner.ilp_solvers import new_var, run_solver
+from dcp.planner.ilp.costs import CostTable
+from dcp.planner.ilp.pack import place
+from dcp.planner.ilp.solvers import new_var, run_solver
 from dcp.planner.options import IlpOptions
+from dcp.planner.sample import Sample
 
 Layout = list[tuple[int, int, list[list[int]]]]
 EXACT_MAX_NODES = 200_000
@@ -27,7 +27,7 @@ EXACT_MAX_NODES = 200_000
 
 def group_slots(sizes: Sequence[int], num_gpus: int) -> list[tuple[int, int]]:
     """(SP size, index) of every group a plan could have: N/p slots of each size p. Any multiset
-    of sizes summing to at most N has an aligned placement (`ilp_pack.place`)."""
+    of sizes summing to at most N has an aligned placement (`pack.place`)."""
     return [(p, k) for p in sizes for k in range(num_gpus // p)]
 
 

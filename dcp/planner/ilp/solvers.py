@@ -8,6 +8,7 @@ import os
 import re
 import sys
 import tempfile
+import time
 import warnings
 from dataclasses import dataclass
 
@@ -69,18 +70,22 @@ def _highs_class() -> type:
     class WarmHighs(pulp.HiGHS):  # type: ignore[misc, valid-type]
         """pulp's in-process HiGHS, plus a MIP start from the variables' initial values."""
 
-        def __init__(self, start: dict[pulp.LpVariable, float] | None, **kw: object) -> None:
+        def __init__(self, start: dict[pulp.LpVariable, float] | None, deadline: float | None = None,
+                     **kw: object) -> None:
             super().__init__(**kw)
-            self.start = start
+            self.start, self.deadline = start, deadline
 
         def callSolver(self, lp: pulp.LpProblem) -> None:  # noqa: N802 (pulp's name)
+            model = lp.solverModel
             if self.start:
                 import numpy as np
 
                 idx = np.array([v.index for v in self.start], dtype=np.int32)
                 val = np.array(list(self.start.values()), dtype=np.float64)
-                lp.solverModel.setSolution(len(idx), idx, val)
-            lp.solverModel.run()
+                model.setSolution(len(idx), idx, val)
+            if self.deadline is not None:
+                _interrupt_at(model, self.deadline)
+            model.run()
 
         def findSolutionValues(self, lp: pulp.LpProblem) -> tuple[int, int]:  # noqa: N802 (pulp's name)
             """pulp's mapping misses some HiGHS statuses (node or solution limits): read the values
@@ -98,6 +103,25 @@ def _highs_class() -> type:
     return WarmHighs
 
 
+def _interrupt_at(model: object, deadline: float) -> None:
+    """Stop HiGHS at `deadline` (time.perf_counter()) from its own interrupt callbacks: its time
+    limit is checked between nodes, and one node of a small program (a root with cuts and
+    heuristics) has run three times past it. A highspy without callbacks keeps the time limit."""
+    import highspy
+
+    cb = getattr(highspy, "cb", None)
+    if cb is None or not hasattr(model, "setCallback"):
+        return
+
+    def interrupt(kind: int, message: str, data_out: object, data_in: object, user: object) -> None:
+        if time.perf_counter() > deadline:
+            data_in.user_interrupt = True
+
+    model.setCallback(interrupt, None)
+    for kind in (cb.HighsCallbackType.kCallbackMipInterrupt, cb.HighsCallbackType.kCallbackSimplexInterrupt):
+        model.startCallback(kind)
+
+
 def run_solver(prob: pulp.LpProblem, solver: str, time_limit_s: float, gap: float,
                start: dict[pulp.LpVariable, float] | None, max_nodes: int = MAX_NODES,
                highs_options: dict[str, float | int] | None = None) -> SolveResult:
@@ -108,8 +132,8 @@ def run_solver(prob: pulp.LpProblem, solver: str, time_limit_s: float, gap: floa
     limit = max(time_limit_s, 0.01)
     if solver == "highs":
         cls = _highs_class()
-        s = cls(start, msg=False, timeLimit=limit, gapRel=gap, threads=1, mip_feasibility_tolerance=1e-7,
-                mip_max_nodes=max_nodes, **(highs_options or {}))
+        s = cls(start, time.perf_counter() + limit, msg=False, timeLimit=limit, gapRel=gap, threads=1,
+                mip_feasibility_tolerance=1e-7, mip_max_nodes=max_nodes, **(highs_options or {}))
         try:
             prob.solve(s)
         except pulp.PulpSolverError as e:
@@ -117,6 +141,8 @@ def run_solver(prob: pulp.LpProblem, solver: str, time_limit_s: float, gap: floa
         model = prob.solverModel
         info = model.getInfo()
         status = model.modelStatusToString(model.getModelStatus()).lower()
+        if status == "interrupted by user":  # only `_interrupt_at` interrupts: the deadline
+            status = "time limit reached"
         has_sol = info.primal_solution_status == 2  # kSolutionStatusFeasible
         bound = info.mip_dual_bound if status != "infeasible" else None
         values = {v: float(v.varValue) for v in prob.variables()} if has_sol else None

@@ -17,9 +17,9 @@ import time
 import numpy as np
 import pulp
 
-from dcp.planner.ilp_costs import CostTable
-from dcp.planner.ilp_pack import Groups, _Loads
-from dcp.planner.ilp_solvers import new_var, run_solver
+from dcp.planner.ilp.costs import CostTable
+from dcp.planner.ilp.pack import Groups, _Loads
+from dcp.planner.ilp.solvers import new_var, run_solver
 
 NEIGHBOURS = 6
 """Groups per neighbourhood, the slowest included."""

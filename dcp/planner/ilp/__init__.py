@@ -1,0 +1,98 @@
+"""The ILP planner: per global batch, a PuLP mixed-integer program picks the SP group sizes, the
+class of every sample and (through the canonical micro-batching) each micro-batch's checkpointed
+layers, minimizing the step time under the memory limit.
+
+The phases, all inside `IlpOptions.time_limit_s` (`budget`: each gets what is left, every loop
+and solver call is bounded by it; only the final assembly is kept back as a small reserve):
+
+1. setup (`search.Search`): the per-sample cost table (`costs`), the capacity bound the search
+   runs on and the makespan bound the plan reports (`bounds`), all vectorized;
+2. warm start (`warm`): a quick heuristic (`heuristic`), dcp-greedy, then every other baseline
+   that a lower bound on its own step time does not rule out, few large micro-batches where
+   fixed costs are heavy (`fill`), improved by local search (`pack`); every candidate is
+   priced exactly (`incumbent`), so the plan is never worse than any of them;
+3. the program: for tiny batches the exact program over every group, micro-batch and checkpoint
+   level (`exact`), proven optimal; otherwise the aggregated program (`model`, with the cuts
+   of `cuts`) over length classes (`classes`: at most a fixed number of rows however many
+   samples), disaggregated over groups (`pack`), and beside it the configuration program
+   (`patterns`: the large samples packed exactly at a level between the bound and the
+   incumbent); the better candidate gets small exact re-solves of the slowest group's
+   neighbourhood (`lns`) and moves and swaps (`pack`);
+4. finish: the incumbent assembled and validated, with the gap to the best proven bound (max of
+   `bounds.lower_bound` and the solver's dual bound + gradient sync) and a status that says
+   when the time limit cut the search short or left the program no time (`dcp.planner.status`).
+   On solver failure the warm start is returned with a warning.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Sequence
+
+from dcp.costmodel import CostModel
+from dcp.planner.common import assemble_indices
+from dcp.planner.feasibility import allowed_sp_sizes, check_feasible
+from dcp.planner.ilp.budget import Budget
+from dcp.planner.ilp.search import Search
+from dcp.planner.options import IlpOptions
+from dcp.planner.plan import InfeasibleError, Plan
+from dcp.planner.sample import Sample
+from dcp.planner.status import CUT_SHORT, NOT_RUN
+
+EXACT_MAX_SAMPLES = 6
+"""Batches up to this many samples (on up to `EXACT_MAX_GPUS`) get the exact program."""
+EXACT_MAX_GPUS = 8
+
+
+def solve_ilp(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, started: float | None = None) -> Plan:
+    """Plan one global batch with the ILP planner (see the module docstring); the time limit
+    counts from `started` (perf_counter, default now: `dcp.planner.solve` passes its own start,
+    so that checking the inputs is inside the limit too)."""
+    budget = Budget.start(options.time_limit_s, len(batch), started)
+    sizes = allowed_sp_sizes(cm, options.sp_sizes)
+    check_feasible(batch, cm, sizes)
+    search = Search(batch, cm, sizes, options, budget)
+    search.warm_start()
+    if search.incumbent.best is None:
+        raise InfeasibleError(f"ilp: no plan found with at most {options.max_microbatches} micro-batches per group")
+    warm_source = search.incumbent.source
+    if len(batch) <= EXACT_MAX_SAMPLES and cm.cluster.num_gpus <= EXACT_MAX_GPUS:
+        search.exact_program()
+    else:
+        search.aggregated_program()
+    if search.failed is not None:
+        msg = f"ilp: {options.solver} failed ({search.failed}); returning the warm start ({warm_source})"
+        warnings.warn(msg, stacklevel=3)
+        search.notes.append(msg)
+    return finish(search)
+
+
+def finish(search: Search) -> Plan:
+    """The incumbent as a validated plan, with its bound, gap, status, notes and solve time."""
+    budget, best = search.budget, search.incumbent.best
+    assert best is not None
+    t0 = time.perf_counter()
+    skipped = f"{len(budget.cut)} step{'s' * (len(budget.cut) > 1)} skipped"
+    if search.program_ran:
+        status = search.status
+        if search.cut_short and CUT_SHORT not in status:
+            status += f", {CUT_SHORT}"
+        if budget.cut:
+            status += f", {skipped}" if CUT_SHORT in status else f", {CUT_SHORT} ({skipped})"
+    else:
+        status = NOT_RUN + (f" ({CUT_SHORT}, {skipped})" if budget.cut else " (the warm start meets the bound)")
+    notes = [f"best plan from: {best.source}"]
+    notes += [f"{what} skipped: {CUT_SHORT}" for what in budget.cut]
+    notes += search.notes
+    bound_s = max(search.proven + search.sync, search.makespan_bound_s)
+    step_s = best.busy_s + search.sync
+    lower = min(bound_s, step_s)
+    plan = assemble_indices("ilp", search.batch, search.cm, best.layout, best.priced.ckpt(), arrays=search.arrays,
+                    solver_status=f"{search.options.solver}: {status}", lower_bound_s=lower,
+                    gap=max(0.0, (step_s - lower) / step_s) if step_s > 0 else 0.0, pricer=search.pricer,
+                    notes=notes)
+    budget.record("finish", t0)
+    plan.notes.append("seconds: " + ", ".join(f"{k} {v:.3f}" for k, v in budget.spent_s.items()))
+    plan.solve_time_s = budget.elapsed()
+    return plan

@@ -1,0 +1,145 @@
+"""Length classes: the aggregated program's rows, and their samples handed back out.
+
+Samples are grouped into
+- exact types: length bands of large samples (their best solo time is at least `SMALL` of the
+  incumbent U; identical samples always together), counted per class, each at its least
+  member's load and solo time; at most `MAX_EXACT`;
+- fluid buckets: the other samples, whose load ratios across SP sizes agree within a tolerance,
+  split by fractions. A bucket's coefficient at size p is its exact summed load at its reference
+  size times the smallest ratio in the bucket, so the program stays a relaxation and loses only
+  the ratio spread (`RATIO_TOL`, doubled until at most `MAX_BUCKETS` buckets remain).
+However many samples the batch has, the program has at most MAX_EXACT + MAX_BUCKETS rows;
+`split_fluid` disaggregates a bucket's fractions back into samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dcp.planner.ilp.costs import CostTable
+
+SMALL = 0.03
+"""A sample whose fastest solo time is below this fraction of U is treated as fluid."""
+RATIO_TOL = 0.005
+"""Fluid bucket: each size's load ratio (to the bucket's reference size) varies by at most this."""
+MAX_EXACT = 48
+"""Exact types (length bands) at most: the program's integer columns."""
+BAND_TOL = 0.01
+"""A band's members differ in tokens by at most this factor (before it grows to fit MAX_EXACT)."""
+MAX_BUCKETS = 96
+"""Fluid buckets at most: past it the ratio tolerance doubles."""
+
+
+@dataclass
+class Item:
+    """A program item: an exact type (identical large samples) or a fluid bucket of small ones."""
+
+    members: np.ndarray
+    """Batch indices (table rows) of the samples it stands for."""
+    options: list[int]
+    exact: bool
+    coef: dict[int, float]
+    """Load per unit: per sample for exact types, per whole bucket for fluid ones (the least
+    over the members, so the program stays a relaxation)."""
+    solo: dict[int, float]
+    """The least solo time of a member at each option (exact types; empty for fluid ones)."""
+
+
+def program_items(table: CostTable, upper: float) -> list[Item]:
+    """Exact types and fluid buckets; a sample's classes are the sizes where it runs alone
+    within U (no plan better than the incumbent puts it elsewhere). The program's size does not
+    grow with the batch: at most `MAX_EXACT` length bands of large samples (`_bands`), and
+    buckets of samples whose load ratios across sizes agree to within `RATIO_TOL`, the
+    tolerance doubled until at most `MAX_BUCKETS` remain."""
+    n = len(table.tokens)
+    opts = (table.ckpt >= 0) & (table.solo <= upper * (1 + 1e-9))
+    best_solo = table.solo.min(axis=1)
+    large = np.flatnonzero(best_solo >= SMALL * upper)
+    exact_ids = _bands(table, large, opts, best_solo)
+    items: list[Item] = []
+    for ids in exact_ids:
+        o = np.flatnonzero(opts[ids[0]]).tolist()
+        items.append(Item(ids, o, True, {j: float(table.load[ids, j].min()) for j in o},
+                          {j: float(table.solo[ids, j].min()) for j in o}))
+    fluid = np.setdiff1d(np.arange(n), np.concatenate(exact_ids) if exact_ids else np.zeros(0, dtype=np.int64))
+    if not len(fluid):
+        return items
+    mask = (opts[fluid] * (1 << np.arange(opts.shape[1]))).sum(axis=1)
+    ref = np.argmax(opts[fluid], axis=1)  # the smallest size where each sample may go
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(opts[fluid], table.load[fluid] / table.load[fluid, ref][:, None], 1.0)
+    tol = RATIO_TOL
+    while True:
+        cells = np.floor(np.log(ratio) / np.log1p(tol)).astype(np.int64)
+        keys = np.column_stack([mask, cells])
+        _, bucket = _unique_rows(keys)
+        if bucket.max() + 1 <= MAX_BUCKETS:
+            break
+        tol *= 2
+    order = np.lexsort((fluid, bucket))
+    starts = np.flatnonzero(np.concatenate([[True], bucket[order][1:] != bucket[order][:-1]]))
+    for lo, hi in zip(starts, np.append(starts[1:], len(order)), strict=True):
+        members = fluid[order[lo:hi]]
+        o = np.flatnonzero(opts[members[0]]).tolist()
+        low = ratio[order[lo:hi]].min(axis=0)
+        total = float(table.load[members, o[0]].sum())
+        # Coefficients use the smallest ratio in the bucket: the program stays a relaxation.
+        items.append(Item(members, o, False, {j: total * float(low[j]) for j in o}, {}))
+    return items
+
+
+def _bands(table: CostTable, large: np.ndarray, opts: np.ndarray, best_solo: np.ndarray) -> list[np.ndarray]:
+    """The large samples in length bands: the same sizes open to them and token counts within a
+    factor 1 + tolerance (`BAND_TOL`, grown by half until at most `MAX_EXACT` bands remain), each
+    band's members in ascending tokens. Identical samples always share a band; past the growth
+    steps the longest bands are kept and the rest go fluid."""
+    if not len(large):
+        return []
+    mask = (opts[large] * (1 << np.arange(opts.shape[1]))).sum(axis=1)
+    log_t = np.log(table.tokens[large].astype(np.float64))
+    tol = BAND_TOL
+    for _ in range(24):
+        keys = np.column_stack([mask, np.floor(log_t / np.log1p(tol)).astype(np.int64)])
+        _, band = _unique_rows(keys)
+        if band.max() + 1 <= MAX_EXACT:
+            break
+        tol *= 1.5
+    order = np.lexsort((large, table.pairs[large], table.tokens[large], band))
+    starts = np.flatnonzero(np.concatenate([[True], band[order][1:] != band[order][:-1]]))
+    groups = [large[order[lo:hi]] for lo, hi in zip(starts, np.append(starts[1:], len(order)), strict=True)]
+    if len(groups) > MAX_EXACT:
+        groups = sorted(groups, key=lambda g: (-best_solo[g[-1]], int(g[0])))[:MAX_EXACT]
+    return sorted(groups, key=lambda g: (int(table.tokens[g[0]]), float(table.pairs[g[0]])))
+
+
+def _unique_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """First index of each distinct row and the row number of every row (rows in sorted order)."""
+    order = np.lexsort(keys.T[::-1])
+    sk = keys[order]
+    new = np.concatenate([[True], (sk[1:] != sk[:-1]).any(axis=1)])
+    rank = np.cumsum(new) - 1
+    inverse = np.empty(len(keys), dtype=np.int64)
+    inverse[order] = rank
+    return order[new], inverse
+
+
+def split_fluid(it: Item, table: CostTable, share: dict[int, float]) -> tuple[list[tuple[int, list[int]]], list[int]]:
+    """A fluid bucket's samples over its classes, `share[j]` the fraction of the bucket's load
+    at class j: largest samples to the largest sizes, each class up to its share (a sample goes
+    while the class's load before it plus half its own stays within the share). Returns the
+    (class, samples) taken and the samples rounding left over."""
+    ref = it.options[0]
+    members = it.members[np.lexsort((it.members, -table.tokens[it.members]))]
+    load = table.load[members, ref]
+    total = float(load.sum())
+    mid = np.cumsum(load) - load / 2  # where each sample's middle falls, from the front
+    done = np.concatenate([[0.0], np.cumsum(load)])
+    out: list[tuple[int, list[int]]] = []
+    start = 0
+    for j in sorted(share, reverse=True):
+        end = max(start, int(np.searchsorted(mid, done[start] + share[j] * total, side="right")))
+        out.append((j, members[start:end].tolist()))
+        start = end
+    return out, members[start:].tolist()

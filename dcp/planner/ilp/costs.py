@@ -1,0 +1,157 @@
+"""Per-sample cost tables for the ILP planner, and the canonical micro-batching of one group.
+
+For every sample i and allowed SP size p the table holds (from `CostModel.linear_time` and
+`max_tokens`, see `pricing`):
+
+    r[i, p]     fewest checkpointed layers with which sample i fits alone at p (-1: never)
+    solo[i, p]  t_ip = fixed(p, r) + per_token(p, r) T_i + per_pair(p, r) A_i, its time alone
+    load[i, p]  g_ip, a lower bound on what sample i adds to its group's busy time, whatever it
+                shares a micro-batch with (see `cost_table`)
+    add[i, p]   a_ip, the additive estimate the local search uses: solo time for a sample that
+                needs checkpointing (it runs alone), else its marginal cost plus its token
+                share of one micro-batch's fixed cost
+
+A group runs its samples canonically: a sample that needs checkpointing at p runs alone with
+its fewest layers; the others are packed, longest first, into micro-batches of at most
+max_tokens(p, 0) tokens, so they need no checkpointing at all. Every array is built for all
+samples at once: tens of thousands of samples cost milliseconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from dcp.costmodel import CostModel
+from dcp.planner.pricing import BatchArrays, Pricer
+
+
+@dataclass
+class CostTable:
+    """Costs of every sample at every allowed SP size (columns follow `sizes`)."""
+
+    sizes: list[int]
+    tokens: np.ndarray
+    pairs: np.ndarray
+    ckpt: np.ndarray
+    solo: np.ndarray
+    load: np.ndarray
+    add: np.ndarray
+    fixed0: np.ndarray
+    """fixed(p, 0): the cost of one micro-batch that checkpoints nothing."""
+    cap0: np.ndarray
+    """max_tokens(p, 0): tokens a micro-batch may hold without checkpointing."""
+
+
+def cost_table(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], pricer: Pricer | None = None) -> CostTable:
+    """Build the table; infeasible (sample, size) cells hold r = -1 and infinite costs.
+
+    load: a micro-batch at (p, r') holding sample i (so r' >= r) costs at least the sum over its
+    samples of marginal(p, r') + fixed(p, r') * T_j / cap(p, r'), because its tokens are at most
+    cap(p, r'). Either r' = r, or r' > r and the marginal alone at r + 1 is already a lower bound
+    (all coefficients grow with r)."""
+    pricer = pricer or Pricer(cm, sizes)
+    n, m, k = len(arrays.tokens), len(sizes), cm.model.num_layers
+    tokens, pairs = arrays.tokens, arrays.pairs
+    table = CostTable(list(sizes), tokens.astype(np.int64), pairs, np.full((n, m), -1, dtype=np.int64),
+                      np.full((n, m), np.inf), np.full((n, m), np.inf), np.full((n, m), np.inf),
+                      np.zeros(m), np.zeros(m))
+    for j, p in enumerate(sizes):
+        lin = [cm.linear_time(p, r) for r in range(k + 1)]
+        fixed = np.array([c.fixed for c in lin])
+        per_token = np.array([c.per_token for c in lin])
+        per_pair = np.array([c.per_pair for c in lin])
+        caps = np.maximum([pricer.capacity(p, r) for r in range(k + 1)], 1.0)
+        table.fixed0[j], table.cap0[j] = fixed[0], pricer.capacity(p, 0)
+        r = pricer.layers(p, tokens)
+        fits = r <= k
+        rr = np.minimum(r, k)
+        marginal = per_token[rr] * tokens + per_pair[rr] * pairs
+        solo = fixed[rr] + marginal
+        share = marginal + fixed[rr] * tokens / caps[rr]
+        nxt = np.minimum(rr + 1, k)
+        next_marginal = per_token[nxt] * tokens + per_pair[nxt] * pairs
+        load = np.where(rr < k, np.minimum(share, next_marginal), share)
+        table.ckpt[:, j] = np.where(fits, rr, -1)
+        table.solo[:, j] = np.where(fits, solo, np.inf)
+        table.add[:, j] = np.where(fits, np.where(rr == 0, share, solo), np.inf)
+        table.load[:, j] = np.where(fits, load, np.inf)
+    return table
+
+
+def form_microbatches(ids: Sequence[int] | np.ndarray, j: int, table: CostTable, cm: CostModel,
+                      max_microbatches: int | None = None) -> list[list[int]] | None:
+    """Canonical micro-batches of one group at size index j: checkpointing samples alone, the
+    rest packed longest first into capacity max_tokens(p, 0) (`pack_tokens`). With a cap on
+    micro-batches, the two smallest are merged (checkpointing more) until it holds; None if it
+    cannot."""
+    ids = np.asarray(ids, dtype=np.int64)
+    ckpt, tokens = table.ckpt[ids, j], table.tokens[ids]
+    long_ids = ids[ckpt > 0][np.lexsort((ids[ckpt > 0], -tokens[ckpt > 0]))]
+    short = ids[ckpt == 0]
+    bins = pack_tokens(table.tokens[short].astype(np.float64), short, float(table.cap0[j]))
+    mbs = [[int(i)] for i in long_ids] + bins
+    if max_microbatches is None or len(mbs) <= max_microbatches:
+        return mbs
+    p, k = table.sizes[j], cm.model.num_layers
+    full_cap = cm.max_tokens(p, k)
+    while len(mbs) > max_microbatches:
+        mbs.sort(key=lambda mb: (sum(int(table.tokens[i]) for i in mb), mb[0]))
+        merged = mbs[0] + mbs[1]
+        if sum(int(table.tokens[i]) for i in merged) > full_cap:
+            return None
+        mbs = [merged] + mbs[2:]
+    return mbs
+
+
+_FIRST_FIT_SHARE = 8
+"""`pack_tokens` places samples above capacity / this one by one (first fit); smaller ones fill."""
+
+
+def pack_tokens(tokens: np.ndarray, ids: np.ndarray, capacity: float) -> list[list[int]]:
+    """Bins of at most `capacity` tokens (the `ids` of each), longest first (ties by id).
+
+    Samples above capacity / 8 go first fit, one at a time; the smaller rest, still longest
+    first, fill the bins in order and then new ones, each bin taking the longest run that fits
+    (so it loses at most one small sample's tokens). Bins cost one loop step each, not samples."""
+    if not len(ids):
+        return []
+    order = np.lexsort((ids, -tokens))
+    t, ids = tokens[order], ids[order]
+    big = int(np.searchsorted(-t, -capacity / _FIRST_FIT_SHARE, side="left"))
+    room_arr = np.zeros(big)
+    owner = np.empty(big, dtype=np.int64)
+    used = lo = 0
+    for i in range(big):
+        b = lo + int((room_arr[lo:used] >= t[i]).argmax()) if used > lo else used
+        if b < used and room_arr[b] >= t[i]:
+            room_arr[b] -= t[i]
+        else:
+            b, used = used, used + 1
+            room_arr[b] = capacity - t[i]
+        owner[i] = b
+        while lo < used and room_arr[lo] < t[big - 1]:  # too full for any sample still to come
+            lo += 1
+    room: list[float] = room_arr[:used].tolist()
+    bins: list[list[int]] = [[] for _ in range(used)]
+    for i, b in enumerate(owner.tolist()):
+        bins[b].append(int(ids[i]))
+    rest = big
+    csum = np.concatenate([[0.0], np.cumsum(t[big:])])
+    b = 0
+    while rest < len(t):
+        if b >= len(room):
+            room.append(capacity)
+            bins.append([])
+        # the longest run of the remaining samples (in order) that fits bin b's room
+        end = int(np.searchsorted(csum, csum[rest - big] + room[b] * (1 + 1e-12), side="right")) - 1 + big
+        if end == rest and not bins[b]:
+            end = rest + 1  # a sample longer than an empty bin's room still gets a bin
+        if end > rest:
+            bins[b].extend(int(i) for i in ids[rest:end])
+            room[b] -= float(csum[end - big] - csum[rest - big])
+            rest = end
+        b += 1
+    return bins

@@ -1,0 +1,132 @@
+"""Quick solutions from the cost table alone: group counts per SP size for given class loads
+(`class_counts`), and the warm-start heuristic that picks each sample's size and spreads the
+classes over their groups."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from dcp.planner.ilp.costs import CostTable
+from dcp.planner.ilp.pack import Groups, estimate, spread
+
+
+def class_counts(loads: dict[int, float], sizes: Sequence[int], num_gpus: int,
+                 items: dict[int, np.ndarray] | None = None) -> dict[int, int]:
+    """Groups per class (keyed by size index) for class loads (group-seconds): the smallest
+    per-group time T with sum_p p * n_p(T) <= N (bisection), n_p(T) = ceil(load_p / T) but at
+    least one group per item above T / 2 plus one per two items in (T / 3, T / 2] when the class's
+    `items` (their sizes) are given: lumpy items do not pack like sand. Left-over GPUs go one
+    group at a time to the class with the most load per group."""
+    used = sorted(j for j, v in loads.items() if v > 0)
+
+    def counts_at(t: float) -> dict[int, int]:
+        out = {}
+        for j in used:
+            n = max(1, math.ceil(loads[j] / t - 1e-12))
+            if items is not None and j in items:
+                big = int((items[j] > t / 2).sum())
+                mid = int(((items[j] > t / 3) & (items[j] <= t / 2)).sum())
+                n = max(n, big + math.ceil(mid / 2))
+            out[j] = n
+        return out
+
+    def gpus(c: dict[int, int]) -> int:
+        return sum(sizes[j] * c[j] for j in c)
+
+    lo, hi = 1e-12, max(loads[j] for j in used) + 1e-12
+    if items is not None:
+        hi = max(hi, max((float(v.max()) for v in items.values() if len(v)), default=0.0) * 2 + 1e-12)
+    if gpus(counts_at(hi)) > num_gpus:  # even one group per class does not fit: as few as possible
+        return {j: 1 for j in used}
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if gpus(counts_at(mid)) <= num_gpus else (mid, hi)
+    counts = counts_at(hi)
+    left = num_gpus - gpus(counts)
+    while True:
+        fit = [j for j in used if sizes[j] <= left]
+        if not fit:
+            break
+        j = max(fit, key=lambda j: (loads[j] / counts[j], -j))
+        counts[j] += 1
+        left -= sizes[j]
+    return counts
+
+
+HEURISTIC_TARGETS = (1.0, 1.04, 1.1, 1.25)
+"""The heuristic's targets, as multiples of the proven bound: a sample goes to its cheapest size
+among those where it runs alone within the target."""
+
+
+def heuristic(table: CostTable, num_gpus: int, target: float, deadline: float = math.inf,
+              targets: Sequence[float] = HEURISTIC_TARGETS) -> Groups:
+    """A quick solution, the best by estimate over `targets` (while time remains):
+    each sample to the SP size with the least GPU-seconds among those where it runs alone
+    within the target (else its fastest), classes merged upward until they fit the cluster, GPUs
+    shared by `class_counts`, samples spread (`spread`)."""
+    best: Groups | None = None
+    best_est = math.inf
+    for scale in targets:
+        if best is not None and time.perf_counter() > deadline:
+            break
+        groups = _heuristic_at(table, num_gpus, target * scale)
+        est = estimate(groups, table)
+        if est < best_est:
+            best, best_est = groups, est
+    assert best is not None
+    return best
+
+
+def _heuristic_at(table: CostTable, num_gpus: int, target: float) -> Groups:
+    sizes = np.array(table.sizes)
+    gpu_time = table.add * sizes[None, :]
+    ok = table.solo <= target
+    cheapest = np.argmin(np.where(ok, gpu_time, np.inf), axis=1)
+    choice = np.where(ok.any(axis=1), cheapest, np.argmin(table.solo, axis=1))
+    used = sorted(set(choice.tolist()))
+    # A sample that fits at size p fits at every larger size (memory per GPU shrinks with p).
+    while sum(table.sizes[j] for j in used) > num_gpus:
+        choice[choice == used[0]] = used[1]
+        used = used[1:]
+    counts = _fold_small_classes(table, choice, num_gpus)
+    used = sorted(counts)
+    groups: Groups = []
+    for j in used:
+        ids = np.flatnonzero(choice == j).tolist()
+        groups += [(j, b) for b in spread(ids, counts[j], j, table)]
+    return groups
+
+
+def _fold_small_classes(table: CostTable, choice: np.ndarray, num_gpus: int) -> dict[int, int]:
+    """Group counts for the classes in `choice` (changed in place): while the class with the least
+    load holds a single group that would idle most of the step, its samples run at the next
+    larger size in use instead (they fit there: memory per GPU only shrinks), as long as that
+    shortens the step estimate (the largest load per group). Without it a few long samples at
+    each of four SP sizes hold 30 of 32 GPUs while the short ones queue on the other two."""
+
+    def counts_of(ch: np.ndarray) -> tuple[dict[int, int], float]:
+        used = sorted(set(ch.tolist()))
+        loads = {j: float(table.add[ch == j, j].sum()) for j in used}
+        counts = class_counts(loads, table.sizes, num_gpus, {j: table.add[ch == j, j] for j in used})
+        longest = max(float(table.add[ch == j, j].max()) for j in used)
+        return counts, max(max(loads[j] / counts[j] for j in used), longest)
+
+    counts, step = counts_of(choice)
+    for _ in range(len(table.sizes)):
+        used = sorted(counts)
+        loads = {j: float(table.add[choice == j, j].sum()) for j in used}
+        small = [j for j in used[:-1] if counts[j] == 1 and loads[j] < step / 2]
+        if not small:
+            break
+        j = min(small, key=lambda q: (loads[q], q))
+        trial = choice.copy()
+        trial[trial == j] = min(q for q in used if q > j)
+        trial_counts, trial_step = counts_of(trial)
+        if trial_step >= step:
+            break
+        choice[:], counts, step = trial, trial_counts, trial_step
+    return counts

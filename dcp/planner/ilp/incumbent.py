@@ -1,0 +1,84 @@
+"""The best plan found so far, exactly priced, and the groups the search continues from.
+
+Candidates come as layouts (a baseline's own micro-batching, the exact program's, `fill`'s) or as
+groups of the search (`pack.Groups`), which get the canonical micro-batching of `costs` first.
+Every candidate is priced exactly (`pricing.price_layout`, each micro-batch at its fewest
+layers) before it can become the incumbent; a group solution whose estimate (never above its
+exact price) cannot beat the incumbent is not priced at all. Nothing is assembled into a `Plan`
+until the end (`finish`), so a candidate costs array operations, not objects.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from dcp.costmodel import CostModel
+from dcp.planner.ilp.budget import Budget
+from dcp.planner.ilp.costs import CostTable
+from dcp.planner.ilp.pack import Groups, estimate, groups_of_layout, to_layout
+from dcp.planner.pricing import BatchArrays, Layout, PricedLayout, Pricer, price_layout
+
+_TOL = 1e-12
+
+
+@dataclass
+class Candidate:
+    """A priced layout, where it came from, and its groups in table indices (None when it does
+    not map onto the cost table)."""
+
+    source: str
+    layout: Layout
+    priced: PricedLayout
+    groups: Groups | None
+
+    @property
+    def busy_s(self) -> float:
+        return self.priced.makespan_s
+
+
+class Incumbent:
+    """Keeps the fastest candidate offered (ties: the first)."""
+
+    def __init__(self, cm: CostModel, table: CostTable, arrays: BatchArrays, pricer: Pricer,
+                 max_microbatches: int | None, budget: Budget) -> None:
+        self.cm, self.table, self.arrays, self.pricer = cm, table, arrays, pricer
+        self.cap, self.budget = max_microbatches, budget
+        self.best: Candidate | None = None
+
+    @property
+    def busy_s(self) -> float:
+        return self.best.busy_s if self.best is not None else float("inf")
+
+    @property
+    def groups(self) -> Groups | None:
+        return self.best.groups if self.best is not None else None
+
+    @property
+    def source(self) -> str:
+        return self.best.source if self.best is not None else ""
+
+    def offer_layout(self, layout: Layout, source: str, groups: Groups | None = None) -> bool:
+        """Price a layout at its fewest layers; True if it is the new incumbent."""
+        if self.cap is not None and any(len(mbs) > self.cap for _, _, mbs in layout):
+            return False
+        priced = price_layout(layout, self.arrays, self.pricer)
+        if not np.isfinite(priced.makespan_s) or priced.makespan_s >= self.busy_s * (1 - _TOL):
+            return False
+        if groups is None:
+            groups = groups_of_layout(layout, self.table)
+        self.best = Candidate(source, layout, priced, groups)
+        self.budget.plan_size(len(self.arrays.tokens), len(priced.tokens), len(layout))
+        return True
+
+    def offer_groups(self, groups: Groups | None, source: str) -> bool:
+        """Canonical micro-batches for the search's groups, priced; True if the new incumbent."""
+        if groups is None or estimate(groups, self.table) >= self.busy_s * (1 - _TOL):
+            return False
+        t0 = time.perf_counter()
+        layout = to_layout(groups, self.cm, self.table, self.cap)
+        better = layout is not None and self.offer_layout(layout, source, groups)
+        self.budget.pricing_s = max(self.budget.pricing_s, time.perf_counter() - t0)
+        return better

@@ -1,0 +1,241 @@
+"""From SP classes to concrete groups: longest-processing-time packing, a local search that
+moves and swaps samples between groups to shorten the slowest one, and the layout of groups.
+
+A solution here is a list of groups `(j, sample indices)`, j indexing `CostTable.sizes`.
+Group time is estimated as (sum over checkpointing samples of their solo time) + (sum over
+the others of their marginal time) + fixed(p, 0) * ceil(their tokens / max_tokens(p, 0)):
+the canonical micro-batching of `costs` with perfect packing, so never above its exact price
+(`to_layout`, then `pricing.price_layout`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import TypeVar
+
+import numpy as np
+
+from dcp.costmodel import Cluster, CostModel
+from dcp.planner.common import aligned_layout
+from dcp.planner.ilp.costs import CostTable, form_microbatches
+from dcp.planner.pricing import Layout
+
+Groups = list[tuple[int, list[int]]]
+T = TypeVar("T")
+_TOL = 1e-9
+IMPROVE_STEPS = 300
+"""Local-search steps after each warm start and after each program solve."""
+_SWAP_TOP = 24
+"""Swaps try this many of the slowest group's largest samples..."""
+_SWAP_GROUPS = 8
+"""...against every sample of this many least-loaded groups (those with room to take one)..."""
+_SWAP_PER_SIZE = 2
+"""...and of this many least-loaded groups of each SP size."""
+_MULTIFIT_ITEMS = 8
+"""MULTIFIT spreads a class of at most this many samples per group (and `_MULTIFIT_MAX` in all:
+each bisection step is a pass per sample); LPT (vectorized) beyond."""
+_MULTIFIT_MAX = 600
+
+
+class _Loads:
+    """Vectorized group-time estimates: per group, the sum of solo/marginal times and the tokens
+    of samples that need no checkpointing (they share micro-batches)."""
+
+    def __init__(self, groups: Groups, table: CostTable) -> None:
+        self.t = table
+        short = table.ckpt == 0
+        self.short_tok = np.where(short, table.tokens[:, None], 0).astype(np.float64)
+        self.marg = np.where(short, table.add - table.fixed0[None, :] * table.tokens[:, None]
+                             / np.maximum(table.cap0, 1)[None, :], table.solo)
+        self.gj = np.array([j for j, _ in groups], dtype=np.int64)
+        self.where = np.full(len(table.tokens), -1, dtype=np.int64)
+        for g, (_, ids) in enumerate(groups):
+            self.where[ids] = g
+        placed = np.flatnonzero(self.where >= 0)
+        cols = self.gj[self.where[placed]]
+        self.base = np.bincount(self.where[placed], weights=self.marg[placed, cols], minlength=len(groups))
+        self.tok = np.bincount(self.where[placed], weights=self.short_tok[placed, cols], minlength=len(groups))
+
+    def est(self, base: np.ndarray, tok: np.ndarray, gj: np.ndarray | int) -> np.ndarray:
+        """base + fixed(p, 0) * ceil(tokens / max_tokens(p, 0)), elementwise (broadcasting)."""
+        cap = np.maximum(self.t.cap0[gj], 1)
+        return base + self.t.fixed0[gj] * np.ceil(tok / cap - 1e-12)
+
+    def loads(self) -> np.ndarray:
+        return self.est(self.base, self.tok, self.gj)
+
+    def move(self, s: int, h: int) -> None:
+        g = self.where[s]
+        self.base[g] -= self.marg[s, self.gj[g]]
+        self.tok[g] -= self.short_tok[s, self.gj[g]]
+        self.base[h] += self.marg[s, self.gj[h]]
+        self.tok[h] += self.short_tok[s, self.gj[h]]
+        self.where[s] = h
+
+
+def improve(groups: Groups, table: CostTable, deadline: float, max_iter: int = 2000) -> Groups:
+    """Local search: repeatedly apply the move or swap involving the slowest group that most
+    lowers the larger of the two touched groups' times, while that stays below the slowest
+    group's time. Swaps consider the slowest group's `_SWAP_TOP` largest samples against every
+    other sample. Deterministic (ties go to the lowest index); `deadline` is a safety net."""
+    if len(groups) < 2:
+        return groups
+    st = _Loads(groups, table)
+    for it in range(max_iter):
+        if it % 8 == 0 and time.perf_counter() > deadline:
+            break
+        loads = st.loads()
+        c = int(np.argmax(loads))
+        lc, jc = loads[c], st.gj[c]
+        members = np.flatnonzero(st.where == c)
+        base_c = st.base[c] - st.marg[members, jc]
+        tok_c = st.tok[c] - st.short_tok[members, jc]
+        new_c = st.est(base_c, tok_c, jc)
+        # moves: member s to group h
+        new_h = st.est(st.base[None, :] + st.marg[members][:, st.gj],
+                       st.tok[None, :] + st.short_tok[members][:, st.gj], st.gj[None, :])
+        new_h[:, c] = math.inf
+        val = np.maximum(new_h, new_c[:, None])
+        k = int(np.argmin(val))
+        best_val, best = lc * (1 - _TOL) - _TOL, None
+        if val.flat[k] < best_val:
+            best_val, best = float(val.flat[k]), (int(members[k // val.shape[1]]), k % val.shape[1], -1)
+        # swaps: one of the largest members s with any sample u of the least-loaded groups
+        by_load = np.argsort(loads, kind="stable")
+        # the least-loaded groups overall and of every SP size (a swap can change sizes)
+        partners = np.unique(np.concatenate([by_load[:_SWAP_GROUPS]] + [
+            by_load[st.gj[by_load] == j][:_SWAP_PER_SIZE] for j in np.unique(st.gj)]))
+        others = np.flatnonzero(np.isin(st.where, partners[partners != c]))
+        if len(others):
+            top = np.argsort(-st.marg[members, jc], kind="stable")[:_SWAP_TOP]
+            s_idx, og = members[top], st.where[others]
+            oj = st.gj[og]
+            nc = st.est(base_c[top][:, None] + st.marg[others, jc][None, :],
+                        tok_c[top][:, None] + st.short_tok[others, jc][None, :], jc)
+            nh = st.est(st.base[og][None, :] - st.marg[others, oj][None, :] + st.marg[s_idx[:, None], oj[None, :]],
+                        st.tok[og][None, :] - st.short_tok[others, oj][None, :]
+                        + st.short_tok[s_idx[:, None], oj[None, :]], oj[None, :])
+            val = np.maximum(nc, nh)
+            k = int(np.argmin(val))
+            if val.flat[k] < best_val:
+                r, q = divmod(k, val.shape[1])
+                best_val, best = float(val.flat[k]), (int(s_idx[r]), int(og[q]), int(others[q]))
+        if best is None:
+            break
+        s, h, u = best
+        if u >= 0:
+            st.move(u, c)
+        st.move(s, h)
+    return _groups_of(st.where, st.gj)
+
+
+def _groups_of(where: np.ndarray, gj: np.ndarray) -> Groups:
+    """Groups (size index, sample indices ascending) from each sample's group number."""
+    order = np.argsort(where, kind="stable")
+    cuts = np.searchsorted(where[order], np.arange(len(gj) + 1))
+    return [(int(gj[g]), order[cuts[g]:cuts[g + 1]].tolist()) for g in range(len(gj))]
+
+
+def spread(ids: Sequence[int], n_groups: int, j: int, table: CostTable) -> list[list[int]]:
+    """One class's samples over `n_groups` groups by their additive estimates at size index j:
+    MULTIFIT (Coffman, Garey, Johnson 1978) when a group gets few samples, whose packing it
+    improves over LPT; longest processing time first otherwise, where LPT is within a small
+    sample of the mean and MULTIFIT would cost a pass per sample per bisection step."""
+    if n_groups == 0:
+        return []
+    ids = np.asarray(sorted(ids), dtype=np.int64)
+    if len(ids) <= min(_MULTIFIT_ITEMS * n_groups, _MULTIFIT_MAX):
+        return multifit(ids, n_groups, j, table)
+    return lpt_chunked(table.add[ids, j], ids, n_groups)
+
+
+def lpt_chunked(sizes: np.ndarray, ids: np.ndarray, n_groups: int) -> list[list[int]]:
+    """LPT in rounds of `n_groups` samples: the next n longest go, longest first, to the groups
+    from least to most loaded (ties by index). The same as LPT while a round's samples differ
+    less than the groups' loads; one numpy step per round instead of a heap step per sample."""
+    order = np.lexsort((ids, -sizes))
+    loads = np.zeros(n_groups)
+    owner = np.empty(len(ids), dtype=np.int64)
+    for start in range(0, len(order), n_groups):
+        chunk = order[start:start + n_groups]
+        targets = np.lexsort((np.arange(n_groups), loads))[:len(chunk)]
+        owner[chunk] = targets
+        loads[targets] += sizes[chunk]
+    by_group = np.argsort(owner, kind="stable")
+    cuts = np.searchsorted(owner[by_group], np.arange(n_groups + 1))
+    return [ids[by_group[cuts[g]:cuts[g + 1]]].tolist() for g in range(n_groups)]
+
+
+def multifit(ids: np.ndarray, n_groups: int, j: int, table: CostTable, rounds: int = 12) -> list[list[int]]:
+    """MULTIFIT: bisect on a capacity for which first-fit-decreasing packs every sample into
+    `n_groups` groups; LPT's packing when it is better."""
+    size = table.add[ids, j].astype(np.float64)
+    best = lpt_chunked(size, ids, n_groups) if len(ids) > n_groups else \
+        [[int(i)] for i in ids] + [[] for _ in range(n_groups - len(ids))]
+    if n_groups <= 1 or len(ids) <= n_groups:
+        return best
+    order = np.lexsort((ids, -size))
+    by_id = dict(zip(ids.tolist(), size.tolist(), strict=True))
+    hi = max(sum(by_id[i] for i in b) for b in best)
+    lo = max(float(size.sum()) / n_groups, float(size.max()))
+    for _ in range(rounds):
+        if hi - lo <= 1e-4 * hi:
+            break
+        cap = (lo + hi) / 2
+        room = np.full(n_groups, cap)
+        owner = np.empty(len(ids), dtype=np.int64)
+        for k in order:
+            g = int(np.argmax(room >= size[k] - 1e-12))
+            if room[g] < size[k] - 1e-12:
+                lo = cap
+                break
+            owner[k] = g
+            room[g] -= size[k]
+        else:
+            hi = cap
+            best = [ids[owner == g].tolist() for g in range(n_groups)]
+    return best
+
+
+def estimate(groups: Groups, table: CostTable) -> float:
+    """Estimated slowest-group time of a solution."""
+    return float(_Loads(groups, table).loads().max()) if groups else 0.0
+
+
+def groups_of_layout(layout: Layout, table: CostTable) -> Groups | None:
+    """A layout's groups in table indices; None if a sample cannot run alone at its group's
+    size in the table (an SP size outside it)."""
+    out: Groups = []
+    for _, p, mbs in layout:
+        if p not in table.sizes:
+            return None
+        ids = [i for mb in mbs for i in mb]
+        j = table.sizes.index(p)
+        if not np.all(table.ckpt[ids, j] >= 0):
+            return None
+        out.append((j, ids))
+    return out
+
+
+def place(groups: Sequence[tuple[int, T]], cluster: Cluster) -> list[tuple[int, int, T]]:
+    """(first rank, SP size, payload) for groups given as (SP size, payload): `aligned_layout`'s
+    blocks, largest sizes first (groups of one size keep their order)."""
+    ordered = sorted(groups, key=lambda g: -g[0])
+    starts = aligned_layout(Counter(p for p, _ in ordered), cluster.num_gpus, cluster.gpus_per_node)
+    return [(start, p, payload) for (start, p), (_, payload) in zip(starts, ordered, strict=True)]
+
+
+def to_layout(groups: Groups, cm: CostModel, table: CostTable,
+              max_microbatches: int | None) -> Layout | None:
+    """Aligned ranks and canonical micro-batches of batch indices (`pricing.price_layout`
+    prices them exactly, at their fewest layers). None when a group cannot meet the cap."""
+    layout: Layout = []
+    for start, p, (j, ids) in place([(table.sizes[j], (j, ids)) for j, ids in groups if len(ids)], cm.cluster):
+        mbs = form_microbatches(ids, j, table, cm, max_microbatches)
+        if mbs is None:
+            return None
+        layout.append((start, p, mbs))
+    return layout

@@ -1,0 +1,225 @@
+"""One ILP solve's state and its program phases: the cost table, the incumbent, the proven bound,
+the exact program for tiny batches and the aggregated one with its configuration rounds.
+
+Work budgets are counts (nodes, rounds, steps), so the same inputs give the same plan unless the
+wall-clock limit cuts a phase short, which the status then reports.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from dcp.costmodel import CostModel
+from dcp.planner.bounds import capacity_bound, lower_bound
+from dcp.planner.ilp.budget import Budget
+from dcp.planner.ilp.costs import CostTable, cost_table
+from dcp.planner.ilp.heuristic import class_counts
+from dcp.planner.ilp.incumbent import Incumbent
+from dcp.planner.ilp.lns import lns
+from dcp.planner.ilp.model import solve_classes
+from dcp.planner.ilp.pack import IMPROVE_STEPS, Groups, estimate, improve, spread
+from dcp.planner.ilp.patterns import solve_patterns
+from dcp.planner.ilp.warm import warm_start
+from dcp.planner.options import IlpOptions
+from dcp.planner.pricing import BatchArrays, Pricer
+from dcp.planner.sample import Sample
+
+ROUNDS_PER_S = 1.0
+"""Program solves per second of time limit (at least one): a second solve starts from the
+first's plan with tighter cuts."""
+LNS_ROUNDS = 6
+"""Neighbourhood re-solves after each program solve."""
+PATTERN_ROUNDS = 2
+"""Configuration-program rounds after the class program's, while each improves the incumbent."""
+PATTERN_STEP = 0.25
+"""The configuration program's level: this fraction of the way from the proven bound to the
+incumbent (a plan found at theta usually prices a little above it)."""
+PATTERN_SOLVE_SHARE = 0.2
+"""A configuration-program solve stops after this share of the time limit (its root node can be
+slow right at the feasibility boundary); the status then says `time limit reached`."""
+PATTERN_TRIES = 3
+"""Levels tried per round while the program proves them infeasible."""
+MIN_SOLVE_S = 0.03
+"""A program round starts only with this much time left before the search deadline."""
+
+
+class Search:
+    """The batch, its cost table and bounds, the incumbent; the program phases as methods."""
+
+    def __init__(self, batch: Sequence[Sample], cm: CostModel, sizes: list[int], options: IlpOptions,
+                 budget: Budget) -> None:
+        t0 = time.perf_counter()
+        self.batch, self.cm, self.sizes, self.options, self.budget = list(batch), cm, sizes, options, budget
+        self.arrays = BatchArrays.of(batch)
+        budget.sample_pass_s = (time.perf_counter() - t0) / 3  # BatchArrays reads three fields
+        self.pricer = Pricer(cm, sizes)
+        self.table: CostTable = cost_table(self.arrays, cm, sizes, self.pricer)
+        self.sync = cm.grad_sync_s()
+        bound_arrays = (self.arrays.tokens, self.arrays.pairs)
+        # Proven bounds on the busy time. The search (class program's floor B >= L, cut and
+        # configuration levels, early stop) runs on the capacity bound, the one its load
+        # coefficients share: as the floor, the makespan bound flattens the program's objective
+        # above its relaxation (any assignment meeting it is "optimal") and the spread plans got
+        # worse (opensora:balanced, 64 GPUs: +0.2%). The plan reports `lower_bound` if larger.
+        self.proven = capacity_bound(batch, cm, sizes, bound_arrays) - self.sync
+        self.makespan_bound_s = lower_bound(batch, cm, sizes, bound_arrays)
+        self.incumbent = Incumbent(cm, self.table, self.arrays, self.pricer, options.max_microbatches, budget)
+        self.notes: list[str] = []
+        self.status, self.failed, self.cut_short, self.program_ran = "warm start", None, False, False
+        budget.record("setup", t0)
+
+    def warm_start(self) -> None:
+        """The incumbent from the baselines and quick heuristics (`warm`)."""
+        t0 = time.perf_counter()
+        warm_start(self.incumbent, self.budget, self.batch, self.cm, self.sizes, self.arrays, self.pricer,
+                   self.table, self.proven, self.notes)
+        self.budget.record("warm start", t0)
+
+    # -- the exact program (tiny batches) ------------------------------------------------------
+    def exact_program(self) -> None:
+        """Tiny batches: the exact program, proven optimal within the time limit."""
+        from dcp.planner.ilp.exact import solve_exact
+
+        if self.budget.search_deadline - time.perf_counter() < MIN_SOLVE_S:
+            self.budget.skip("the exact program")
+            return
+        t0 = time.perf_counter()
+        self.program_ran = True
+        try:
+            res = solve_exact(self.batch, self.cm, self.table, self.options, self.incumbent.busy_s, self.budget.left())
+        except Exception as e:  # the solver must never take the planner down
+            res, self.failed = None, f"{type(e).__name__}: {e}"
+        self.budget.record("program", t0)
+        if res is None:
+            self.failed = self.failed or "no solution"
+            return
+        layout, bound, self.status = res
+        self.proven = max(self.proven, bound)
+        if layout is not None:
+            position = {s.id: k for k, s in enumerate(self.batch)}
+            self.incumbent.offer_layout([(start, p, [[position[i] for i in mb] for mb in mbs])
+                                         for start, p, mbs in layout], "exact program")
+
+    # -- the aggregated program ----------------------------------------------------------------
+    def aggregated_program(self) -> None:
+        """The class program, its answer spread over groups; the configuration program's packing
+        beside it; the better one (by estimate) searched and priced. A later round starts from
+        the better incumbent with tighter cuts; configuration rounds follow while they improve."""
+        t0 = time.perf_counter()
+        rounds = max(1, int(ROUNDS_PER_S * self.options.time_limit_s))
+        for round_ in range(rounds):
+            if self.gap() <= self.options.mip_rel_gap:
+                break
+            if self.budget.search_deadline - time.perf_counter() < MIN_SOLVE_S:
+                self.budget.skip("the class program" if round_ == 0 else f"class program rounds {round_ + 1}-{rounds}")
+                break
+            self.program_ran = True
+            try:
+                sol = solve_classes(self.table, self.cm.cluster.num_gpus, self.incumbent.busy_s, self.proven,
+                                    self.incumbent.groups, self.options.solver, self.budget.search_deadline,
+                                    self.options.mip_rel_gap)
+                error = None if sol is not None else "no solution"
+            except Exception as e:  # the solver must never take the planner down
+                sol, error = None, f"{type(e).__name__}: {e}"
+            if sol is None:
+                if round_ == 0:  # a later round's trouble leaves the first round's answer standing
+                    self.failed = error
+                break
+            self.status = sol.status
+            if "time limit" in sol.status:
+                self.cut_short = True
+            self.proven = max(self.proven, sol.bound)
+            found = [(self.improve(g), "aggregated program") for g in self.spreads(sol.counts, sol.classes)]
+            upper = min([self.incumbent.busy_s] + [estimate(g, self.table) for g, _ in found])
+            found += [(g, "configuration program") for g in [self.configurations(upper)] if g]
+            if not found or not self.search(found):
+                break
+        for _ in range(PATTERN_ROUNDS):
+            if self.gap() <= self.options.mip_rel_gap or self.budget.search_deadline - time.perf_counter() < MIN_SOLVE_S:
+                break
+            groups = self.configurations(self.incumbent.busy_s)
+            if groups is None or not self.search([(groups, "configuration program")]):
+                break
+        self.budget.record("program", t0)
+
+    def configurations(self, upper: float) -> Groups | None:
+        """The configuration program (`patterns`) at a level theta `PATTERN_STEP` of the way
+        from the proven bound to `upper` (the best busy time in hand): infeasible proves busy time
+        > theta (then a higher level); feasible gives groups packing the large samples as the
+        class program's counting cuts cannot, locally searched. None when it finds none."""
+        for _ in range(PATTERN_TRIES):
+            if self.gap() <= self.options.mip_rel_gap or self.budget.search_deadline - time.perf_counter() < MIN_SOLVE_S:
+                return None
+            theta = self.proven + PATTERN_STEP * (upper - self.proven)
+            cap = min(self.budget.search_deadline, time.perf_counter() + PATTERN_SOLVE_SHARE * self.options.time_limit_s)
+            try:
+                res = solve_patterns(self.table, self.cm.cluster.num_gpus, self.incumbent.busy_s, theta,
+                                     self.options.solver, cap)
+            except Exception as e:  # the solver must never take the planner down
+                self.notes.append(f"configuration program failed ({type(e).__name__}: {e})")
+                return None
+            if res is not None and "time limit" in res.status:
+                self.cut_short = True
+            if res is None or not res.infeasible:
+                return None if res is None or res.groups is None else self.improve(res.groups)
+            self.proven = max(self.proven, theta * (1 - 1e-9))  # no plan runs within theta
+        return None
+
+    def spreads(self, counts: dict[int, int], classes: dict[int, list[int]]) -> list[Groups]:
+        """The program's classes over groups, by its own group counts and by counts re-derived
+        from the classes' exact additive loads (`pack.class_counts`: the program's coefficients
+        are lower bounds, so its counts can leave a class short); the better one by estimate."""
+        out = []
+        for c in (counts, self._recount(counts, classes)):
+            groups = _spread(c, classes, self.table) if c is not None else None
+            if groups is not None:
+                out.append(groups)
+        return [min(out, key=lambda g: estimate(g, self.table))] if out else []
+
+    def _recount(self, counts: dict[int, int], classes: dict[int, list[int]]) -> dict[int, int] | None:
+        loads = {j: float(self.table.add[ids, j].sum()) for j, ids in classes.items() if ids and counts.get(j, 0) > 0}
+        if not loads or any(ids and counts.get(j, 0) == 0 for j, ids in classes.items()):
+            return None
+        items = {j: self.table.add[classes[j], j] for j in loads}
+        return class_counts(loads, self.table.sizes, self.cm.cluster.num_gpus, items)
+
+    def improve(self, groups: Groups) -> Groups:
+        return improve(groups, self.table, self.budget.search_deadline, IMPROVE_STEPS)
+
+    def search(self, found: list[tuple[Groups, str]]) -> bool:
+        """Neighbourhood search on the best candidate (by estimate), then local search; True if
+        it is the new incumbent."""
+        groups, source = min(found, key=lambda f: estimate(f[0], self.table))
+        target = (self.proven + self.sync) / (1 - self.options.mip_rel_gap) - self.sync
+        groups = lns(groups, self.table, self.options.solver, self.budget.search_deadline, LNS_ROUNDS, target)
+        groups = improve(groups, self.table, self.budget.search_deadline, IMPROVE_STEPS)
+        return self.incumbent.offer_groups(groups, source)
+
+    def gap(self) -> float:
+        """The incumbent's gap to the proven bound (the search's, not the reported one)."""
+        step = self.incumbent.busy_s + self.sync
+        return max(0.0, (step - self.proven - self.sync) / step) if step > 0 else 0.0
+
+
+def _spread(counts: dict[int, int], classes: dict[int, list[int]], table: CostTable) -> Groups | None:
+    """Each class's samples over its groups (`pack.spread`); samples the rounding left in a
+    class without groups go to the smallest populated size where they fit (None if none)."""
+    populated = sorted(j for j, c in counts.items() if c > 0)
+    members = {j: list(classes.get(j, [])) for j in populated}
+    for j, ids in sorted(classes.items()):
+        if j in members or not ids:
+            continue
+        ok = table.ckpt[np.asarray(ids)][:, populated] >= 0
+        if not ok.any(axis=1).all():
+            return None
+        first = np.argmax(ok, axis=1)
+        for i, k in zip(ids, first, strict=True):
+            members[populated[int(k)]].append(i)
+    groups: Groups = []
+    for j in populated:
+        groups += [(j, b) for b in spread(members[j], counts[j], j, table)]
+    return groups
+
