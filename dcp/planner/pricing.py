@@ -106,6 +106,8 @@ class PricedLayout:
     times_s: np.ndarray
     counts: list[int]
     """Micro-batches per group."""
+    pairs: np.ndarray | None = None
+    """Attention pairs per micro-batch (what the step's schedule prices besides tokens)."""
 
     @property
     def makespan_s(self) -> float:
@@ -145,4 +147,4 @@ def price_layout(layout: Layout, arrays: BatchArrays, pricer: Pricer,
         levels[on] = pricer.levels(p, tokens[on], r)
     owner = np.repeat(np.arange(len(layout)), counts)
     busy = np.bincount(owner, weights=times, minlength=len(layout)) if n_mb else np.zeros(len(layout))
-    return PricedLayout(busy, tokens, levels, times, counts)
+    return PricedLayout(busy, tokens, levels, times, counts, pairs)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dcp.costmodel import CostModel
 from dcp.costmodel.schedule import GroupShape, MicroBatchShape, StepPrice
 from dcp.planner.plan import Plan
+from dcp.planner.pricing import Layout, PricedLayout
 
 
 def group_shapes(plan: Plan) -> tuple[list[GroupShape], bool]:
@@ -46,3 +47,19 @@ def price_step(plan: Plan, cm: CostModel, *, spans: bool = False) -> StepPrice:
     plan.grad_sync_s = plan.step_time_s - busy
     plan.zero_stage = cm.training.zero_stage
     return price
+
+
+def layout_step_s(cm: CostModel, layout: Layout, priced: PricedLayout, idle_ranks: bool) -> float:
+    """The step of a priced layout (what `price_step` would give the plan assembled from it),
+    without assembling it: for the ILP's incumbent, which at ZeRO-3 keeps the fastest step."""
+    assert priced.pairs is not None
+    shapes, m = [], 0
+    for (_, p, _), count in zip(layout, priced.counts, strict=True):
+        mbs = [(float(priced.times_s[i]), MicroBatchShape(float(priced.tokens[i]), float(priced.pairs[i]),
+                                                          int(priced.levels[i])))
+               for i in range(m, m + count) if priced.tokens[i] > 0]
+        if cm.training.zero_stage == 3:
+            mbs.sort(key=lambda tm: -tm[0])  # as balance_slots orders them
+        shapes.append(GroupShape(p, tuple(mb for _, mb in mbs)))
+        m += count
+    return cm.step_price(shapes, idle_ranks).step_time_s
