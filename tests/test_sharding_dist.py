@@ -12,6 +12,8 @@ import torch
 from dist_helpers import Case, llama_spec, random_case, run_ranks
 
 from dcp.costmodel import ModelSpec, attention_pairs
+from dcp.executor.reference import in_unit_order
+from dcp.executor.reference import relative_diff as relative
 from dcp.planner import Sample
 
 TOLERANCE = 1e-12
@@ -29,13 +31,6 @@ def cases(spec: ModelSpec, layouts: list[list[tuple[int, int]]], world: int, see
         counts[0], counts[-1] = 1, 4  # always uneven: one group runs 1, another 4
         out.append(random_case(spec, 10 * seed + i, layout, world, microbatches=counts, gpus_per_node=4))
     return out
-
-
-def relative(got: list[torch.Tensor], want: list[torch.Tensor], floor: float = 1e-2) -> float:
-    """Largest per-tensor max|a - b| / max|b| (at least `floor` of the model's largest |b|)."""
-    overall = max(w.abs().max().item() for w in want)
-    return max((a - b).abs().max().item() / max(b.abs().max().item(), floor * overall)
-               for a, b in zip(got, want, strict=True))
 
 
 def sharded_worker(rank: int, world: int, stage: int, steps: list[Case]) -> list[tuple[float, float, list[int]]]:
@@ -56,9 +51,7 @@ def sharded_worker(rank: int, world: int, stage: int, steps: list[Case]) -> list
     adamw = {"lr": 1e-2, "weight_decay": 0.1, "eps": 1e-6}
     optimizer = executor_optimizer(executor, **adamw)
     ref_opt = torch.optim.AdamW(ref.parameters(), **adamw)
-    ref_params = [p for u in executor.zero.units for p in u.params]  # unit order, as full_grads gives them
-    by_id = {id(p): i for i, p in enumerate(model.parameters())}
-    ref_order = [list(ref.parameters())[by_id[id(p)]] for p in ref_params]
+    ref_order = in_unit_order(executor, model, ref)
 
     def loss_fn(o, b):  # noqa: ANN001, ANN202
         return lm_loss(o, b["labels"])
@@ -180,10 +173,7 @@ def large_structure_worker(rank: int, world: int, name: str, steps: list[Case]) 
     params = executor.zero.full_params()
     diff = 0.0
     if ref is not None:
-        by_id = {id(p): i for i, p in enumerate(model.parameters())}
-        ref_params = list(ref.parameters())
-        want = [ref_params[by_id[id(p)]].detach() for u in executor.zero.units for p in u.params]
-        diff = relative(params, want)
+        diff = relative(params, [p.detach() for p in in_unit_order(executor, model, ref)])
     return losses, held / total_bytes, diff
 
 
