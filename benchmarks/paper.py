@@ -4,6 +4,9 @@ with the cluster and the model.
     .venv/bin/python benchmarks/paper.py --out docs/     # JSON, docs/results.md, docs/figures/*.png
     .venv/bin/python benchmarks/paper.py --quick         # the 32-GPU table only (JSON + markdown)
 
+Without --quick it also runs `benchmarks/long_context.py` (128K-2M-token samples, Ulysses alone
+against Ulysses x ring, its own JSON), whose table the page includes.
+
 The paper's setting ("Training Variable Long Sequences With Data-centric Parallel", NUS; code
 NUS-HPC-AI-Lab/VideoSys, docs/dcp.md): 32 H200 in nodes of 8; a 1D (text) and a 2D (video)
 transformer; short, balanced and long datasets; speedups over bucket parallel of 1.68x to 2.70x
@@ -220,6 +223,12 @@ def main(argv: list[str] | None = None) -> int:
         figures.mkdir(parents=True, exist_ok=True)
         doc["meta"]["gantt"] = gantt_figures(Case("paper", MODEL_2D, "opensora:balanced", PAPER_GPUS),
                                              args.hardware, figures, args.time_limit)
+    if not args.quick:  # the long-context table (Ulysses alone vs Ulysses x ring), its own JSON
+        import long_context
+
+        lc = long_context.run(args.hardware, args.time_limit)
+        long_context.JSON_PATH.write_text(json.dumps(lc, indent=1) + "\n")
+        print(f"wrote {long_context.JSON_PATH}")
     doc["meta"]["wall_s"] = time.perf_counter() - started
     path = args.json or ROOT / "benchmarks" / "results" / ("paper-quick.json" if args.quick else "paper.json")
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ from paper_tables import (
     detail_table,
     fmt_x,
     ilp_check,
+    long_context_section,
     main_table,
     measured_section,
     ok_cases,
@@ -163,6 +164,7 @@ the others wait (groups of its first batch here: {per_batch}). Against that base
 {_span(paper, ilp_vs)} faster here (last column of the table). The paper's bucket parallel fixes one SP size for the whole training from the dataset's longest
 sample, which this page uses; the best-static columns show how much of the rest a better static choice recovers.
 {scaling}
+{long_context_section()}
 ## Differences from the paper's setup
 
 - **Hardware numbers.** `{m['hardware']}` is {"a profile measured with `dcp profile`" if m['hardware_kind'] == 'measured'

@@ -172,6 +172,16 @@ def costmodel_section(results_dir: Path = ROOT / "benchmarks" / "results") -> st
     return render_section(json.loads(path.read_text()))
 
 
+def long_context_section(results_dir: Path = ROOT / "benchmarks" / "results") -> str:
+    """benchmarks/long_context.py's table (Ulysses alone against Ulysses x ring), if its JSON is there."""
+    path = results_dir / "long-context.json"
+    if not path.is_file():
+        return ""
+    from long_context import render_section
+
+    return render_section(json.loads(path.read_text()))
+
+
 def measured_section(results_dir: Path = ROOT / "benchmarks" / "results") -> str:
     """What benchmarks/gpu/run.sh measured on one H200, if its results are committed."""
     path = results_dir / "gpu-calibration-h200.json"

@@ -172,7 +172,7 @@ def planned_batches(spec: ModelSpec, state: ParallelState, options: RunOptions) 
 def step_summary(step: int, plan: Plan, stats: StepStats) -> str:
     """One log line: loss, loss tokens, the plan's groups (SP size: micro-batches), predicted
     versus measured step time."""
-    groups = " ".join(f"sp{g.sp}:{len(g.microbatches)}mb" for g in plan.groups)
+    groups = " ".join(f"sp{g.layout}:{len(g.microbatches)}mb" for g in plan.groups)
     return (f"step {step:3d} loss {stats.loss:.4f} tokens {stats.loss_tokens:5d} groups [{groups}] "
             f"predicted {stats.predicted_step_s * 1e3:8.2f} ms measured {stats.measured_step_s * 1e3:8.2f} ms")
 

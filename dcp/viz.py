@@ -75,7 +75,7 @@ def plan_gantt(plan: Plan, timeline: Timeline, path: str | Path | None = None, t
         if len(g.ranks) * row_pt >= 9 and g.microbatches:
             ckpt = sorted({mb.ckpt_layers for mb in g.microbatches})
             ckpt_text = f"{ckpt[0]}" if len(ckpt) == 1 else f"{ckpt[0]}-{ckpt[-1]}"
-            ax.annotate(f"sp {g.sp}, {len(g.microbatches)} mb, ckpt {ckpt_text}/{plan.num_layers}",
+            ax.annotate(f"sp {g.layout}, {len(g.microbatches)} mb, ckpt {ckpt_text}/{plan.num_layers}",
                         xy=(1.005, (top + bottom) / 2), xycoords=("axes fraction", "data"),
                         va="center", ha="left", fontsize=7 if row_pt * len(g.ranks) < 14 else 8)
     fig.tight_layout()

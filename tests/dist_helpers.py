@@ -115,9 +115,10 @@ def check_grads(results: list[list[GradResult]], tolerance: float, reference: st
         assert [r[3] for r in rank_results] == [r[3] for r in results[0]]
 
 
-def random_groups(rng: random.Random, ids: Sequence[int], layout: Sequence[tuple[int, int]], num_layers: int,
-                  microbatches: Sequence[int] | None = None) -> list[tuple[int, int, list[tuple[list[int], int]]]]:
-    """`manual_plan` groups over `layout` ((first rank, SP size) per group) for the samples `ids`:
+def random_groups(rng: random.Random, ids: Sequence[int], layout: Sequence[tuple[int, ...]], num_layers: int,
+                  microbatches: Sequence[int] | None = None) -> list[tuple[Any, ...]]:
+    """`manual_plan` groups over `layout` ((first rank, SP size[, ring degree]) per group) for the
+    samples `ids`:
     shuffled, at least `microbatches[g]` samples in group g (default one: no group without work),
     the rest spread at random; `microbatches[g]` micro-batches in group g (default 1-3 at random),
     random checkpointed layers."""
@@ -129,11 +130,11 @@ def random_groups(rng: random.Random, ids: Sequence[int], layout: Sequence[tuple
     for i in ids[bounds[-1]:]:
         per_group[rng.randrange(len(layout))].append(i)
     groups = []
-    for g, ((start, sp), members) in enumerate(zip(layout, per_group, strict=True)):
+    for g, (where, members) in enumerate(zip(layout, per_group, strict=True)):
         n_cuts = rng.randint(0, 2) if microbatches is None else microbatches[g] - 1
         cuts = sorted(rng.sample(range(1, len(members)), min(n_cuts, len(members) - 1)))
         chunks = [members[a:b] for a, b in zip([0, *cuts], [*cuts, len(members)], strict=True)]
-        groups.append((start, sp, [(c, rng.randint(0, num_layers)) for c in chunks]))
+        groups.append((where[0], where[1], [(c, rng.randint(0, num_layers)) for c in chunks], *where[2:]))
     return groups
 
 
@@ -145,7 +146,7 @@ def llama_spec() -> ModelSpec:
     return dataclasses.replace(load_model("tiny-llama"), heads=8, kv_heads=4)
 
 
-def random_case(spec: ModelSpec, seed: int, layout: Sequence[tuple[int, int]], num_gpus: int = 4, *,
+def random_case(spec: ModelSpec, seed: int, layout: Sequence[tuple[int, ...]], num_gpus: int = 4, *,
                 microbatches: Sequence[int] | None = None, gpus_per_node: int | None = None) -> Case:
     """A random plan over `layout`: odd lengths (padding), several samples packed per micro-batch,
     `microbatches[g]` micro-batches in group g (default 1-3 at random), random checkpointed layers."""

@@ -102,7 +102,8 @@ def bad_inputs_worker(rank: int, world: int) -> list[str]:
     from dcp.models import build_model, lm_loss, sample_tensors
 
     state = ParallelState.create(timeout_s=10)
-    spec = load_model("tiny-llama")  # 2 KV heads: SP 4 is impossible
+    # 2 heads: Ulysses over 4 ranks is impossible (a ring could take the rest: 2 x 2 would run)
+    spec = dataclasses.replace(load_model("tiny-llama"), heads=2, kv_heads=1)
     executor = Executor(build_model(spec, seed=0), state)
     batch = [Sample(i, n, attention_pairs("causal", n)) for i, n in enumerate([5, 8, 3, 6])]
     tensors = {s.id: sample_tensors(spec, s) for s in batch}
@@ -135,7 +136,7 @@ def bad_inputs_worker(rank: int, world: int) -> list[str]:
 
 def test_bad_inputs_give_clear_errors_on_every_rank() -> None:
     results = run_ranks(bad_inputs_worker, 4, deadline_s=90, pg_timeout_s=10)
-    expected = ["SP size 4, which does not divide the model's 4 heads and 2 KV heads",
+    expected = ["SP size 4 as Ulysses 4 x ring 1: Ulysses degree 4 does not divide the model's 2 heads",
                 "plan is for 2 GPUs but this job has 4 ranks",
                 "plan does not validate: sample 3 runs 2 times",
                 "rank 2: sample 2 is in the plan but missing from `samples`",

@@ -115,20 +115,29 @@ def test_unsupported_inputs_are_refused_clearly() -> None:
 
 
 def test_planner_is_told_the_sp_sizes_the_model_allows() -> None:
+    """Ulysses alone where it divides the heads and KV heads; beyond, Ulysses over whole heads
+    (KV heads replicated up to the query heads) with a ring over the rest, so every size runs."""
     from dcp.costmodel import Cluster, CostModel, TrainingSetup, load_hardware
     from dcp.executor.hf import allowed_sp_sizes
     from dcp.executor.hf_memory import measured_model_spec
     from dcp.planner.feasibility import allowed_sp_sizes as planner_sizes
 
-    for heads, kv, want in [(8, 4, [1, 2, 4]), (8, 8, [1, 2, 4, 8]), (6, 3, [1]), (12, 2, [1, 2])]:
+    for heads, kv, ulysses, layouts in [
+        (8, 4, [1, 2, 4], {8: ["8"]}),            # 8 over 4 KV heads: each replicated twice
+        (8, 8, [1, 2, 4, 8], {8: ["8"]}),
+        (6, 3, [1], {2: ["1x2"], 8: ["1x8"]}),     # 3 KV heads: no Ulysses degree above 1
+        (12, 2, [1, 2], {4: ["4"], 8: ["4x2"]}),  # 12 heads: Ulysses up to 4, a ring beyond
+    ]:
         config = tiny_config("llama", heads, kv)
-        assert allowed_sp_sizes(config, 8) == want
+        assert allowed_sp_sizes(config, 8, ulysses_only=True) == ulysses
+        assert allowed_sp_sizes(config, 8) == [1, 2, 4, 8]
         spec = measured_model_spec(config, "fp32", bytes_per_element=4)
         assert (spec.num_layers, spec.hidden, spec.heads, spec.kv_heads, spec.ffn_hidden, spec.vocab) == \
             (2, 8 * heads, heads, kv, 48, 96)
         cm = CostModel(spec, load_hardware("cpu"), Cluster(num_gpus=8, gpus_per_node=8, memory_bytes=1e10),
                        TrainingSetup(precision="fp32"))
-        assert planner_sizes(cm) == want
+        assert planner_sizes(cm) == [1, 2, 4, 8]
+        assert all([o.label for o in cm.layouts(p)] == want for p, want in layouts.items()), (heads, kv)
     assert allowed_sp_sizes(tiny_config("llama"), 2) == [1, 2]
 
 
@@ -177,7 +186,7 @@ def refused_heads_worker(rank: int, world: int) -> str:
 def test_two_ranks_match_plain_hf_and_refuse_unsplittable_heads() -> None:
     check_grads(run_ranks(grads_worker, 2, ["llama", "mistral"], 3, deadline_s=120), TOLERANCE, "plain HF")
     for error in run_ranks(refused_heads_worker, 2, deadline_s=60, pg_timeout_s=10):
-        assert "SP size 2, which does not divide the model's 6 heads and 3 KV heads" in error
+        assert "SP size 2 as Ulysses 2 x ring 1: Ulysses degree 2 and the model's 3 KV heads do not divide one another" in error
 
 
 def test_four_ranks_match_plain_hf() -> None:

@@ -231,8 +231,9 @@ def test_collectives_measured_over_two_gloo_ranks() -> None:
     fields, meta = results[0]["fields"], results[0]["meta"]
     assert meta["measured"] and meta["world"] == 2
     measured = {(c.op, c.gpus_per_node, c.nodes): c for c in fields["collectives"] if c.source.startswith("measured")}
-    # Every collective among the 2 ranks, one 'node' of 2 (the CPU run's ranks per node).
-    assert set(measured) == {(op, 2, 1) for op in COLLECTIVES}
+    # Every collective among the 2 ranks, one 'node' of 2 (the CPU run's ranks per node), and the
+    # ring's neighbour exchange inside it (none across nodes: there is one).
+    assert set(measured) == {(op, 2, 1) for op in COLLECTIVES} | {("send_recv", 2, 1)}
     assert all(len(c.points) >= 3 and c.alpha_beta()[1] > 0 for c in measured.values())
     kept = [c for c in fields["collectives"] if c not in measured.values()]
     assert kept and all(c in load_hardware("cpu").collectives for c in kept)  # the rest: the base preset's

@@ -91,3 +91,28 @@ def test_memory_by_stage_in_padded_units() -> None:
     stage2 = cost_model(gpus=8, zero_stage=2)
     assert stage2.static_bytes - stage2.resident_bytes - stage2.in_step_bytes == pytest.approx(
         cm.static_bytes - cm.resident_bytes)
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_ring_layouts_price_their_unhidden_transfers_in_the_schedule(stage: int) -> None:
+    """Llama-3-8B on 64 GPUs (8 KV heads: rings beyond 8): a group in 8 x 2 and one in 16 x 1 with
+    long micro-batches. Each group's micro-batches cost what `time_s` says in its layout, the
+    closed form equals the replay, and the replay shows the ring's unhidden transfers."""
+    from dcp.costmodel import SPLayout
+
+    cm = cost_model("llama-3-8b", gpus=64, zero_stage=stage)
+    t = 256_000
+    mbs = (MicroBatchShape(t, t * (t + 1) / 2, 4), MicroBatchShape(t // 4, t // 4 * (t // 4 + 1) / 2, 0))
+    ring, ulysses = SPLayout(8, 2), SPLayout(16, 1)
+    groups = [GroupShape(16, mbs, ring), GroupShape(16, mbs[:1], ulysses), GroupShape(16, (), None),
+              GroupShape(16, mbs[1:], None)]
+    fast, slow = cm.step_price(groups), cm.step_price(groups, spans=True)
+    assert fast.step_time_s == pytest.approx(slow.step_time_s, rel=1e-12)
+    assert fast.busy_s == pytest.approx(sum(cm.time_s(m.tokens, m.pairs, 16, m.ckpt_layers, ring) for m in mbs),
+                                        rel=1e-12)
+    ring_s = sum(e - s for s, e, kind, _ in slow.replay.spans[0] if kind == "ring")
+    lt = [cm.layer_times(m.tokens, m.pairs, 16, ring) for m in mbs]
+    k = cm.model.num_layers
+    expected = sum((k + m.ckpt_layers) * x.ring_fwd_s + k * x.ring_bwd_s for m, x in zip(mbs, lt, strict=True))
+    assert expected > 0 and ring_s == pytest.approx(expected, rel=1e-9)
+    assert not any(kind == "ring" for _, _, kind, _ in slow.replay.spans[1])  # Ulysses alone: no ring

@@ -1,5 +1,5 @@
 """ZeRO stages 1-3 on 4 and 8 gloo ranks: random plans whose groups run 1-4 micro-batches, mixed
-SP sizes and checkpointing, give single-process float64 gradients, and single-process parameters
+SP sizes (Ulysses, and Ulysses x ring) and checkpointing, give single-process float64 gradients, and single-process parameters
 after an AdamW step, within 1e-12; a plan or model a stage cannot run fails on every rank."""
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ from dcp.executor.reference import relative_diff as relative
 from dcp.planner import Sample
 
 TOLERANCE = 1e-12
-# (first rank, SP size) per group on 4 ranks; with one idle rank in the first.
-LAYOUTS_4 = [[(0, 2), (2, 1)], [(0, 1), (1, 1), (2, 2)], [(0, 2), (2, 1), (3, 1)]]
-LAYOUTS_8 = [[(0, 4), (4, 2), (6, 1), (7, 1)], [(0, 2), (2, 2), (4, 1), (5, 1), (6, 2)]]
+# (first rank, SP size[, ring degree]) per group on 4 ranks; with one idle rank in the first, a
+# ring of 2 (1 x 2) in the second; on 8 ranks a 2 x 2 Ulysses x ring group in the first.
+LAYOUTS_4 = [[(0, 2), (2, 1)], [(0, 1), (1, 1), (2, 2, 2)], [(0, 2), (2, 1), (3, 1)]]
+LAYOUTS_8 = [[(0, 4, 2), (4, 2), (6, 1), (7, 1)], [(0, 2), (2, 2), (4, 1), (5, 1), (6, 2)]]
 
 
-def cases(spec: ModelSpec, layouts: list[list[tuple[int, int]]], world: int, seed: int) -> list[Case]:
+def cases(spec: ModelSpec, layouts: list[list[tuple[int, ...]]], world: int, seed: int) -> list[Case]:
     """One random plan per layout, each group with 1-4 micro-batches (different counts per plan)."""
     rng = random.Random(seed)
     out = []

@@ -141,9 +141,10 @@ COLUMN_HELP = """\b
 Columns: step (s) is the predicted step time; bound (s) a proven lower bound on
 it (no plan of this batch can be faster); gap = (step - bound) / step, how much
 a better plan could still gain at most; idle is the share of all rank-seconds
-spent waiting for the slowest group; comm the share in all-to-alls, parameter
-gathers and the gradient all-reduce; groups "4x2 1x8" are four SP groups of 2
-GPUs and one of 8. For the ilp strategy, program says whether its integer program
+spent waiting for the slowest group; comm the share in all-to-alls, ring
+transfers, parameter gathers and the gradient all-reduce; groups "4x2 1x8" are
+four SP groups of 2 GPUs and one of 8 (Ulysses), "1x(8x4)" one group of 32 as
+Ulysses over 8 x a ring of 4 (beyond the heads). For the ilp strategy, program says whether its integer program
 ran to the end ("complete"), was cut short by --time-limit ("cut short"), was
 not needed (the warm start met the bound) or got no time ("not run"); limit hit
 "2/5" counts the steps cut short or not run."""

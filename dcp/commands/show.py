@@ -87,7 +87,7 @@ def show(plan_file: Path, step_index: int, gantt_path: Path | None, model: str |
         "share of rank-seconds: " + " | ".join(f"{k} {pct(v)}" for k, v in kind_shares(tl).items()),
         *([f"program: {program_outcome(the_plan)}; " + "; ".join(the_plan.notes)] if the_plan.strategy == "ilp" else []),
         table(group_rows(the_plan), {
-            "group": ("group", str), "ranks": ("ranks", str), "sp": ("sp", str),
+            "group": ("group", str), "ranks": ("ranks", str), "sp": ("sp", str), "layout": ("u x c", str),
             "microbatches": ("micro-batches", str), "samples": ("samples", str), "tokens": ("tokens", str),
             "ckpt_min": ("ckpt min", str), "ckpt_max": ("ckpt max", str), "busy_s": ("busy (s)", secs),
             "peak_memory_gb": ("peak GB", "{:.1f}".format)}),

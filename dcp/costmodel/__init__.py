@@ -6,6 +6,7 @@ hardware.py     HardwareProfile, LayerFit, TrainingSetup, Cluster: what it runs 
 collectives.py  CollectiveCurve: collectives priced from bus bandwidth against message size
 schema.py       profile schema versions and the migration of older profiles
 traffic.py      per-micro-batch weight traffic: autocast casts, gradient accumulation
+ring.py         SP layouts (Ulysses x ring) and ring attention's terms: steps, transfers, memory
 model.py        CostModel: time and memory of a micro-batch (the formulas, derived)
 presets.py      shipped presets and profile files
 
@@ -32,6 +33,7 @@ from dcp.costmodel.presets import (
     preset_names,
     save_hardware,
 )
+from dcp.costmodel.ring import SPLayout, sp_layouts
 from dcp.costmodel.spec import (
     ATTENTION_KINDS,
     AttentionKind,
@@ -44,7 +46,8 @@ __all__ = [
     "ATTENTION_KINDS", "COLLECTIVES", "DATASHEET_H200", "DTYPE_BYTES", "RECIPES", "DEFAULT_HARDWARE", "DEFAULT_MODEL",
     "MEASURED_H200", "PROFILE_SCHEMA_VERSION",
     "AttentionKind", "Cluster", "CollectiveCurve", "CostModel", "CostModelError",
-    "HardwareProfile", "LayerFit", "LayerTimes", "LinearCost", "ModelSpec", "PrecisionRecipe", "TrainingSetup",
+    "HardwareProfile", "LayerFit", "LayerTimes", "LinearCost", "ModelSpec", "PrecisionRecipe", "SPLayout",
+    "TrainingSetup",
     "attention_pairs", "bus_factor", "get_recipe", "group_shape", "load_hardware", "load_model", "preset_names",
-    "save_hardware",
+    "save_hardware", "sp_layouts",
 ]

@@ -9,6 +9,7 @@ factor making one rate comparable across rank counts n:
     all_gather      (n-1)/n     size: the whole output, n shards
     all_to_all      (n-1)/n     size: each rank's send buffer; 1/n of it stays on the rank
     broadcast       1           size: the buffer
+    send_recv       1           size: what each rank sends (and receives) in the exchange
 
 so time(size, n) = size x factor(n) / busbw(size). A `CollectiveCurve` holds the busbw of one
 collective against message size for one shape of group: `gpus_per_node` GPUs in each of `nodes`
@@ -31,19 +32,24 @@ from typing import Any, Literal
 
 from dcp.costmodel.spec import CostModelError, _from_dict
 
-CollectiveOp = Literal["all_to_all", "all_reduce", "reduce_scatter", "all_gather", "broadcast"]
+CollectiveOp = Literal["all_to_all", "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send_recv"]
 COLLECTIVES: tuple[str, ...] = ("all_to_all", "all_reduce", "reduce_scatter", "all_gather", "broadcast")
+"""The collectives every profile carries a curve of."""
+POINT_TO_POINT: tuple[str, ...] = ("send_recv",)
+"""Curves a profile may carry besides: ring attention's neighbour exchange (each rank sends a block
+to the next while receiving one from the previous), nccl-tests' sendrecv_perf (bus factor 1)."""
+KNOWN_OPS: tuple[str, ...] = COLLECTIVES + POINT_TO_POINT
 
 
 def bus_factor(op: str, ranks: int) -> float:
     """busbw / algbw of `op` on `ranks` ranks (nccl-tests doc/PERFORMANCE.md); 0 for one rank."""
-    if op not in COLLECTIVES:
-        raise CostModelError(f"unknown collective {op!r}; expected one of {COLLECTIVES}")
+    if op not in KNOWN_OPS:
+        raise CostModelError(f"unknown collective {op!r}; expected one of {KNOWN_OPS}")
     if ranks <= 1:
         return 0.0
     if op == "all_reduce":
         return 2 * (ranks - 1) / ranks
-    if op == "broadcast":
+    if op in ("broadcast", "send_recv"):
         return 1.0
     return (ranks - 1) / ranks
 
@@ -60,7 +66,7 @@ class CollectiveCurve:
     """Bus bandwidth of one collective against message size, on one shape of group."""
 
     op: str
-    """all_to_all, all_reduce, reduce_scatter, all_gather or broadcast."""
+    """all_to_all, all_reduce, reduce_scatter, all_gather, broadcast or send_recv."""
     gpus_per_node: int
     """GPUs of the group in each node."""
     nodes: int = 1
@@ -76,8 +82,8 @@ class CollectiveCurve:
 
     def __post_init__(self) -> None:
         where = f"{self.op} curve ({self.gpus_per_node} GPUs x {self.nodes} nodes)"
-        if self.op not in COLLECTIVES:
-            raise CostModelError(f"unknown collective {self.op!r}; expected one of {COLLECTIVES}")
+        if self.op not in KNOWN_OPS:
+            raise CostModelError(f"unknown collective {self.op!r}; expected one of {KNOWN_OPS}")
         if self.gpus_per_node < 1 or self.nodes < 1 or self.ranks < 2:
             raise CostModelError(f"{where}: GPUs per node and nodes must be positive, at least 2 ranks in all")
         points = tuple((float(m), float(b)) for m, b in self.points)

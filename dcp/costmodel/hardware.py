@@ -150,6 +150,19 @@ class HardwareProfile:
         assert curve is not None  # __post_init__ saw one of every collective
         return curve
 
+    def p2p(self, across_nodes: bool) -> CollectiveCurve:
+        """The send/recv curve between two GPUs of one node or of two nodes (ring attention's
+        neighbours). A profile without one (measured before rings, or a preset without a published
+        figure) falls back to the all-to-all among two GPUs of a node / across two nodes: NCCL runs
+        an all-to-all as grouped send/recv, so its bus bandwidth is a link's (an estimate)."""
+        shape = (1, 2) if across_nodes else (2, 1)
+        curve = nearest_curve(self.collectives, "send_recv", *shape)
+        if curve is not None and ((curve.nodes > 1) == across_nodes):
+            return curve
+        fallback = nearest_curve(self.collectives, "all_to_all", *((self.gpus_per_node, 2) if across_nodes else shape))
+        assert fallback is not None  # __post_init__ saw one of every collective
+        return fallback
+
     def collective_time_s(self, op: str, message_bytes: float, ranks: int, gpus_per_node: int) -> float:
         """Seconds of one `op` call on `message_bytes` among `ranks` aligned ranks."""
         if ranks <= 1:

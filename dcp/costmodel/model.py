@@ -28,16 +28,13 @@ from dataclasses import dataclass
 
 from dcp.costmodel.collectives import bus_factor
 from dcp.costmodel.hardware import Cluster, HardwareProfile, LayerFit, TrainingSetup
+from dcp.costmodel.layout_queries import LayoutQueries
 from dcp.costmodel.memory import footprint_for
+from dcp.costmodel.ring import SPLayout, kv_width, shard_tokens
 from dcp.costmodel.schedule import GroupShape, StepPrice, least_exposed_s, price_step
 from dcp.costmodel.spec import CostModelError, ModelSpec
 from dcp.costmodel.traffic import weight_traffic
 from dcp.costmodel.zero import in_step_bytes, padded, resident_bytes, unit_params
-
-
-def shard_tokens(tokens: float, sp_size: int) -> int:
-    """Tokens each GPU of an SP group holds: the micro-batch padded to a multiple of p, split."""
-    return math.ceil(tokens / sp_size - 1e-9)
 
 
 @dataclass(frozen=True)
@@ -62,10 +59,15 @@ class LayerTimes:
     """All-to-alls of one direction (forward or backward; they move the same bytes)."""
     rec_compute_s: float
     """Recompute when the layer is checkpointed (its all-to-alls are another comm_s)."""
+    ring_fwd_s: float = 0.0
+    """Ring transfers of the forward (and of a recompute) not hidden behind its attention."""
+    ring_bwd_s: float = 0.0
+    """Ring transfers of the backward not hidden, the last gradient block's return included."""
 
 
-class CostModel:
-    """Time and memory of a micro-batch for one model, hardware and training setup."""
+class CostModel(LayoutQueries):
+    """Time and memory of a micro-batch for one model, hardware and training setup; the layout
+    queries (Ulysses x ring) come from `LayoutQueries`."""
 
     def __init__(self, model: ModelSpec, hardware: HardwareProfile, cluster: Cluster,
                  training: TrainingSetup | None = None) -> None:
@@ -90,6 +92,8 @@ class CostModel:
         """Memory every micro-batch needs whatever its tokens: the training state and what the
         schedule gathers, autocast's weight copies, and the token-independent part of the peak."""
         self._linear: dict[tuple[int, int], LinearCost] = {}
+        self._layout_linear: dict[tuple[SPLayout, int], LinearCost] = {}
+        self._init_layouts()
 
     # -- coefficients --------------------------------------------------------------------
     def _derive_fit(self) -> LayerFit:
@@ -130,11 +134,20 @@ class CostModel:
             head_bytes_per_token=self.footprint.working_bytes_per_token,
         )
 
-    def layer_times(self, tokens: float, pairs: float, sp_size: int) -> LayerTimes:
-        """Per-GPU time of one layer for a micro-batch of `tokens`, `pairs` at SP size p."""
+    # -- layouts: Ulysses x ring (dcp.costmodel.ring) -------------------------------------------
+    def layer_times(self, tokens: float, pairs: float, sp_size: int, layout: SPLayout | None = None) -> LayerTimes:
+        """Per-GPU time of one layer for a micro-batch of `tokens`, `pairs` at SP size p, in
+        `layout` (default: the fastest for this micro-batch without checkpointing)."""
+        layout = layout or self.best_layout([(tokens, pairs, 0)], sp_size)
         fwd, bwd, rec = self._compute_linear(sp_size)
-        return LayerTimes(fwd(tokens, pairs), bwd(tokens, pairs), self._comm_linear(sp_size)(tokens, 0.0),
-                          rec(tokens, pairs))
+        ring = self._ring(layout)
+        exposed_f, exposed_b = ring.exposed_s(tokens, pairs)
+        extra_f = ring.extra_fixed_s + ring.fwd_extra_token_s * tokens
+        extra_b = ring.extra_fixed_s + ring.bwd_extra_token_s * tokens
+        home = (ring.step_latency_s + ring.grad_return_token_s * tokens) if layout.ring > 1 else 0.0
+        return LayerTimes(fwd(tokens, pairs) + extra_f, bwd(tokens, pairs) + extra_b,
+                          self._comm_linear(layout.ulysses, sp_size)(tokens, 0.0), rec(tokens, pairs) + extra_f,
+                          exposed_f, exposed_b + home)
 
     def _compute_linear(self, p: int) -> tuple[LinearCost, LinearCost, LinearCost]:
         """Forward, backward and recompute compute of one layer at SP size p (SP divides tokens
@@ -145,90 +158,101 @@ class CostModel:
                 LinearCost(f.bwd_fixed_s, f.bwd_per_token_s / p, f.bwd_per_pair_s / p),
                 LinearCost(rec_fixed, rec_tok / p, rec_pair / p))
 
-    def _comm_linear(self, p: int) -> LinearCost:
-        """One direction's all-to-alls of one layer: each moves (p-1)/p of the rank's T/p tokens, at
-        the alpha-beta fit of the all-to-all curve for a group of p (GPUs per node, nodes)."""
-        if p == 1:
+    def _comm_linear(self, u: int, p: int | None = None) -> LinearCost:
+        """One direction's all-to-alls of one layer among the u Ulysses ranks of an SP group of p
+        (default u): each moves (u-1)/u of the rank's T/p tokens, at the alpha-beta fit of the
+        all-to-all curve for a group of u (GPUs per node, nodes). KV heads replicated for u above
+        them travel as u heads."""
+        p = u if p is None else p
+        if u == 1:
             return LinearCost(0.0, 0.0, 0.0)
-        lat, bw = self.hardware.collective("all_to_all", p, self.cluster.gpus_per_node).alpha_beta()
-        per_tok = self.model.a2a_bytes_per_token() / p * bus_factor("all_to_all", p) / bw
+        lat, bw = self.hardware.collective("all_to_all", u, self.cluster.gpus_per_node).alpha_beta()
+        m = self.model
+        bytes_per_token = m.blocks_per_layer * (2 * m.hidden + 2 * kv_width(m, u)) * m.bytes_per_element
+        per_tok = bytes_per_token / p * bus_factor("all_to_all", u) / bw
         return LinearCost(self.model.a2a_per_layer * lat, per_tok, 0.0)
 
     def linear_time(self, sp_size: int, ckpt_layers: int) -> LinearCost:
-        """Micro-batch time as a linear function of (T, A) at SP size p with r checkpointed layers."""
-        # A pure function of (p, r) that planners ask thousands of times per batch: cache it.
+        """Micro-batch time as a linear function of (T, A) at SP size p with r checkpointed layers.
+
+        With one layout (Ulysses alone) it is exact. With several it is, coefficient by
+        coefficient, the least of the layouts' compute-bound forms (`ring.py`): a lower bound on
+        every layout's exact time, exact where the fastest layout's ring is compute-bound and its
+        fixed cost the least (long samples, where rings are used), which is what keeps the ILP's
+        coefficients lower bounds and its dual bound proven."""
         key = (sp_size, ckpt_layers)
-        if key not in self._linear:
-            fwd, bwd, rec = self._compute_linear(sp_size)
-            # Forward and backward each run the layer's all-to-alls; a recompute re-runs the
-            # forward's (DeepSpeed-Ulysses, arXiv 2309.14509).
-            comm = self._comm_linear(sp_size)
-            k, r = self.model.num_layers, ckpt_layers
-            head = self.fit.head_per_token_s / sp_size
-            self._linear[key] = LinearCost(
-                k * (fwd.fixed + bwd.fixed + 2 * comm.fixed) + r * (rec.fixed + comm.fixed)
-                + self.fit.microbatch_fixed_s,
-                k * (fwd.per_token + bwd.per_token + 2 * comm.per_token) + r * (rec.per_token + comm.per_token)
-                + head,
-                k * (fwd.per_pair + bwd.per_pair) + r * rec.per_pair,
-            )
+        if key not in self._linear:  # a pure function of (p, r) planners ask thousands of times: cached
+            forms = [self._linear_in(layout, ckpt_layers) for layout in self.layouts(sp_size)]
+            self._linear[key] = forms[0] if len(forms) == 1 else LinearCost(
+                min(f.fixed for f in forms), min(f.per_token for f in forms), min(f.per_pair for f in forms))
         return self._linear[key]
 
-    def activation_bytes_per_token(self, sp_size: int, ckpt_layers: int) -> float:
+    def _linear_in(self, layout: SPLayout, ckpt_layers: int) -> LinearCost:
+        """The linear part of a micro-batch's time in `layout`: exact without a ring, the ring's
+        transfers hidden with one (their compute-bound form)."""
+        key = (layout, ckpt_layers)
+        if key not in self._layout_linear:
+            p = layout.size
+            fwd, bwd, rec = self._compute_linear(p)
+            ring = self._ring(layout)
+            # Forward and backward each run the layer's all-to-alls; a recompute re-runs the
+            # forward's (DeepSpeed-Ulysses, arXiv 2309.14509), and the forward's ring steps.
+            comm = self._comm_linear(layout.ulysses, p)
+            home = (ring.step_latency_s, ring.grad_return_token_s) if layout.ring > 1 else (0.0, 0.0)
+            k, r = self.model.num_layers, ckpt_layers
+            head = self.fit.head_per_token_s / p
+            self._layout_linear[key] = LinearCost(
+                k * (fwd.fixed + bwd.fixed + 2 * comm.fixed + 2 * ring.extra_fixed_s + home[0])
+                + r * (rec.fixed + comm.fixed + ring.extra_fixed_s) + self.fit.microbatch_fixed_s,
+                k * (fwd.per_token + bwd.per_token + 2 * comm.per_token + ring.fwd_extra_token_s
+                     + ring.bwd_extra_token_s + home[1])
+                + r * (rec.per_token + comm.per_token + ring.fwd_extra_token_s) + head,
+                k * (fwd.per_pair + bwd.per_pair) + r * rec.per_pair,
+            )
+        return self._layout_linear[key]
+
+    def activation_bytes_per_token(self, sp_size: int, ckpt_layers: int, layout: SPLayout | None = None) -> float:
         """Activation bytes per token of the micro-batch on each GPU of its group: what the layers
         save (all of it, or a checkpointed layer's input), plus the peak's working memory (the
         larger of the logits/loss peak and one layer's backward with its recompute), all measured
         (dcp.costmodel.memory). SP divides tokens: each GPU holds T/p of them (Ulysses keeps q, k, v
-        of the whole sequence but 1/p of the heads: the same bytes)."""
-        f, k, r = self.footprint, self.model.num_layers, ckpt_layers
-        per_token = (k - r) * f.act_full_bytes_per_token + r * f.act_ckpt_bytes_per_token + f.working_bytes_per_token
-        return per_token / sp_size
+        of the whole sequence but 1/p of the heads: the same bytes). Without `layout`, the most any
+        layout of p needs (`ring.layout_extra_bytes`: replicated KV heads, the ring's buffers)."""
+        if layout is not None:
+            return self._gpu_token_bytes(layout, ckpt_layers) / sp_size
+        return self._envelope(sp_size)[ckpt_layers] / sp_size
 
     # -- the queries the planner makes ----------------------------------------------------
-    def time_s(self, tokens: float, pairs: float, sp_size: int, ckpt_layers: int) -> float:
-        """Predicted wall time of one micro-batch on its group."""
+    def time_s(self, tokens: float, pairs: float, sp_size: int, ckpt_layers: int,
+               layout: SPLayout | None = None) -> float:
+        """Predicted wall time of one micro-batch on its group, in `layout` (default: the fastest
+        of the group size's layouts for this micro-batch). Exact: with a ring it adds to the
+        linear form the transfers its attention does not hide (`ring.py`)."""
         self._check(tokens, sp_size, ckpt_layers)
-        return self.linear_time(sp_size, ckpt_layers)(tokens, pairs)
+        if layout is None:
+            return min(self.time_s(tokens, pairs, sp_size, ckpt_layers, o) for o in self.layouts(sp_size))
+        if layout.size != sp_size:
+            raise CostModelError(f"layout {layout.label} is not a group of {sp_size} GPUs")
+        exact = self._linear_in(layout, ckpt_layers)(tokens, pairs)
+        if layout.ring > 1:
+            exposed_f, exposed_b = self._ring(layout).exposed_s(tokens, pairs)
+            exact += (self.model.num_layers + ckpt_layers) * exposed_f + self.model.num_layers * exposed_b
+        return exact
 
-    def memory_bytes(self, tokens: float, sp_size: int, ckpt_layers: int) -> float:
-        """Peak memory per GPU while running one micro-batch. Each GPU of the group holds
-        ceil(T/p) tokens: the executor pads the packed micro-batch to a multiple of p."""
+    def memory_bytes(self, tokens: float, sp_size: int, ckpt_layers: int, layout: SPLayout | None = None) -> float:
+        """Peak memory per GPU while running one micro-batch in `layout` (default: the most any
+        layout of p needs). Each GPU of the group holds ceil(T/p) tokens (2 ceil(T/2p) under a ring):
+        the executor pads the packed micro-batch to a multiple of p (2p)."""
         self._check(tokens, sp_size, ckpt_layers)
-        per_gpu = self.activation_bytes_per_token(1, ckpt_layers)
-        return self.static_bytes + per_gpu * shard_tokens(tokens, sp_size)
-
-    def max_tokens(self, sp_size: int, ckpt_layers: int) -> int:
-        """Largest micro-batch (tokens) that fits memory at (p, r) and that the profile can price; 0 if none:
-        p times the tokens one GPU's room holds, so that the padded shards fit too."""
-        room = self.cluster.memory_bytes - self.static_bytes
-        if room <= 0:
-            return 0
-        fits = sp_size * int(room // self.activation_bytes_per_token(1, ckpt_layers))
-        return int(min(fits, self.priceable_tokens(sp_size)))
+        options = (layout,) if layout is not None else self.layouts(sp_size)
+        return self.static_bytes + max(self._gpu_token_bytes(o, ckpt_layers) * shard_tokens(tokens, sp_size, o.ring)
+                                       for o in options)
 
     def priceable_tokens(self, sp_size: int) -> float:
         """Largest micro-batch a fitted profile may price at SP size p (inf for FLOP-derived ones):
         beyond `extrapolation_factor` times the largest fitted point the model refuses to guess."""
         cap = self.fit.max_fitted_tokens
         return cap * self.hardware.extrapolation_factor * sp_size if cap else math.inf
-
-    def min_ckpt_layers(self, tokens: float, sp_size: int) -> int | None:
-        """Fewest checkpointed layers for which `tokens` fit at SP size p; None if even K does not,
-        or if the micro-batch lies beyond the range the profile can price."""
-        if tokens > self.priceable_tokens(sp_size):
-            return None
-        k = self.model.num_layers
-        room = self.cluster.memory_bytes - self.static_bytes
-        per_gpu = shard_tokens(tokens, sp_size)
-        base = self.activation_bytes_per_token(1, 0) * per_gpu
-        # Memory falls linearly in r: each checkpointed layer saves the same bytes per token.
-        saved = (self.activation_bytes_per_token(1, 0) - self.activation_bytes_per_token(1, 1)) * per_gpu
-        if base <= room:
-            return 0
-        if saved <= 0:
-            return None
-        r = math.ceil((base - room) / saved - 1e-9)
-        return r if r <= k else None
 
     def grad_sync_s(self) -> float:
         """The least the step's synchronization adds beyond the slowest group's micro-batches,

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dcp.costmodel.events import Op, Replay, replay
+from dcp.costmodel.ring import SPLayout
 from dcp.costmodel.schedule_fast import independent_s, lockstep_s
 from dcp.costmodel.zero import padded, unit_params
 
@@ -60,6 +61,12 @@ class GroupShape:
 
     sp: int
     microbatches: tuple[MicroBatchShape, ...]
+    layout: SPLayout | None = None
+    """Its Ulysses x ring layout; None: each micro-batch in its fastest (as `CostModel.time_s`)."""
+
+    def layout_of(self, cm: CostModel, mb: MicroBatchShape) -> SPLayout:
+        """The layout `mb` runs in."""
+        return self.layout or cm.best_layout([(mb.tokens, mb.pairs, mb.ckpt_layers)], self.sp)
 
 
 @dataclass
@@ -114,20 +121,25 @@ class _Step:
         self.root = self.k
 
     # -- pieces ----------------------------------------------------------------------------------
-    def forward(self, mb: MicroBatchShape, sp: int, i: int) -> tuple[list[Op], Op]:
-        """One layer's forward ops and the head (forward and backward, lumped as `microbatch_phases` does)."""
-        lt, f = self.cm.layer_times(mb.tokens, mb.pairs, sp), self.cm.fit
+    def forward(self, mb: MicroBatchShape, group: GroupShape, i: int) -> tuple[list[Op], Op]:
+        """One layer's forward ops (the ring transfers its attention does not hide included) and
+        the head (forward and backward, lumped as `microbatch_phases` does)."""
+        sp = group.sp
+        lt, f = self.cm.layer_times(mb.tokens, mb.pairs, sp, group.layout_of(self.cm, mb)), self.cm.fit
         head = f.head_per_token_s * mb.tokens / sp + f.microbatch_fixed_s
-        return ([("compute", lt.fwd_compute_s, "forward", i), ("compute", lt.comm_s, "all_to_all", i)],
+        return ([("compute", lt.fwd_compute_s, "forward", i), ("compute", lt.comm_s, "all_to_all", i),
+                 ("compute", lt.ring_fwd_s, "ring", i)],
                 ("compute", head, "forward", i))
 
-    def backward(self, mb: MicroBatchShape, sp: int, i: int, layer: int) -> list[Op]:
+    def backward(self, mb: MicroBatchShape, group: GroupShape, i: int, layer: int) -> list[Op]:
         """Layer `layer`'s backward ops, its recompute first when it is checkpointed."""
-        lt = self.cm.layer_times(mb.tokens, mb.pairs, sp)
+        lt = self.cm.layer_times(mb.tokens, mb.pairs, group.sp, group.layout_of(self.cm, mb))
         ops: list[Op] = []
         if layer < mb.ckpt_layers:
-            ops += [("compute", lt.rec_compute_s, "recompute", i), ("compute", lt.comm_s, "all_to_all", i)]
-        return ops + [("compute", lt.bwd_compute_s, "backward", i), ("compute", lt.comm_s, "all_to_all", i)]
+            ops += [("compute", lt.rec_compute_s, "recompute", i), ("compute", lt.comm_s, "all_to_all", i),
+                    ("compute", lt.ring_fwd_s, "ring", i)]
+        return ops + [("compute", lt.bwd_compute_s, "backward", i), ("compute", lt.comm_s, "all_to_all", i),
+                      ("compute", lt.ring_bwd_s, "ring", i)]
 
     def reduce(self, unit: int, slot: int = 0) -> int:
         return self.coll(("reduce", slot, unit), self.reduce_s[unit], "allreduce")
@@ -153,10 +165,10 @@ class _Step:
         issued: list[int] = []
         for i, mb in enumerate(mbs):
             last = overlap and i == len(mbs) - 1
-            layer_ops, head = self.forward(mb, group.sp, i)
+            layer_ops, head = self.forward(mb, group, i)
             ops += layer_ops * self.k + [head]
             for layer in reversed(range(self.k)):
-                ops += self.backward(mb, group.sp, i, layer)
+                ops += self.backward(mb, group, i, layer)
                 if last:
                     issued.append(self.reduce(layer))
                     ops.append(("issue", issued[-1]))
@@ -193,7 +205,7 @@ class _Step:
             if overlap:
                 ops.append(("issue", order[0]))
             _use(ops, order, 0, overlap)
-            layer_ops, head = self.forward(mb, group.sp, j) if mb else ([], None)
+            layer_ops, head = self.forward(mb, group, j) if mb else ([], None)
             for layer in range(self.k):
                 _use(ops, order, 1 + layer, overlap)
                 ops += layer_ops
@@ -203,7 +215,7 @@ class _Step:
                 if layer < self.k - 1:
                     _use(ops, order, self.k + 1 + (self.k - 2 - layer), overlap)
                 if mb:
-                    ops += self.backward(mb, group.sp, j, layer)
+                    ops += self.backward(mb, group, j, layer)
                 reduce_scatter(layer, j)
             reduce_scatter(self.root, j)
         self.finish(ops, inflight)
@@ -228,7 +240,8 @@ def price_step(cm: CostModel, groups: Sequence[GroupShape], idle_ranks: bool = F
     With `spans` the rank programs are replayed (`events.replay`) and every group's spans kept;
     without, the same time comes from the closed form of `schedule_fast`."""
     step = _Step(cm)
-    per_group = [sum(cm.time_s(mb.tokens, mb.pairs, g.sp, mb.ckpt_layers) for mb in g.microbatches) for g in groups]
+    per_group = [sum(cm.time_s(mb.tokens, mb.pairs, g.sp, mb.ckpt_layers, g.layout) for mb in g.microbatches)
+                 for g in groups]
     busy = max(per_group, default=0.0)
     if not spans:
         if step.stage >= 3:

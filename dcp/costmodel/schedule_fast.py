@@ -28,12 +28,14 @@ if TYPE_CHECKING:
     from dcp.costmodel.schedule import GroupShape, MicroBatchShape, _Step
 
 
-def _layer_costs(step: _Step, mb: MicroBatchShape, sp: int) -> tuple[float, float, float, float]:
+def _layer_costs(step: _Step, mb: MicroBatchShape, group: GroupShape) -> tuple[float, float, float, float]:
     """(one layer's forward, the head, one layer's backward, its recompute) of a micro-batch,
-    all-to-alls included."""
-    lt, f = step.cm.layer_times(mb.tokens, mb.pairs, sp), step.cm.fit
+    all-to-alls and unhidden ring transfers included."""
+    sp = group.sp
+    lt, f = step.cm.layer_times(mb.tokens, mb.pairs, sp, group.layout_of(step.cm, mb)), step.cm.fit
     head = f.head_per_token_s * mb.tokens / sp + f.microbatch_fixed_s
-    return lt.fwd_compute_s + lt.comm_s, head, lt.bwd_compute_s + lt.comm_s, lt.rec_compute_s + lt.comm_s
+    return (lt.fwd_compute_s + lt.comm_s + lt.ring_fwd_s, head, lt.bwd_compute_s + lt.comm_s + lt.ring_bwd_s,
+            lt.rec_compute_s + lt.comm_s + lt.ring_fwd_s)
 
 
 def independent_s(step: _Step, groups: Sequence[GroupShape], busy: Sequence[float], overlap: bool) -> float:
@@ -49,7 +51,7 @@ def independent_s(step: _Step, groups: Sequence[GroupShape], busy: Sequence[floa
                 release[u] = max(release[u], busy_c)
             continue
         last = g.microbatches[-1]
-        _, _, bwd, rec = _layer_costs(step, last, g.sp)
+        _, _, bwd, rec = _layer_costs(step, last, g)
         below = 0.0  # backward still to run after layer u's: layers u-1 .. 0
         for u in range(k):
             release[u] = max(release[u], busy_c - below)
@@ -75,7 +77,7 @@ def lockstep_s(step: _Step, groups: Sequence[GroupShape], idle_ranks: bool, over
         ckpt = np.zeros(len(members))
         for c, g in enumerate(members):
             if g is not None and j < len(g.microbatches):
-                costs[c] = _layer_costs(step, g.microbatches[j], g.sp)
+                costs[c] = _layer_costs(step, g.microbatches[j], g)
                 ckpt[c] = g.microbatches[j].ckpt_layers
         fwd, head, bwd, rec = costs.T
         clocks.slot(gathers)

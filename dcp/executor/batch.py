@@ -1,7 +1,8 @@
 """Packing one micro-batch's samples into the shard a rank runs.
 
 Per-token tensors (first dimension = the sample's tokens) are concatenated in plan order, padded
-to a multiple of the SP size and sliced to the rank's contiguous shard. Per-sample tensors (e.g.
+to a multiple of the SP size and cut to the rank's shard (contiguous, or its zigzag chunks under a
+ring: `PackedSeqs.take`). Per-sample tensors (e.g.
 STDiT's caption tokens, `cond`) are concatenated whole on every rank of the group: they are
 short, and every query shard needs its sample's full conditioning.
 """
@@ -56,15 +57,16 @@ def check_sample_tensors(ids: Sequence[int], specs: Mapping[int, Sample], sample
 def pack_microbatch(ids: Sequence[int], specs: Mapping[int, Sample], samples: Mapping[int, SampleTensors], *,
                     sp_size: int, sp_rank: int, device: torch.device,
                     per_sample_keys: Sequence[str] = ("cond",),
-                    pad_values: Mapping[str, float] | None = None) -> PackedBatch:
-    """This rank's shard of the micro-batch `ids` (plan order) for an SP group of `sp_size`."""
+                    pad_values: Mapping[str, float] | None = None, ring: int = 1) -> PackedBatch:
+    """This rank's shard of the micro-batch `ids` (plan order) for an SP group of `sp_size`
+    (of which `ring` is the ring degree)."""
     pad_values = pad_values or {}
     first = samples[ids[0]]
     cond_key = next((k for k in per_sample_keys if k in first), None)
     seqs = PackedSeqs.pack(
         [specs[i].tokens for i in ids], [specs[i].frames for i in ids], sp_size, sp_rank,
         cond_lengths=None if cond_key is None else [samples[i][cond_key].shape[0] for i in ids],
-        device=device)
+        device=device, ring=ring)
     tensors = {}
     for key in first:
         parts = [samples[i][key] for i in ids]
@@ -75,5 +77,5 @@ def pack_microbatch(ids: Sequence[int], specs: Mapping[int, Sample], samples: Ma
             pad = parts[0].new_full((seqs.num_pad, *parts[0].shape[1:]), pad_values.get(key, 0))
             parts.append(pad)
         # Only the shard's rows are copied to the device.
-        tensors[key] = torch.cat(parts)[seqs.start:seqs.end].to(device, non_blocking=True)
+        tensors[key] = seqs.take(torch.cat(parts)).to(device, non_blocking=True)
     return PackedBatch(tensors, seqs)

@@ -5,8 +5,8 @@
     optimizer.step(); optimizer.zero_grad()         # optimizer = executor_optimizer(executor, lr=...)
 
 Every rank runs its group's micro-batches one after another: forward and backward with Ulysses
-attention in the group and the first `ckpt_layers` layers checkpointed, the loss a plain sum
-over its shard's loss tokens. The ZeRO schedule (dcp.executor.sharding) reduces the gradients
+(and ring) attention in the group and the first `ckpt_layers` layers checkpointed, the loss a plain
+sum over its shard's loss tokens. The ZeRO schedule (dcp.executor.sharding) reduces the gradients
 over the world, each layer's as soon as the last micro-batch's backward has produced it, and
 divides them by the global loss-token count; at stage 3 every rank runs the plan's micro-batch
 slots in lockstep (empty passes where its group has fewer). Whatever the plan and the stage, the
@@ -31,11 +31,12 @@ from dcp.executor.checkpoint import CheckpointSwitches
 from dcp.executor.comm import broadcast_params
 from dcp.executor.parallel_state import ParallelState
 from dcp.executor.plan_check import ExecutorError, agree_on_plan, check_plan
+from dcp.executor.ring_comm import ring_peers
 from dcp.executor.sharding import ZERO_STAGES, ZeroSchedule
 from dcp.executor.ulysses import SPContext, install_ulysses
 from dcp.models.losses import IGNORE_INDEX
 from dcp.models.precision import check_param_dtypes, forward_autocast, recipe_for_model
-from dcp.planner.plan import Plan
+from dcp.planner.plan import Group, Plan
 
 LossFn = Callable[[torch.Tensor, PackedBatch], tuple[torch.Tensor, torch.Tensor]]
 """(model output, packed batch) -> (loss summed over the shard's loss tokens, their count)."""
@@ -155,7 +156,7 @@ class Executor:
         cuda = state.device.type == "cuda"
         mbs = group.microbatches if group else []
         if group is not None:
-            self.ctx.group, self.ctx.size = state.group(group.ranks[0], group.sp), group.sp
+            self._enter_group(group)
         try:
             # Stage 3 runs every slot of the plan on every rank (empty passes past its own).
             for slot in range(self.zero.slots(plan, group)):
@@ -169,7 +170,8 @@ class Executor:
                 with timer, self.zero.microbatch(last=slot == len(mbs) - 1):
                     batch = pack_microbatch(mb.samples, specs, samples, sp_size=group.sp,
                                             sp_rank=state.rank - group.ranks[0], device=state.device,
-                                            per_sample_keys=self.per_sample_keys, pad_values=self.pad_values)
+                                            per_sample_keys=self.per_sample_keys, pad_values=self.pad_values,
+                                            ring=group.ring)
                     self.switches.set(mb.ckpt_layers)
                     with self._autocast():
                         out = self.forward_fn(self.model, batch)
@@ -180,7 +182,7 @@ class Executor:
                 loss_tokens += mb_tokens.detach().double() if torch.is_tensor(mb_tokens) else float(mb_tokens)
                 timers.append(timer)
         finally:
-            self.ctx.group, self.ctx.size = None, 1
+            self.ctx.group, self.ctx.size, self.ctx.rank, self.ctx.ring = None, 1, 0, None
         sync_start = time.perf_counter()
         total_loss, total_tokens = self.zero.finish(loss_sum, loss_tokens)
         now = time.perf_counter()
@@ -195,6 +197,14 @@ class Executor:
             stats = self._gather(stats)
         return StepStats(total_loss / total_tokens, round(total_tokens), plan.step_time_s, now - start,
                          now - sync_start, stats)
+
+    def _enter_group(self, group: Group) -> None:
+        """Point the SP context at this rank's Ulysses group (its u consecutive ranks) and ring."""
+        sp_rank = self.state.rank - group.ranks[0]
+        u = group.ulysses
+        self.ctx.group = self.state.group(group.ranks[0] + sp_rank // u * u, u)
+        self.ctx.size, self.ctx.rank = group.sp, sp_rank
+        self.ctx.ring = ring_peers(group.ranks[0], u, group.ring, sp_rank) if group.ring > 1 else None
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         return forward_autocast(self.recipe, self.state.device.type)

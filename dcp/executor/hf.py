@@ -7,11 +7,12 @@
 
 Importing this module registers "dcp" with transformers' AttentionInterface. `hf_executor` sets
 the model's `attn_implementation` to it, so every attention module that dispatches through the
-interface (Llama, Mistral, Qwen2, ...) runs Ulysses attention in the SP group of the micro-batch
-being run. The model sees one packed micro-batch shard at a time, as batch size 1:
+interface (Llama, Mistral, Qwen2, ...) runs Ulysses (and ring) attention in the SP group of the
+micro-batch being run. The model sees one packed micro-batch shard at a time, as batch size 1:
 
 - `position_ids` restart at 0 for every sample and are the *global* (unsharded) positions of the
-  shard's tokens, so RoPE rotates exactly as it would for the sample alone;
+  shard's tokens (its zigzag chunks under a ring), so RoPE rotates exactly as it would for the
+  sample alone;
 - the packing layout (`PackedSeqs`, passed as the `dcp_seqs` keyword, which transformers hands
   through to the attention function) keeps samples apart: after the all-to-all each rank runs
   block-diagonal causal varlen attention over the whole sequence for its heads;
@@ -29,7 +30,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 try:
@@ -53,14 +53,15 @@ CONTEXT_ATTR = "dcp_sp_context"
 parameter, no state-dict entry)."""
 
 
-def _layout(q_len: int, sp_size: int, sp_rank: int, device: torch.device, dcp_seqs: PackedSeqs | None,
+def _layout(q_len: int, ctx: SPContext, device: torch.device, dcp_seqs: PackedSeqs | None,
             cu_seq_lens: torch.Tensor | None, position_ids: torch.Tensor | None) -> PackedSeqs:
     """The packing layout of the micro-batch, from the most direct source available."""
+    sp_size = ctx.size
     if dcp_seqs is not None:  # from hf_forward: host-side, no device sync per layer
         return dcp_seqs
     if cu_seq_lens is not None:  # HF's flattening convention, over the whole (unsharded) sequence
         lengths = cu_seq_lens.diff().tolist()
-        return PackedSeqs.pack(lengths, sp_size=sp_size, sp_rank=sp_rank, device=device)
+        return PackedSeqs.pack(lengths, sp_size=sp_size, sp_rank=ctx.rank, device=device, ring=ctx.ring_size)
     if sp_size > 1:
         raise ValueError("under sequence parallelism dcp attention needs the layout of the whole packed sequence: "
                          "run the model through dcp.executor.hf.hf_forward, or pass cu_seq_lens_q")
@@ -92,8 +93,7 @@ def dcp_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, val
                          f"queries); got query {tuple(query.shape)}, key {tuple(key.shape)}. For generation switch "
                          "back, e.g. model.set_attn_implementation('sdpa')")
     ctx = getattr(module, CONTEXT_ATTR, None) or SPContext()
-    sp_rank = dist.get_rank(ctx.group) if ctx.size > 1 else 0
-    seqs = _layout(query.shape[2], ctx.size, sp_rank, query.device, dcp_seqs, cu_seq_lens_q, position_ids)
+    seqs = _layout(query.shape[2], ctx, query.device, dcp_seqs, cu_seq_lens_q, position_ids)
     if sliding_window is not None:
         longest = max(seqs.lengths[:seqs.num_real])
         if longest > sliding_window:  # inside the window every earlier token is visible: plain causal

@@ -26,15 +26,17 @@ def model_heads(config: Any) -> tuple[int, int]:
     return heads, int(getattr(config, "num_key_value_heads", None) or heads)
 
 
-def allowed_sp_sizes(config: Any, world_size: int) -> list[int]:
-    """SP sizes Ulysses can run the model at on `world_size` ranks: aligned powers of two (the
-    executor's groups) that divide both the heads and the KV heads, which Ulysses shards."""
+def allowed_sp_sizes(config: Any, world_size: int, *, ulysses_only: bool = False) -> list[int]:
+    """SP sizes the executor can run the model at on `world_size` ranks: aligned powers of two
+    (the executor's groups). A causal or full self-attention model runs any of them: Ulysses over
+    the heads and a ring over the rest (dcp.costmodel.ring.sp_layouts is what the planner picks);
+    `ulysses_only`: the sizes Ulysses alone shards, dividing both the heads and the KV heads."""
     if world_size <= 0:
         raise ValueError(f"world size must be positive, got {world_size}")
     heads, kv_heads = model_heads(config)
     sizes, p = [], 1
     while p <= world_size:
-        if heads % p == 0 and kv_heads % p == 0:
+        if not ulysses_only or (heads % p == 0 and kv_heads % p == 0):
             sizes.append(p)
         p *= 2
     return sizes
@@ -43,7 +45,7 @@ def allowed_sp_sizes(config: Any, world_size: int) -> list[int]:
 def model_spec_from_hf_config(config: Any, *, name: str | None = None, bytes_per_element: int = 2,
                               mlp: Literal["swiglu", "gelu"] = "swiglu") -> ModelSpec:
     """The cost model's ModelSpec of a transformers decoder config. The planner's own SP filter
-    (dcp.planner.common.allowed_sp_sizes) reads heads and KV heads from it, so a cost model built
+    (dcp.planner.feasibility.allowed_sp_sizes) reads heads and KV heads from it, so a cost model built
     on this spec never plans an SP size the model refuses.
 
     `bytes_per_element`: 2 for bf16/fp16 training, 4 for fp32. `mlp`: "swiglu" for the gated

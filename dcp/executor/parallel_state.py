@@ -4,7 +4,9 @@ every aligned power-of-two block of ranks, created once at start, in one order, 
 Creating groups lazily mid-run would need every rank (members or not) to call new_group at the
 same moment; a plan that puts ranks in different groups makes that a deadlock. So all of them
 exist from the start, and each is warmed with a tiny collective so that connection setup (NCCL
-communicator init) happens here and not inside the first timed micro-batch.
+communicator init) happens here and not inside the first timed micro-batch. Ring attention's
+point-to-point sends need no group of their own (they go over the world group by global rank),
+but every pair of ring neighbours exchanges a tiny tensor here too.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from dcp.executor.ring_comm import warm_rings
 
 
 def aligned_blocks(world_size: int) -> list[tuple[int, int]]:
@@ -80,6 +84,9 @@ class ParallelState:
                     dist.all_reduce(torch.ones(1, device=state.device), group=group)
             for group in zero:
                 dist.all_reduce(torch.ones(1, device=state.device), group=group)
+            # Ring attention sends point-to-point over the world group: connect every ring now.
+            dist.all_reduce(torch.ones(1, device=state.device))
+            warm_rings(world, rank, state.device)
         return state
 
     @property

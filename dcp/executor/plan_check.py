@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from dcp.executor.parallel_state import ParallelState
+from dcp.executor.ulysses import ulysses_heads_error
 from dcp.planner.plan import Plan, PlanError
 
 
@@ -33,9 +34,10 @@ def check_plan(plan: Plan, state: ParallelState, num_layers: int, heads: tuple[i
     if heads is not None:
         h, kv = heads
         for gi, g in enumerate(plan.groups):
-            if h % g.sp or kv % g.sp:
-                raise ExecutorError(f"group {gi} (ranks {g.ranks}) has SP size {g.sp}, which does not divide "
-                                    f"the model's {h} heads and {kv} KV heads (Ulysses shards heads)")
+            problem = ulysses_heads_error(h, kv, g.ulysses)
+            if problem:
+                raise ExecutorError(f"group {gi} (ranks {g.ranks}) has SP size {g.sp} as Ulysses {g.ulysses} x ring "
+                                    f"{g.ring}: {problem} (Ulysses shards heads; a ring can take the rest)")
 
 
 def agree_on_plan(plan: Plan, state: ParallelState, local_error: str | None = None) -> None:

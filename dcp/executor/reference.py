@@ -9,6 +9,7 @@ benchmarks and scripted runs.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -72,17 +73,18 @@ def in_unit_order(executor: Executor, model: nn.Module, reference: nn.Module) ->
 
 
 def manual_plan(batch: Sequence[Sample], num_gpus: int, num_layers: int,
-                groups: Sequence[tuple[int, int, Sequence[tuple[Sequence[int], int]]]], *,
+                groups: Sequence[tuple[Any, ...]], *,
                 gpus_per_node: int | None = None, time_s: Callable[[Sequence[int], int, int], float] | None = None,
                 strategy: str = "manual") -> Plan:
-    """A validated Plan from (first rank, SP size, [(sample ids, checkpointed layers), ...]) per
-    group. Times default to the group's tokens / SP size (consistent, not a prediction)."""
+    """A validated Plan from (first rank, SP size, [(sample ids, checkpointed layers), ...][, ring
+    degree]) per group (ring degree 1, Ulysses only, when left out). Times default to the group's
+    tokens / SP size (consistent, not a prediction)."""
     tokens = {s.id: s.tokens for s in batch}
     time_s = time_s or (lambda ids, sp, _r: sum(tokens[i] for i in ids) / sp * 1e-6)
     plan_groups = [
-        Group(list(range(start, start + sp)), sp,
-              [MicroBatch(list(ids), r, time_s(ids, sp, r), 0.0) for ids, r in mbs])
-        for start, sp, mbs in groups
+        Group(list(range(g[0], g[0] + g[1])), g[1],
+              [MicroBatch(list(ids), r, time_s(ids, g[1], r), 0.0) for ids, r in g[2]], g[3] if len(g) > 3 else 1)
+        for g in groups
     ]
     busy = max((g.busy_s for g in plan_groups), default=0.0)
     return Plan(strategy=strategy, num_gpus=num_gpus, gpus_per_node=gpus_per_node or num_gpus,

@@ -275,17 +275,25 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: Pa
 
 def attention_mask(seqs: PackedSeqs, kind: str) -> torch.Tensor:
     """[N, N] bool, True where query i may attend to key j (the definition the fast paths follow)."""
-    seg, pos = seqs.segment_ids_full(), seqs.full().positions()
+    every = torch.arange(seqs.total, device=seqs.device)
+    return pair_mask(seqs, kind, every, every)
+
+
+def pair_mask(seqs: PackedSeqs, kind: str, rows_q: torch.Tensor, rows_k: torch.Tensor) -> torch.Tensor:
+    """[len(rows_q), len(rows_k)] bool: may the query at packed position rows_q[i] attend to the key
+    at rows_k[j] (`attention_mask` restricted to those rows and columns; ring attention's blocks)."""
+    seg, pos = seqs.segment_ids_full(), seqs.positions_full()
     per_frame = (torch.tensor(seqs.lengths) // torch.tensor(seqs.frames)).to(seg.device)[seg]
-    allow = seg.unsqueeze(1) == seg.unsqueeze(0)
+    sq, sk, pq, pk = seg[rows_q], seg[rows_k], pos[rows_q], pos[rows_k]
+    allow = sq.unsqueeze(1) == sk.unsqueeze(0)
     if kind == "causal":
-        allow &= pos.unsqueeze(1) >= pos.unsqueeze(0)
+        allow &= pq.unsqueeze(1) >= pk.unsqueeze(0)
     elif kind == "spatial":
-        frame = pos // per_frame
-        allow &= frame.unsqueeze(1) == frame.unsqueeze(0)
+        fq, fk = pq // per_frame[rows_q], pk // per_frame[rows_k]
+        allow &= fq.unsqueeze(1) == fk.unsqueeze(0)
     elif kind == "temporal":
-        where = pos % per_frame
-        allow &= where.unsqueeze(1) == where.unsqueeze(0)
+        wq, wk = pq % per_frame[rows_q], pk % per_frame[rows_k]
+        allow &= wq.unsqueeze(1) == wk.unsqueeze(0)
     return allow
 
 
@@ -309,13 +317,18 @@ def cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: Pac
     forced = _FORCED.get()
     sdpa = F.scaled_dot_product_attention if forced is None else forced[1]
     out = torch.zeros_like(q)
-    offsets, c0 = seqs.offsets(), 0
-    for i in range(seqs.num_real):
+    if seqs.ring == 1:  # the shard is contiguous: each sample's rows are one slice
+        offsets = seqs.offsets()
+        rows = [slice(max(offsets[i], seqs.start) - seqs.start, max(min(offsets[i + 1], seqs.end) - seqs.start, 0))
+                for i in range(seqs.num_real)]
+    else:  # ring order: a sample's rows are wherever its segment id is
+        seg = seqs.segment_ids()
+        rows = [torch.nonzero(seg == i).flatten() for i in range(seqs.num_real)]
+    c0 = 0
+    for i, where in enumerate(rows):
         c1 = c0 + seqs.cond_lengths[i]
-        a, b = max(offsets[i], seqs.start), min(offsets[i + 1], seqs.end)
-        if a < b and c1 > c0:
-            o = sdpa(q[a - seqs.start:b - seqs.start].transpose(0, 1), k[c0:c1].transpose(0, 1),
-                     v[c0:c1].transpose(0, 1))
-            out[a - seqs.start:b - seqs.start] = o.transpose(0, 1)
+        if q[where].shape[0] and c1 > c0:
+            o = sdpa(q[where].transpose(0, 1), k[c0:c1].transpose(0, 1), v[c0:c1].transpose(0, 1))
+            out[where] = o.transpose(0, 1)
         c0 = c1
     return out

@@ -56,6 +56,12 @@ def smallest_fitting_sp(tokens: int, cm: CostModel, sizes: Sequence[int]) -> int
     for p in sorted(sizes):
         if cm.min_ckpt_layers(tokens, p) is not None:
             return p
+    largest = max(sizes)
+    if tokens > cm.priceable_tokens(largest):
+        raise InfeasibleError(f"a sample of {tokens} tokens is beyond what the profile can price even at SP size "
+                              f"{largest} ({tokens / largest:.0f} tokens per GPU, more than "
+                              f"{cm.hardware.extrapolation_factor}x the largest fitted micro-batch of "
+                              f"{cm.fit.max_fitted_tokens} tokens); profile longer sequences (dcp profile --max-tokens)")
     raise InfeasibleError(f"no allowed SP size {list(sizes)} fits a sample of {tokens} tokens, even with "
                           "every layer checkpointed")
 

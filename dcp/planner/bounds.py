@@ -16,6 +16,7 @@ import numpy as np
 from dcp.costmodel import CostModel
 from dcp.costmodel.schedule import least_link_s
 from dcp.planner.feasibility import allowed_sp_sizes
+from dcp.planner.pricing import exact_times
 from dcp.planner.sample import Sample
 
 _MEMORY_RTOL = 1e-9
@@ -119,7 +120,7 @@ def capacity_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[in
         capacity = cm.max_tokens(p, k)
         share = p * levels.fixed[0] / capacity * tokens if capacity > 0 else np.zeros_like(tokens)
         work = np.where(fits, np.minimum(work, marginal + share), work)
-        solo = np.where(fits, np.minimum(solo, levels.fixed[r] + marginal / p), solo)
+        solo = np.where(fits, np.minimum(solo, exact_times(cm, p, tokens, pairs, r)), solo)  # see _Work.longest
     return max(float(work @ weight) / cm.cluster.num_gpus, float(solo.max())) + cm.grad_sync_s()
 
 
@@ -135,9 +136,10 @@ class _Levels:
         self.per_token = np.array([c.per_token for c in lin])
         self.per_pair = np.array([c.per_pair for c in lin])
         # Each GPU holds ceil(T/p) tokens (CostModel.memory_bytes: the executor pads), so a
-        # micro-batch fits when ceil(T/p) <= room / bytes per token on one GPU: T <= p * floor(..).
-        self.memory_cap = np.array([min(p * math.floor(room / cm.activation_bytes_per_token(1, r)),
-                                        cm.priceable_tokens(p)) if room > 0 else 0.0 for r in range(k + 1)])
+        # micro-batch fits when ceil(T/p) <= room / bytes per token on one GPU: T <= p * floor(..)
+        # (CostModel.max_tokens, which also pads for rings and takes the least over layouts).
+        memory = cm.cluster.memory_bytes * (1 + _MEMORY_RTOL)
+        self.memory_cap = np.array([float(cm.max_tokens(p, r, memory)) if room > 0 else 0.0 for r in range(k + 1)])
         with np.errstate(divide="ignore", invalid="ignore"):
             self.memory_share = np.where(self.fixed > 0, self.fixed / self.memory_cap, 0.0)
 
@@ -251,7 +253,15 @@ class _Work:
         self.marginal = np.where(fits, gpus * (per_token * t + per_pair * a), np.inf)
         self.gpu_tokens = gpus * t
         # Alone at its cheapest level where it fits: no plan runs shorter than any sample's best.
-        self.longest = float(np.where(fits, self.solo, np.inf).min(axis=0).max())
+        # That is its fewest layers (every cost grows with r), priced exactly: with a ring the
+        # exact time adds the transfers its attention does not hide, and adding samples to a
+        # micro-batch only lengthens every ring step (CostModel.time_s).
+        solo = np.full(len(tokens), math.inf)
+        for p in sizes:
+            r0 = np.searchsorted(levels[p].memory_cap, tokens, side="left")
+            alone = exact_times(cm, p, tokens, pairs, np.minimum(r0, k))
+            solo = np.minimum(solo, np.where(r0 <= k, alone, math.inf))
+        self.longest = float(solo.max()) if len(solo) else 0.0
         self.memory_share = memory_share
         self.time_share = fixed * per_token  # over M - busy: fixed seconds per token when time caps it
 

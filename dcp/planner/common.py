@@ -57,15 +57,16 @@ def assemble_indices(strategy: str, batch: Sequence[Sample], cm: CostModel, layo
     ids = arrays.ids.tolist()
     k = cm.model.num_layers
     groups, m = [], 0
-    for start, p, mbs in layout:
-        g = Group(list(range(start, start + p)), p)
+    for gi, (start, p, mbs) in enumerate(layout):
+        sp = priced.layouts[gi]  # the Ulysses x ring split fastest for the group's micro-batches
+        g = Group(list(range(start, start + p)), p, ring=sp.ring)
         r = priced.levels[m:m + len(mbs)]
         bad = np.flatnonzero(r > k)
         if len(bad):
             members = [ids[i] for i in mbs[int(bad[0])]]
             raise InfeasibleError(f"{strategy}: micro-batch of samples {members[:8]} ({int(priced.tokens[m + bad[0]])} "
                                   f"tokens) does not fit at SP size {p}" + (" with the given checkpointing" if ckpt else ""))
-        memory = pricer.memory_bytes(p, priced.tokens[m:m + len(mbs)], r).tolist()
+        memory = pricer.memory_bytes(p, priced.tokens[m:m + len(mbs)], r, sp).tolist()
         times = priced.times_s[m:m + len(mbs)].tolist()
         levels = r.tolist()
         g.microbatches = [MicroBatch([ids[i] for i in mb], levels[mi], times[mi], memory[mi])

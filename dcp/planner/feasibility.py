@@ -6,26 +6,26 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dcp.costmodel import CostModel
+from dcp.costmodel import CostModel, sp_layouts
 from dcp.planner.plan import InfeasibleError
 from dcp.planner.sample import Sample
 
 
 def allowed_sp_sizes(cm: CostModel, requested: Sequence[int] | None = None) -> list[int]:
-    """SP sizes a plan may use: aligned powers of two within the cluster whose size divides the
-    model's heads and KV heads (Ulysses shards heads), intersected with the user's choice."""
+    """SP sizes a plan may use: aligned powers of two within the cluster that some layout can run
+    (Ulysses over sizes dividing the heads, with a ring over the rest: `ring.sp_layouts`),
+    intersected with the user's choice."""
     m, g = cm.model, cm.cluster.gpus_per_node
     # A block up to a node must tile the node (p divides G) and a larger one must be whole nodes
     # (G divides p); otherwise an aligned block can straddle a node boundary when G is not a
     # power of two (e.g. 6 GPUs per node and p = 4).
-    sizes = [p for p in cm.cluster.sp_sizes()
-             if m.heads % p == 0 and m.kv_heads % p == 0 and (g % p == 0 if p <= g else p % g == 0)]
+    sizes = [p for p in cm.cluster.sp_sizes() if sp_layouts(m, p, g) and (g % p == 0 if p <= g else p % g == 0)]
     if requested is not None:
         bad = [p for p in requested if p not in sizes]
         if bad:
             raise InfeasibleError(
                 f"SP size {bad[0]} is not allowed: sizes must be powers of two dividing {cm.cluster.num_gpus} "
-                f"GPUs, {m.heads} heads and {m.kv_heads} KV heads ({sizes})"
+                f"GPUs that Ulysses ({m.heads} heads, {m.kv_heads} KV heads), with a ring, can run ({sizes})"
             )
         sizes = sorted(set(requested))
     if not sizes:

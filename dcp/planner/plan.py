@@ -14,7 +14,10 @@ from typing import Any
 
 from dcp.planner.sample import Sample
 
-PLAN_SCHEMA_VERSION = 1
+PLAN_SCHEMA_VERSION = 2
+"""2: groups carry their Ulysses and ring degrees (`ulysses` x `ring` = `sp`); a version 1 plan
+(Ulysses only) still reads, every group with ring degree 1."""
+READABLE_SCHEMA_VERSIONS = (1, 2)
 SAMPLE_FIELDS = ("id", "tokens", "attn_pairs", "frames")
 """What each entry of a plan JSON's `samples` list holds, in order."""
 # Predicted times are sums of floats computed in different orders by planner and validator.
@@ -25,6 +28,15 @@ def _integer(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{where}: {value!r} is not an integer")  # from_dict reports it as a PlanError
     return value
+
+
+def _group_from_dict(g: dict[str, Any], version: int) -> Group:
+    """A group of a version 1 (Ulysses only) or 2 (`ulysses` x `ring`) plan."""
+    sp = _integer(g["sp"], "group sp")
+    ring = 1 if version == 1 else _integer(g["ring"], "group ring")
+    if version > 1 and ring >= 1 and _integer(g["ulysses"], "group ulysses") * ring != sp:
+        raise ValueError(f"group of ranks {g['ranks']!r:.40}: ulysses {g['ulysses']} x ring {ring} is not its SP size {sp}")
+    return Group(list(g["ranks"]), sp, [MicroBatch(**mb) for mb in g["microbatches"]], ring)
 
 
 class PlanError(ValueError):
@@ -47,11 +59,24 @@ class MicroBatch:
 
 @dataclass
 class Group:
-    """An aligned block of ranks running its micro-batches one after another."""
+    """An aligned block of ranks running its micro-batches one after another, as one SP group of
+    `sp` = ulysses x ring ranks: Ulysses over consecutive ranks, ring attention across them."""
 
     ranks: list[int]
     sp: int
     microbatches: list[MicroBatch] = field(default_factory=list)
+    ring: int = 1
+    """Ring degree c (1: Ulysses only); the Ulysses degree is sp / ring."""
+
+    @property
+    def ulysses(self) -> int:
+        """Ulysses degree u = sp / ring."""
+        return self.sp // self.ring
+
+    @property
+    def layout(self) -> str:
+        """How the group splits attention: "8" (Ulysses only) or "8x4" (Ulysses x ring)."""
+        return str(self.sp) if self.ring == 1 else f"{self.ulysses}x{self.ring}"
 
     @property
     def busy_s(self) -> float:
@@ -124,6 +149,8 @@ class Plan:
             p = g.sp
             if p < 1 or p & (p - 1):
                 raise PlanError(f"group {gi}: SP size {p} is not a power of two")
+            if g.ring < 1 or g.ring & (g.ring - 1) or p % g.ring:
+                raise PlanError(f"group {gi}: ring degree {g.ring} is not a power of two dividing its SP size {p}")
             if len(g.ranks) != p or g.ranks != list(range(g.ranks[0], g.ranks[0] + p)):
                 raise PlanError(f"group {gi}: ranks {g.ranks} are not {p} consecutive ranks")
             start = g.ranks[0]
@@ -171,23 +198,24 @@ class Plan:
         """JSON-ready: `samples` as [id, tokens, attn_pairs, frames] lists, labelled by `sample_fields`."""
         d = asdict(self)
         d["samples"] = [[s.id, s.tokens, s.attn_pairs, s.frames] for s in self.samples]
+        d["groups"] = [{"ranks": g["ranks"], "sp": g["sp"], "ulysses": grp.ulysses, "ring": grp.ring,
+                        "microbatches": g["microbatches"]} for g, grp in zip(d["groups"], self.groups, strict=True)]
         return {"schema_version": PLAN_SCHEMA_VERSION, "sample_fields": list(SAMPLE_FIELDS), **d}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Plan:
         if not isinstance(d, dict):
             raise PlanError(f"plan must be a JSON object, got {type(d).__name__}")
-        if d.get("schema_version") != PLAN_SCHEMA_VERSION:
-            raise PlanError(f"plan schema_version {d.get('schema_version')!r} is not {PLAN_SCHEMA_VERSION}")
+        version = d.get("schema_version")
+        if version not in READABLE_SCHEMA_VERSIONS:
+            raise PlanError(f"plan schema_version {version!r} is not {PLAN_SCHEMA_VERSION} "
+                            f"(readable: {', '.join(map(str, READABLE_SCHEMA_VERSIONS))})")
         try:
             d = dict(d)
             d.pop("schema_version")
             d.pop("sample_fields", None)
             d["samples"] = [Sample(*(_integer(v, f"sample {row!r:.60}") for v in row)) for row in d["samples"]]
-            d["groups"] = [
-                Group(list(g["ranks"]), int(g["sp"]), [MicroBatch(**mb) for mb in g["microbatches"]])
-                for g in d["groups"]
-            ]
+            d["groups"] = [_group_from_dict(g, version) for g in d["groups"]]
             return cls(**d)
         except (KeyError, TypeError, ValueError) as e:
             raise PlanError(f"malformed plan: {e}") from e
@@ -205,7 +233,9 @@ class Plan:
     def digest(self) -> str:
         """Hash of what ranks must agree on: the cluster, the model depth, every sample's tokens
         and frames (frames shape the attention), groups, assignment and checkpointing; not timings."""
-        key = [(g.ranks, g.sp, [(mb.samples, mb.ckpt_layers) for mb in g.microbatches]) for g in self.groups]
+        # A ring degree enters the key only where there is one: Ulysses-only plans hash as before.
+        key = [(g.ranks, g.sp, [(mb.samples, mb.ckpt_layers) for mb in g.microbatches], *([g.ring] if g.ring > 1 else []))
+               for g in self.groups]
         samples = [[s.id, s.tokens, s.frames] for s in self.samples]
         key_json = json.dumps([self.num_gpus, self.gpus_per_node, self.num_layers, samples, key])
         return hashlib.sha256(key_json.encode()).hexdigest()
@@ -219,7 +249,8 @@ class Plan:
         for gi, g in enumerate(self.groups):
             for mi, mb in enumerate(g.microbatches):
                 rows.append({
-                    "group": gi, "first_rank": g.ranks[0], "sp": g.sp, "microbatch": mi,
+                    "group": gi, "first_rank": g.ranks[0], "sp": g.sp, "ulysses": g.ulysses, "ring": g.ring,
+                    "microbatch": mi,
                     "samples": len(mb.samples), "tokens": sum(tokens[i] for i in mb.samples),
                     "ckpt_layers": mb.ckpt_layers, "time_s": mb.time_s, "memory_gb": mb.memory_bytes / 1e9,
                 })

@@ -4,7 +4,10 @@ At fixed (SP size p, checkpointed layers r) a micro-batch of T tokens and A atte
 `CostModel.linear_time(p, r)(T, A)` and fits when T <= `CostModel.max_tokens(p, r)` (a multiple
 of p: each GPU holds ceil(T/p) tokens, the executor pads). Its best level is the fewest layers
 that fit (every cost coefficient grows with r), and its memory is `CostModel.memory_bytes`:
-static bytes plus the per-GPU activation bytes of ceil(T/p) tokens. `Pricer` holds those numbers
+static bytes plus the per-GPU activation bytes of ceil(T/p) tokens. A size beyond the heads has
+several layouts (Ulysses x ring, `CostModel.layouts`): each is priced exactly, its ring's exposed
+transfers included (`CostModel.time_s`), a micro-batch alone at its fastest, a group of them in
+the one layout fastest for all (`price_layout`), the most any layout holds counted as memory. `Pricer` holds those numbers
 per allowed size, so strategies price thousands of candidate micro-batches in a few numpy
 operations (tests/test_pricing.py checks them against the cost model's scalar queries);
 `price_layout` prices a whole layout the way `common.assemble` does.
@@ -18,11 +21,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dcp.costmodel import CostModel
+from dcp.costmodel import CostModel, SPLayout
+from dcp.planner.plan import Group
 from dcp.planner.sample import Sample
 
 Layout = list[tuple[int, int, list[list[int]]]]
 """Groups as (first rank, SP size, micro-batches as lists of batch indices)."""
+
+
+def group_layout(g: Group) -> SPLayout:
+    """The cost model's layout of a plan's group (Ulysses degree x ring degree)."""
+    return SPLayout(g.ulysses, g.ring)
 
 
 @dataclass(frozen=True)
@@ -42,19 +51,40 @@ class BatchArrays:
 
 
 class _Level:
-    """One SP size's levels r = 0..K, plus r = K + 1 standing for "fits nowhere" (infinite time)."""
+    """One SP size's levels r = 0..K, plus r = K + 1 standing for "fits nowhere" (infinite time),
+    per layout of the size (Ulysses x ring, `CostModel.layouts`)."""
 
     def __init__(self, cm: CostModel, p: int) -> None:
         k = cm.model.num_layers
+        self.layouts = cm.layouts(p)
         self.capacity = np.array([cm.max_tokens(p, r) for r in range(k + 1)], dtype=np.float64)
-        # Activation bytes per token held on one GPU (CostModel.memory_bytes multiplies them by
-        # the shard's ceil(T/p) tokens); level K + 1 repeats K's, for shapes only.
-        per_gpu = [cm.activation_bytes_per_token(1, r) for r in range(k + 1)]
-        self.bytes_per_shard_token = np.array(per_gpu + per_gpu[-1:])
-        lin = [cm.linear_time(p, r) for r in range(k + 1)]
-        self.fixed = np.array([c.fixed for c in lin] + [math.inf])
-        self.per_token = np.array([c.per_token for c in lin] + [0.0])
-        self.per_pair = np.array([c.per_pair for c in lin] + [0.0])
+        # Activation bytes per token held on one GPU per layout (CostModel.memory_bytes multiplies
+        # them by the shard's tokens and takes the most); level K + 1 repeats K's, for shapes only.
+        per_gpu = [[cm.activation_bytes_per_token(p, r, o) * p for r in range(k + 1)] for o in self.layouts]
+        self.bytes_per_shard_token = [np.array(b + b[-1:]) for b in per_gpu]
+        self.rings = [o.ring for o in self.layouts]
+        forms = [[cm.layout_linear_time(o, r) for r in range(k + 1)] for o in self.layouts]
+        self.fixed = [np.array([c.fixed for c in f] + [math.inf]) for f in forms]
+        self.per_token = [np.array([c.per_token for c in f] + [0.0]) for f in forms]
+        self.per_pair = [np.array([c.per_pair for c in f] + [0.0]) for f in forms]
+        self.terms = [cm.ring_terms(o) for o in self.layouts]
+        self.num_layers = k
+
+    def times(self, i: int, tokens: np.ndarray, pairs: np.ndarray, r: np.ndarray) -> np.ndarray:
+        """Exact times in layout i at levels r: its linear form, plus a ring's exposed transfers
+        (`CostModel.time_s`: (K + r) forward-direction and K backward exposures per layer)."""
+        t = self.fixed[i][r] + self.per_token[i][r] * tokens + self.per_pair[i][r] * pairs
+        ring = self.terms[i]
+        if ring.steps > 1:
+            x_f = ring.fwd_step_pair_s * pairs + ring.fwd_step_token_s * tokens
+            x_b = ring.bwd_step_pair_s * pairs + ring.bwd_step_token_s * tokens
+            y_f = ring.step_latency_s + ring.fwd_transfer_token_s * tokens
+            y_b = ring.step_latency_s + ring.bwd_transfer_token_s * tokens
+            k, c = self.num_layers, ring.steps
+            exposed = ((k + np.minimum(r, k)) * ((c - 1) * np.maximum(0.0, y_f - x_f))
+                       + k * ((c - 1) * np.maximum(0.0, y_b - x_b)))
+            t = t + np.where(r <= k, exposed, 0.0)
+        return t
 
 
 class Pricer:
@@ -74,25 +104,49 @@ class Pricer:
         """max_tokens(p, r)."""
         return float(self._levels[p].capacity[r])
 
+    def layouts(self, p: int) -> tuple[SPLayout, ...]:
+        """The layouts of p (`CostModel.layouts`), in the order `layout_times` uses."""
+        return self._levels[p].layouts
+
+    def layout_times(self, p: int, tokens: np.ndarray, pairs: np.ndarray,
+                     ckpt: np.ndarray | int | None = None) -> np.ndarray:
+        """[layouts, micro-batches]: `times` in each layout of p."""
+        lv = self._levels[p]
+        r = self.levels(p, tokens, ckpt)
+        return np.array([np.where(tokens > 0, lv.times(i, tokens, pairs, r), 0.0) for i in range(len(lv.layouts))])
+
     def times(self, p: int, tokens: np.ndarray, pairs: np.ndarray, ckpt: np.ndarray | int | None = None) -> np.ndarray:
         """Times at p with the fewest layers that fit (or `ckpt` layers, inf where those do not
-        fit); inf where nothing fits, 0 for an empty micro-batch."""
-        lv = self._levels[p]
-        fewest = self.layers(p, tokens)
-        r = fewest if ckpt is None else np.where(fewest <= ckpt, ckpt, self.num_layers + 1)
-        t = lv.fixed[r] + lv.per_token[r] * tokens + lv.per_pair[r] * pairs
-        return np.where(tokens > 0, t, 0.0)
+        fit), in the fastest layout for each (`CostModel.time_s`); inf where nothing fits, 0 for
+        an empty micro-batch."""
+        return self.layout_times(p, tokens, pairs, ckpt).min(axis=0)
 
-    def memory_bytes(self, p: int, tokens: np.ndarray, ckpt: np.ndarray) -> np.ndarray:
-        """`CostModel.memory_bytes(T, p, r)` elementwise: static bytes plus the activation bytes
-        of the ceil(T/p) tokens each GPU holds (`dcp.costmodel.model.shard_tokens`, the same rounding)."""
-        shard = np.ceil(np.asarray(tokens, dtype=np.float64) / p - 1e-9)
-        return self.static_bytes + self._levels[p].bytes_per_shard_token[ckpt] * shard
+    def memory_bytes(self, p: int, tokens: np.ndarray, ckpt: np.ndarray, layout: SPLayout | None = None) -> np.ndarray:
+        """`CostModel.memory_bytes(T, p, r[, layout])` elementwise: static bytes plus the activation
+        bytes of the tokens each GPU holds (ceil(T/p), 2 ceil(T/2p) under a ring; the same rounding
+        as `dcp.costmodel.model.shard_tokens`), the most over p's layouts without `layout`."""
+        lv, t = self._levels[p], np.asarray(tokens, dtype=np.float64)
+        which = range(len(lv.layouts)) if layout is None else [lv.layouts.index(layout)]
+        held = [lv.bytes_per_shard_token[i][ckpt] * _shard(t, p, lv.rings[i]) for i in which]
+        return self.static_bytes + (held[0] if len(held) == 1 else np.maximum.reduce(held))
 
     def levels(self, p: int, tokens: np.ndarray, ckpt: np.ndarray | int | None = None) -> np.ndarray:
         """The checkpointed layers `times` prices each micro-batch with (K + 1: does not fit)."""
         fewest = self.layers(p, tokens)
         return fewest if ckpt is None else np.where(fewest <= ckpt, ckpt, self.num_layers + 1)
+
+
+def exact_times(cm: CostModel, p: int, tokens: np.ndarray, pairs: np.ndarray, ckpt: np.ndarray) -> np.ndarray:
+    """`CostModel.time_s(T, A, p, r)` elementwise at the given levels r (<= K), in the fastest layout."""
+    lv = _Level(cm, p)
+    return np.min([lv.times(i, tokens, pairs, ckpt) for i in range(len(lv.layouts))], axis=0)
+
+
+def _shard(tokens: np.ndarray, p: int, ring: int) -> np.ndarray:
+    """Tokens each GPU holds (`shard_tokens`, vectorized)."""
+    if ring > 1:
+        return 2 * np.ceil(tokens / (2 * p) - 1e-9)
+    return np.ceil(tokens / p - 1e-9)
 
 
 @dataclass
@@ -106,6 +160,8 @@ class PricedLayout:
     times_s: np.ndarray
     counts: list[int]
     """Micro-batches per group."""
+    layouts: list[SPLayout]
+    """Each group's layout: the fastest for its micro-batches (the larger Ulysses degree on a tie)."""
     pairs: np.ndarray | None = None
     """Attention pairs per micro-batch (what the step's schedule prices besides tokens)."""
 
@@ -140,11 +196,25 @@ def price_layout(layout: Layout, arrays: BatchArrays, pricer: Pricer,
     size_arr = np.repeat([p for _, p, _ in layout], counts)
     given = np.fromiter((r for rs in ckpt for r in rs), dtype=np.int64, count=n_mb) if ckpt is not None else None
     times, levels = np.zeros(n_mb), np.zeros(n_mb, dtype=np.int64)
+    owner = np.repeat(np.arange(len(layout)), counts)
+    chosen: list[SPLayout | None] = [None] * len(layout)
     for p in set(size_arr.tolist()):
         on = size_arr == p
         r = None if given is None else given[on]
-        times[on] = pricer.times(p, tokens[on], pairs[on], r)
+        per_layout = pricer.layout_times(p, tokens[on], pairs[on], r)
         levels[on] = pricer.levels(p, tokens[on], r)
-    owner = np.repeat(np.arange(len(layout)), counts)
+        groups = np.unique(owner[on])
+        # Each group runs in the layout fastest for all its micro-batches (sum over the group).
+        sums = np.array([np.bincount(owner[on], weights=t, minlength=len(layout))[groups] for t in per_layout])
+        # Layouts come in increasing Ulysses degree: scanning them backwards, argmin's first
+        # minimum is the largest degree among equals (as CostModel.best_layout).
+        best = len(per_layout) - 1 - np.argmin(sums[::-1], axis=0)
+        pick = np.zeros(len(layout), dtype=np.int64)
+        pick[groups] = best
+        times[on] = per_layout[pick[owner[on]], np.arange(int(on.sum()))]
+        for gi in groups.tolist():
+            chosen[gi] = pricer.layouts(p)[int(pick[gi])]
     busy = np.bincount(owner, weights=times, minlength=len(layout)) if n_mb else np.zeros(len(layout))
-    return PricedLayout(busy, tokens, levels, times, counts, pairs)
+    return PricedLayout(busy, tokens, levels, times, counts,
+                        [o if o is not None else pricer.layouts(p)[0] for o, (_, p, _) in zip(chosen, layout, strict=True)],
+                        pairs)

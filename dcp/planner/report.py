@@ -23,6 +23,7 @@ from typing import Any
 from dcp.costmodel import DEFAULT_HARDWARE, DEFAULT_MODEL, CostModel
 from dcp.planner.bounds import lower_bound
 from dcp.planner.plan import Plan, PlanError
+from dcp.planner.pricing import group_layout
 from dcp.planner.run import build_cost_model
 from dcp.planner.simulate import EVENT_KINDS, Timeline
 from dcp.planner.sync import price_step
@@ -113,8 +114,8 @@ def reprice(plan: Plan, cm: CostModel) -> Plan:
                                 f"has {k}")
             tokens = sum(by_id[i].tokens for i in mb.samples)
             pairs = sum(by_id[i].attn_pairs for i in mb.samples)
-            mb.time_s = cm.time_s(tokens, pairs, g.sp, mb.ckpt_layers)
-            mb.memory_bytes = cm.memory_bytes(tokens, g.sp, mb.ckpt_layers)
+            mb.time_s = cm.time_s(tokens, pairs, g.sp, mb.ckpt_layers, group_layout(g))
+            mb.memory_bytes = cm.memory_bytes(tokens, g.sp, mb.ckpt_layers, group_layout(g))
     new.num_layers, new.memory_limit_bytes = k, cm.cluster.memory_bytes
     price_step(new, cm)
     new.lower_bound_s = min(lower_bound(new.samples, cm), new.step_time_s)
@@ -164,7 +165,8 @@ def load_plan_document(path: str | Path) -> PlanDocument:
 
 
 def group_rows(plan: Plan) -> Any:
-    """One row per SP group (pandas DataFrame): ranks, SP size, micro-batches, samples, tokens,
+    """One row per SP group (pandas DataFrame): ranks, SP size, layout ("8": Ulysses alone, "8x4":
+    Ulysses 8 x ring 4), micro-batches, samples, tokens,
     checkpointed layers (min and max over micro-batches), busy seconds, peak memory (GB)."""
     import pandas as pd
 
@@ -175,7 +177,7 @@ def group_rows(plan: Plan) -> Any:
         ckpt = [mb.ckpt_layers for mb in mbs] or [0]
         rows.append({
             "group": gi, "ranks": f"{g.ranks[0]}-{g.ranks[-1]}" if len(g.ranks) > 1 else str(g.ranks[0]),
-            "sp": g.sp, "microbatches": len(mbs), "samples": sum(len(mb.samples) for mb in mbs),
+            "sp": g.sp, "layout": g.layout, "microbatches": len(mbs), "samples": sum(len(mb.samples) for mb in mbs),
             "tokens": sum(tokens[i] for mb in mbs for i in mb.samples),
             "ckpt_min": min(ckpt), "ckpt_max": max(ckpt), "busy_s": g.busy_s,
             "peak_memory_gb": max((mb.memory_bytes for mb in mbs), default=0.0) / 1e9,

@@ -99,11 +99,13 @@ def gap(plan: Plan) -> float:
 
 
 def groups_label(plan: Plan) -> str:
-    """Groups by SP size, largest first: "1x8 4x2" is one group of 8 GPUs and four of 2."""
-    counts: dict[int, int] = {}
+    """Groups by SP size and layout, largest first: "1x8 4x2" is one group of 8 GPUs and four of
+    2 (Ulysses alone); "1x(8x4)" one group of 32 GPUs as Ulysses 8 x ring 4."""
+    counts: dict[tuple[int, int], int] = {}
     for g in plan.groups:
-        counts[g.sp] = counts.get(g.sp, 0) + 1
-    return " ".join(f"{n}x{p}" for p, n in sorted(counts.items(), reverse=True))
+        counts[(g.sp, g.ulysses)] = counts.get((g.sp, g.ulysses), 0) + 1
+    return " ".join(f"{n}x{p}" if u == p else f"{n}x({u}x{p // u})"
+                    for (p, u), n in sorted(counts.items(), reverse=True))
 
 
 def step_rows(plans: Sequence[Plan], timelines: Sequence[Timeline]) -> Any:

@@ -2,7 +2,7 @@
 
 The timeline is the executor's schedule as the cost model prices it (dcp.costmodel.schedule):
 each group's micro-batches, each split the way the executor runs it (forward layers with their
-all-to-alls, the head, backward layers with their recompute), and the world's collectives, each
+all-to-alls and unhidden ring transfers, the head, backward layers with their recompute), and the world's collectives, each
 rank's wait for one split into idle (until every rank has joined it) and the collective itself.
 At ZeRO stages 0-2 groups run independently and the gradient reductions of each group's last
 micro-batch run under its backward; what is not hidden ends the step. At stage 3 every rank runs
@@ -15,13 +15,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from dcp.costmodel import CostModel
+from dcp.costmodel import CostModel, SPLayout
 from dcp.planner.plan import Group, MicroBatch, Plan, PlanError
+from dcp.planner.pricing import group_layout
 from dcp.planner.sync import group_shapes
 
-EventKind = Literal["forward", "backward", "recompute", "all_to_all", "param_gather", "idle", "allreduce"]
-EVENT_KINDS: tuple[str, ...] = ("forward", "backward", "recompute", "all_to_all", "param_gather", "idle", "allreduce")
-COMM_KINDS = ("all_to_all", "param_gather", "allreduce")
+EventKind = Literal["forward", "backward", "recompute", "all_to_all", "ring", "param_gather", "idle", "allreduce"]
+EVENT_KINDS: tuple[str, ...] = ("forward", "backward", "recompute", "all_to_all", "ring", "param_gather", "idle",
+                                "allreduce")
+COMM_KINDS = ("all_to_all", "ring", "param_gather", "allreduce")
+"""`ring`: ring attention's point-to-point transfers its block attention does not hide."""
 # Plan times and re-priced phase sums are the same floats added in different orders.
 _RTOL = 1e-6
 
@@ -78,23 +81,25 @@ class Timeline:
 
 
 def microbatch_phases(cm: CostModel, tokens: int, pairs: int, sp_size: int,
-                      ckpt_layers: int) -> list[tuple[EventKind, float]]:
+                      ckpt_layers: int, layout: SPLayout | None = None) -> list[tuple[EventKind, float]]:
     """(kind, seconds) of one micro-batch in run order, lumped per phase; sums to cm.time_s.
 
-    From CostModel.layer_times: per layer a forward and a backward compute time and one
-    direction's all-to-alls. Head and loss (per token) and the per-micro-batch fixed cost have no
-    per-layer split and are lumped as forward compute. (ZeRO's collectives are the step's, not
-    the micro-batch's: `simulate` places them.)"""
+    From CostModel.layer_times: per layer a forward and a backward compute time, one direction's
+    all-to-alls and, in a ring layout, the ring transfers its attention does not hide. Head and loss
+    (per token) and the per-micro-batch fixed cost have no per-layer split and are lumped as
+    forward compute. (ZeRO's collectives are the step's, not the micro-batch's: `simulate` places
+    them, stage 3's parameter gathers included.)"""
     k, r, p, f = cm.model.num_layers, ckpt_layers, sp_size, cm.fit
-    lt = cm.layer_times(tokens, pairs, p)
+    layout = layout or cm.best_layout([(tokens, pairs, r)], p)
+    lt = cm.layer_times(tokens, pairs, p, layout)
     head = f.head_per_token_s * tokens / p + f.microbatch_fixed_s
     phases: list[tuple[EventKind, float]] = [
-        ("forward", k * lt.fwd_compute_s + head), ("all_to_all", k * lt.comm_s),
-        ("recompute", r * lt.rec_compute_s), ("all_to_all", r * lt.comm_s),
-        ("backward", k * lt.bwd_compute_s), ("all_to_all", k * lt.comm_s),
+        ("forward", k * lt.fwd_compute_s + head), ("all_to_all", k * lt.comm_s), ("ring", k * lt.ring_fwd_s),
+        ("recompute", r * lt.rec_compute_s), ("all_to_all", r * lt.comm_s), ("ring", r * lt.ring_fwd_s),
+        ("backward", k * lt.bwd_compute_s), ("all_to_all", k * lt.comm_s), ("ring", k * lt.ring_bwd_s),
     ]
     # The split is derived independently of linear_time; they must agree.
-    total, expected = sum(s for _, s in phases), cm.time_s(tokens, pairs, p, r)
+    total, expected = sum(s for _, s in phases), cm.time_s(tokens, pairs, p, r, layout)
     if abs(total - expected) > _RTOL * max(total, expected, 1e-12):
         raise PlanError(f"cost model's phase split {total:.6g} s differs from its micro-batch time {expected:.6g} s")
     return [(kind, s) for kind, s in phases if s > 0]
@@ -118,7 +123,7 @@ def simulate(plan: Plan, cm: CostModel) -> Timeline:
     for g in plan.groups:
         for mi, mb in enumerate(g.microbatches):
             priced = cm.time_s(sum(tokens[i] for i in mb.samples), sum(pairs[i] for i in mb.samples), g.sp,
-                               mb.ckpt_layers)
+                               mb.ckpt_layers, group_layout(g))
             _check_time(mb, priced, g, mi)
     shapes, idle = group_shapes(plan)
     price = cm.step_price(shapes, idle, spans=True)
@@ -149,7 +154,7 @@ def simulate(plan: Plan, cm: CostModel) -> Timeline:
 
 
 KIND_COLORS = {"forward": "#4c72b0", "backward": "#55a868", "recompute": "#dd8452",
-               "all_to_all": "#c44e52", "param_gather": "#937860", "idle": "#dddddd", "allreduce": "#8172b3"}
+               "all_to_all": "#c44e52", "ring": "#da8bc3", "param_gather": "#937860", "idle": "#dddddd", "allreduce": "#8172b3"}
 
 
 def gantt(timeline: Timeline, path: str | Path | None = None, title: str = "") -> Any:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dcp.costmodel import CostModel
 from dcp.costmodel.schedule import GroupShape, MicroBatchShape, StepPrice
 from dcp.planner.plan import Plan
-from dcp.planner.pricing import Layout, PricedLayout
+from dcp.planner.pricing import Layout, PricedLayout, group_layout
 
 
 def group_shapes(plan: Plan) -> tuple[list[GroupShape], bool]:
@@ -23,7 +23,7 @@ def group_shapes(plan: Plan) -> tuple[list[GroupShape], bool]:
     by_id = plan.sample_map()
     shapes = [GroupShape(g.sp, tuple(MicroBatchShape(sum(by_id[i].tokens for i in mb.samples),
                                                       sum(by_id[i].attn_pairs for i in mb.samples), mb.ckpt_layers)
-                                     for mb in g.microbatches))
+                                     for mb in g.microbatches), group_layout(g))
               for g in plan.groups]
     covered = sum(len(g.ranks) for g in plan.groups)
     return shapes, covered < plan.num_gpus
@@ -54,12 +54,12 @@ def layout_step_s(cm: CostModel, layout: Layout, priced: PricedLayout, idle_rank
     without assembling it: for the ILP's incumbent, which at ZeRO-3 keeps the fastest step."""
     assert priced.pairs is not None
     shapes, m = [], 0
-    for (_, p, _), count in zip(layout, priced.counts, strict=True):
+    for (_, p, _), count, sp_layout in zip(layout, priced.counts, priced.layouts, strict=True):
         mbs = [(float(priced.times_s[i]), MicroBatchShape(float(priced.tokens[i]), float(priced.pairs[i]),
                                                           int(priced.levels[i])))
                for i in range(m, m + count) if priced.tokens[i] > 0]
         if cm.training.zero_stage == 3:
             mbs.sort(key=lambda tm: -tm[0])  # as balance_slots orders them
-        shapes.append(GroupShape(p, tuple(mb for _, mb in mbs)))
+        shapes.append(GroupShape(p, tuple(mb for _, mb in mbs), sp_layout))
         m += count
     return cm.step_price(shapes, idle_ranks).step_time_s

@@ -4,8 +4,10 @@ The cost model prices every collective the executor issues from bus bandwidth ag
 size (dcp.costmodel.collectives, nccl-tests' conventions), keyed by the group's shape: GPUs per
 node and nodes. Here we measure the same curves: the Ulysses all-to-all for every aligned
 power-of-two group size (all blocks of a size at once, as a plan's groups run, so shared links
-are measured under the contention training sees), and the step's world collectives (all-reduce,
-reduce-scatter, all-gather, broadcast), each over a geometric range of message sizes. A point's
+are measured under the contention training sees), the step's world collectives (all-reduce,
+reduce-scatter, all-gather, broadcast), and ring attention's neighbour exchange (send_recv: every
+pair of ranks inside a node, and of ranks a node apart, sending and receiving at once), each over
+a geometric range of message sizes. A point's
 bus bandwidth is size x factor(n) / seconds, the slowest rank's median; the profile stores the
 points, and the cost model interpolates them (or fits latency + bytes / bandwidth, which keeps
 its micro-batch model linear in tokens).
@@ -36,8 +38,10 @@ class CommPoint:
     group_size: int
     message_bytes: int
     """nccl-tests' size: the buffer for all-reduce, all-to-all and broadcast, the whole (n-shard)
-    input of a reduce-scatter and output of an all-gather."""
+    input of a reduce-scatter and output of an all-gather, what each rank sends in a send_recv."""
     seconds: float
+    across_nodes: bool = False
+    """send_recv only: the two ranks are in different nodes."""
 
     @property
     def bus_bw_bytes_per_s(self) -> float:
@@ -107,8 +111,9 @@ def _world_call(op: str, m: int, device: torch.device, dtype: torch.dtype) -> tu
 
 def measure_collectives(message_bytes: Sequence[int], *, device: torch.device, dtype: torch.dtype,
                         warmup: int = 2, repeats: int = 5, progress: object = None) -> list[CommPoint]:
-    """Time all_to_all_single for every aligned power-of-two group size, and the world's
-    all-reduce, reduce-scatter, all-gather and broadcast, at every message size.
+    """Time all_to_all_single for every aligned power-of-two group size, the world's all-reduce,
+    reduce-scatter, all-gather and broadcast, and the send/recv exchange of neighbours inside a
+    node and across two (where the world has such pairs), at every message size.
 
     Every rank of the (initialized) default process group must call this with the same
     arguments: every rank creates every group, in the same order, as torch requires."""
@@ -117,11 +122,13 @@ def measure_collectives(message_bytes: Sequence[int], *, device: torch.device, d
     sizes = [1 << i for i in range(1, world.bit_length()) if (1 << i) <= world]
     world_ops = [op for op in COLLECTIVES if op != "all_to_all"]
     points: list[CommPoint] = []
-    total = (len(sizes) + len(world_ops)) * len(message_bytes)
+    g = gpus_per_node_from_env(device, world)
+    pairs = [(across, mate) for across in (False, True) if (mate := _partner(rank, world, g, across)) != _NO_PAIRS]
+    total = (len(sizes) + len(world_ops) + len(pairs)) * len(message_bytes)
     task = progress.add_task("collectives", total=total) if progress else None
 
-    def record(op: str, p: int, nbytes: int, call: Callable[[], object]) -> None:
-        points.append(CommPoint(op, p, nbytes, _slowest(_timed(call, device, warmup, repeats), device)))
+    def record(op: str, p: int, nbytes: int, call: Callable[[], object], across: bool = False) -> None:
+        points.append(CommPoint(op, p, nbytes, _slowest(_timed(call, device, warmup, repeats), device), across))
         if progress is not None:
             progress.advance(task)  # type: ignore[attr-defined]
 
@@ -136,21 +143,57 @@ def measure_collectives(message_bytes: Sequence[int], *, device: torch.device, d
         for m in message_bytes:
             call, nbytes = _world_call(op, m, device, dtype)
             record(op, world, nbytes, call)
+    for across, mate in pairs:
+        for m in message_bytes:
+            x = torch.ones(max(1, m // elem), dtype=dtype, device=device)
+            record("send_recv", 2, x.numel() * elem, functools.partial(_exchange, x, torch.empty_like(x), mate), across)
     return points
+
+
+_NO_PAIRS = -2
+"""`_partner`'s answer when no two ranks of the world form such a pair (every rank gets it)."""
+
+
+def _partner(rank: int, world: int, gpus_per_node: int, across_nodes: bool) -> int | None:
+    """The rank this one exchanges with in the send_recv benchmark (ring attention's neighbour
+    transfer): its neighbour in the node (rank ^ 1), or its peer in the next node (rank +- G); None
+    for a rank without one (it only waits); _NO_PAIRS when the world has no such pair at all."""
+    if not across_nodes:
+        if gpus_per_node < 2:
+            return _NO_PAIRS
+        mate = rank ^ 1
+        return mate if mate < world and mate // gpus_per_node == rank // gpus_per_node else None
+    if world < 2 * gpus_per_node or gpus_per_node >= world:
+        return _NO_PAIRS
+    node = rank // gpus_per_node
+    mate = rank + gpus_per_node if node % 2 == 0 else rank - gpus_per_node
+    return mate if mate < world else None
+
+
+def _exchange(send: torch.Tensor, recv: torch.Tensor, partner: int | None) -> None:
+    """Send `send` to the partner while receiving its block (both directions at once)."""
+    if partner is None:
+        return
+    ops = [dist.P2POp(dist.isend, send, partner), dist.P2POp(dist.irecv, recv, partner)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
 
 
 def curves_from_points(points: Sequence[CommPoint], gpus_per_node: int, source: str) -> list[CollectiveCurve]:
     """One curve per (collective, group size), keyed by the group's shape in nodes of
     `gpus_per_node`; a size measured twice keeps its faster point (sizes must increase)."""
     curves = []
-    for op, p in sorted({(pt.op, pt.group_size) for pt in points}):
+    for op, p, across in sorted({(pt.op, pt.group_size, pt.across_nodes) for pt in points}):
         best: dict[int, float] = {}
         for pt in points:
-            if (pt.op, pt.group_size) == (op, p):
+            if (pt.op, pt.group_size, pt.across_nodes) == (op, p, across):
                 best[pt.message_bytes] = max(best.get(pt.message_bytes, 0.0), pt.bus_bw_bytes_per_s)
-        g, nodes = group_shape(p, gpus_per_node)
+        if op == "send_recv":  # two ranks, in one node or in two
+            (g, nodes), what = ((1, 2), "between two nodes") if across else ((2, 1), "inside a node")
+        else:
+            (g, nodes), what = group_shape(p, gpus_per_node), f"among {p} ranks"
         curves.append(CollectiveCurve(op=op, gpus_per_node=g, nodes=nodes, points=tuple(sorted(best.items())),
-                                      source=f"{source}: {op} among {p} ranks, {min(best)}..{max(best)} bytes"))
+                                      source=f"{source}: {op} {what}, {min(best)}..{max(best)} bytes"))
     return curves
 
 

@@ -5,6 +5,7 @@ For every sample i and allowed SP size p the table holds (from `CostModel.linear
 
     r[i, p]     fewest checkpointed layers with which sample i fits alone at p (-1: never)
     solo[i, p]  t_ip = fixed(p, r) + per_token(p, r) T_i + per_pair(p, r) A_i, its time alone
+                (exact with rings, whose linear form is a lower bound: `CostModel.time_s`)
     load[i, p]  g_ip, a lower bound on what sample i adds to its group's busy time, whatever it
                 shares a micro-batch with (see `cost_table`)
     add[i, p]   a_ip, the additive estimate the local search uses: solo time for a sample that
@@ -69,7 +70,10 @@ def cost_table(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], pricer:
         fits = r <= k
         rr = np.minimum(r, k)
         marginal = per_token[rr] * tokens + per_pair[rr] * pairs
-        solo = fixed[rr] + marginal
+        # Alone, exactly: for a size with rings the linear form is a lower bound (it hides every
+        # ring transfer), the exact time adds what the attention does not hide (CostModel.time_s).
+        solo = pricer.times(p, tokens, pairs) if len(cm.layouts(p)) > 1 or cm.layouts(p)[0].ring > 1 \
+            else fixed[rr] + marginal
         share = marginal + fixed[rr] * tokens / caps[rr]
         nxt = np.minimum(rr + 1, k)
         next_marginal = per_token[nxt] * tokens + per_pair[nxt] * pairs

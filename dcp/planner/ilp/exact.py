@@ -3,7 +3,10 @@ and per (micro-batch, checkpoint level). No aggregation, so its optimum is the t
 the cost model over every group layout, assignment, micro-batching and checkpointing.
 
 Used where it pays: a handful of samples on a few GPUs (`ilp.EXACT_MAX_*`); the brute-force
-tests check it, and through it the aggregated program's bounds.
+tests check it, and through it the aggregated program's bounds. At SP sizes beyond the heads
+(Ulysses x ring) the costs are the linear lower bound (`CostModel.linear_time`: ring transfers
+hidden), so there its optimum is a proven bound and the plan, priced exactly, may sit above it
+(the reported gap says by how much).
 """
 
 from __future__ import annotations
