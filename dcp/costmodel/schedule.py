@@ -40,7 +40,7 @@ from dcp.costmodel.schedule_fast import independent_s, lockstep_s
 from dcp.costmodel.zero import padded, unit_params
 
 if TYPE_CHECKING:
-    from dcp.costmodel.model import CostModel
+    from dcp.costmodel.model import CostModel, LayerTimes
 
 LOSS_SCALARS_BYTES = 16
 """The loss sum and loss-token count (two fp64) all-reduced at the end of every step."""
@@ -119,21 +119,28 @@ class _Step:
         self.scalars_s = cm.hardware.collective_time_s("all_reduce", LOSS_SCALARS_BYTES, n, g)
         self.coll = _Collectives()
         self.root = self.k
+        self._times: dict[tuple[MicroBatchShape, int, SPLayout], LayerTimes] = {}
+
+    def layer_times(self, mb: MicroBatchShape, group: GroupShape) -> LayerTimes:
+        """`CostModel.layer_times` of `mb` in its group's layout (the same for each of its layers: cached)."""
+        key = (mb, group.sp, group.layout_of(self.cm, mb))
+        if key not in self._times:
+            self._times[key] = self.cm.layer_times(mb.tokens, mb.pairs, group.sp, key[2])
+        return self._times[key]
 
     # -- pieces ----------------------------------------------------------------------------------
     def forward(self, mb: MicroBatchShape, group: GroupShape, i: int) -> tuple[list[Op], Op]:
         """One layer's forward ops (the ring transfers its attention does not hide included) and
         the head (forward and backward, lumped as `microbatch_phases` does)."""
-        sp = group.sp
-        lt, f = self.cm.layer_times(mb.tokens, mb.pairs, sp, group.layout_of(self.cm, mb)), self.cm.fit
-        head = f.head_per_token_s * mb.tokens / sp + f.microbatch_fixed_s
+        lt, f = self.layer_times(mb, group), self.cm.fit
+        head = f.head_per_token_s * mb.tokens / group.sp + f.microbatch_fixed_s
         return ([("compute", lt.fwd_compute_s, "forward", i), ("compute", lt.comm_s, "all_to_all", i),
                  ("compute", lt.ring_fwd_s, "ring", i)],
                 ("compute", head, "forward", i))
 
     def backward(self, mb: MicroBatchShape, group: GroupShape, i: int, layer: int) -> list[Op]:
         """Layer `layer`'s backward ops, its recompute first when it is checkpointed."""
-        lt = self.cm.layer_times(mb.tokens, mb.pairs, group.sp, group.layout_of(self.cm, mb))
+        lt = self.layer_times(mb, group)
         ops: list[Op] = []
         if layer < mb.ckpt_layers:
             ops += [("compute", lt.rec_compute_s, "recompute", i), ("compute", lt.comm_s, "all_to_all", i),

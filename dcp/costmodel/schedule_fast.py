@@ -31,9 +31,8 @@ if TYPE_CHECKING:
 def _layer_costs(step: _Step, mb: MicroBatchShape, group: GroupShape) -> tuple[float, float, float, float]:
     """(one layer's forward, the head, one layer's backward, its recompute) of a micro-batch,
     all-to-alls and unhidden ring transfers included."""
-    sp = group.sp
-    lt, f = step.cm.layer_times(mb.tokens, mb.pairs, sp, group.layout_of(step.cm, mb)), step.cm.fit
-    head = f.head_per_token_s * mb.tokens / sp + f.microbatch_fixed_s
+    lt, f = step.layer_times(mb, group), step.cm.fit
+    head = f.head_per_token_s * mb.tokens / group.sp + f.microbatch_fixed_s
     return (lt.fwd_compute_s + lt.comm_s + lt.ring_fwd_s, head, lt.bwd_compute_s + lt.comm_s + lt.ring_bwd_s,
             lt.rec_compute_s + lt.comm_s + lt.ring_fwd_s)
 

@@ -63,7 +63,7 @@ class Timeline:
         out = dict.fromkeys(EVENT_KINDS, 0.0)
         for rank_events in self.events:
             for e in rank_events:
-                out[e.kind] += e.duration_s
+                out[e.kind] += e.end_s - e.start_s
         return out
 
     def stats(self) -> dict[str, float]:
@@ -129,10 +129,12 @@ def simulate(plan: Plan, cm: CostModel) -> Timeline:
     price = cm.step_price(shapes, idle, spans=True)
     spans = price.replay.spans
     assert spans is not None
-    per_rank: list[list[Event]] = [[Event(*span) for span in spans[-1]] if idle else [] for _ in range(plan.num_gpus)]
+    idle_events = [Event(*span) for span in spans[-1]] if idle else []
+    per_rank: list[list[Event]] = [list(idle_events) for _ in range(plan.num_gpus)]
     for g, group_spans in zip(plan.groups, spans, strict=False):
+        events = [Event(*span) for span in group_spans]
         for rank in g.ranks:
-            per_rank[rank] = [Event(*span) for span in group_spans]  # a group's ranks run in lockstep
+            per_rank[rank] = list(events)  # a group's ranks run in lockstep
     step = price.step_time_s
     for rank_events in per_rank:
         end = rank_events[-1].end_s if rank_events else 0.0
