@@ -100,9 +100,10 @@ Geometric mean over the cases each model could plan, speedup over bucket:
 
 {trend_table(doc, "models")}
 Larger models need larger static SP sizes for the same samples (less memory per GPU is left for
-activations), so bucket's groups are already larger and its straggler smaller; with ZeRO stage 3 every
-rank joins every micro-batch slot's gathers (each layer's parameters, forward and backward), so fewer,
-larger micro-batches, as many in every group, pay off.
+activations), so bucket's groups are already larger and its straggler smaller. With ZeRO stage 3 every
+rank joins every micro-batch slot's gathers (each layer's parameters, forward and backward), so a group
+with more micro-batches than the others holds them all up: the greedy strategies, which do not plan for
+that, fall behind bucket on several 70B cases, while ilp prices the lockstep slots and keeps its lead.
 
 {scaling_table(doc, "models")}"""
     return f"""# dcp against the DCP paper
