@@ -49,7 +49,7 @@ from dcp.planner.options import StrategyOptions  # noqa: E402
 from dcp.planner.plan import InfeasibleError, Plan  # noqa: E402
 from dcp.planner.run import build_cost_model, gap, groups_label, plan_steps  # noqa: E402
 from dcp.planner.sample import Sample  # noqa: E402
-from dcp.planner.simulate import EVENT_KINDS, Timeline, simulate  # noqa: E402
+from dcp.planner.simulate import COMM_KINDS, EVENT_KINDS, Timeline, simulate  # noqa: E402
 
 MODEL_1D, MODEL_2D = "llama-7b", "opensora-stdit-1.1b"
 VIDEO_WORKLOADS = ("opensora:short", "opensora:balanced", "opensora:long")
@@ -105,10 +105,11 @@ def scaling_cases() -> list[Case]:
 def _metrics(plans: Sequence[Plan], timelines: Sequence[Timeline]) -> dict[str, Any]:
     """Means over steps; shares of rank-seconds weighted by step time (as `dcp compare`)."""
     total = sum(t.step_time_s for t in timelines)
-    shares = {k: sum(t.seconds_by_kind()[k] for t in timelines) / (plans[0].num_gpus * total) for k in EVENT_KINDS}
+    by_kind = [t.seconds_by_kind() for t in timelines]
+    shares = {k: sum(b[k] for b in by_kind) / (plans[0].num_gpus * total) for k in EVENT_KINDS}
     return {
         "mean_step_time_s": total / len(plans), "step_times_s": [p.step_time_s for p in plans],
-        "idle_fraction": shares["idle"], "comm_fraction": shares["all_to_all"] + shares["allreduce"],
+        "idle_fraction": shares["idle"], "comm_fraction": sum(shares[k] for k in COMM_KINDS),
         "recompute_fraction": shares["recompute"], "shares": shares,
         # A step set by one micro-batch: the longest one's time over the step's.
         "straggler_share": sum(max(mb.time_s for g in p.groups for mb in g.microbatches) / p.step_time_s

@@ -91,8 +91,8 @@ static SP does not, so its straggler grows too (column "longest in batches").
 {scaling_table(doc, "gpus")}
 ## Scaling: model size
 
-The text model's five workloads on 32 GPUs with 13B- and 70B-like Llamas (70B with ZeRO stage 3, its parameters
-gathered for every layer pass; Llama-13B's 40 and Llama-70B's 8 KV heads cap Ulysses SP at 8).
+The text model's five workloads on 32 GPUs with 13B- and 70B-like Llamas (70B with ZeRO stage 3: its parameters
+gathered layer by layer for every pass, all ranks in lockstep slots; Llama-13B's 40 and Llama-70B's 8 KV heads cap Ulysses SP at 8).
 
 ![speedup against model size](figures/scaling-models.png)
 
@@ -100,8 +100,10 @@ Geometric mean over the cases each model could plan, speedup over bucket:
 
 {trend_table(doc, "models")}
 Larger models need larger static SP sizes for the same samples (less memory per GPU is left for
-activations), so bucket's groups are already larger and its straggler smaller; with ZeRO stage 3 every
-micro-batch gathers all parameters once per pass, so fewer, larger micro-batches (packed) pay off.
+activations), so bucket's groups are already larger and its straggler smaller. With ZeRO stage 3 every
+rank joins every micro-batch slot's gathers (each layer's parameters, forward and backward), so a group
+with more micro-batches than the others holds them all up: the greedy strategies, which do not plan for
+that, fall behind bucket on several 70B cases, while ilp prices the lockstep slots and keeps its lead.
 
 {scaling_table(doc, "models")}"""
     return f"""# dcp against the DCP paper
@@ -184,9 +186,11 @@ sample, which this page uses; the best-static columns show how much of the rest 
   batch until memory-bound micro-batches are ready for every rank. Fewer samples per GPU mean fewer
   micro-batches to balance and larger straggler effects for the static baselines.
 - **Communication model.** Ulysses all-to-alls (four per attention, each way) priced linearly in tokens
-  from the all-to-all curve of the group's shape, never overlapped with compute; per step the gradient
-  all-reduce in the recipe's reduce dtype and ZeRO-1's parameter broadcasts (ZeRO-3: per-layer gathers,
-  exposed, and a reduce-scatter), priced at their message sizes; no pipeline or tensor parallelism.
+  from the all-to-all curve of the group's shape, never overlapped with compute; per step each layer's
+  gradient reduction in the recipe's reduce dtype, started under the last micro-batch's backward (only
+  what it does not hide is exposed), and ZeRO-1's all-gathers of the updated parameters (ZeRO-3:
+  per-layer gathers, one prefetched ahead, and reduce-scatters, in lockstep slots), priced at their
+  message sizes as the executor issues them; no pipeline or tensor parallelism.
 - **DCP's runtime.** `dcp-greedy` prices the paper's profiling with the cost model instead of timed runs,
   and its straggler and rebalancing steps are our reading of the paper, not its code. Its profile keeps,
   per length bucket, the SP size with the most samples per GPU-second; for long samples that is a small

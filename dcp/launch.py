@@ -79,7 +79,8 @@ class RunOptions:
     """Precision recipe (bf16, autocast-bf16, fp32) of the executor and the cost model; None:
     autocast-bf16 on GPUs, fp32 on CPU."""
     zero_stage: int = 1
-    """ZeRO stage of the optimizer (0 or 1: what the executor runs)."""
+    """ZeRO stage (0-3) of the executor and the planner's cost model: 1 shards the optimizer state,
+    2 the gradients too, 3 the parameters too (per-layer gathers in lockstep slots)."""
     stats_out: str | None = None
     """Rank 0 appends each step's micro-batches (predicted and measured time and memory) to this
     JSON-lines file."""
@@ -95,8 +96,8 @@ class RunOptions:
             raise ValueError(f"unknown strategy {self.strategy!r}; known: {', '.join(STRATEGIES)}")
         if self.precision is not None:
             get_recipe(self.precision)  # a clear error naming the known recipes
-        if self.zero_stage not in (0, 1):
-            raise ValueError(f"the executor runs ZeRO stages 0 and 1, not {self.zero_stage}")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {self.zero_stage}")
 
     def recipe(self, cuda: bool) -> PrecisionRecipe:
         """The run's precision recipe on a GPU (`cuda`) or CPU job."""
@@ -125,8 +126,8 @@ class RunOptions:
                             help="compare gradients with single-process training every step (fp32)")
         parser.add_argument("--precision", default=d.precision, choices=list(RECIPES),
                             help="precision recipe (default: autocast-bf16 on GPUs, fp32 on CPU)")
-        parser.add_argument("--zero-stage", type=int, default=d.zero_stage, choices=[0, 1],
-                            help="ZeRO stage of the optimizer state")
+        parser.add_argument("--zero-stage", type=int, default=d.zero_stage, choices=[0, 1, 2, 3],
+                            help="ZeRO stage: 1 optimizer state, 2 also gradients, 3 also parameters (default 1)")
         parser.add_argument("--stats-out", default=d.stats_out,
                             help="JSON-lines file for each step's micro-batches (time and memory, planned and measured)")
 

@@ -2,6 +2,7 @@
 
     .venv/bin/torchrun --nproc_per_node 4 examples/train_hf.py --steps 20
     .venv/bin/torchrun --nproc_per_node 4 examples/train_hf.py --steps 3 --check-grads --memory-gb 0.003
+    .venv/bin/torchrun --nproc_per_node 4 examples/train_hf.py --steps 3 --zero-stage 3 --check-grads
 
 The model is built from a small LlamaConfig with random weights (nothing is downloaded); with
 a checkpoint, `AutoModelForCausalLM.from_pretrained(...)` takes its place unchanged. The
@@ -36,7 +37,7 @@ except ImportError as e:
     sys.exit(f"Error: examples/train_hf.py needs transformers ({e}): pip install -e '.[hf]'")
 
 from dcp.executor import executor_optimizer
-from dcp.executor.reference import relative_grad_diff
+from dcp.executor.reference import load_reference, reference_grad_diff
 from dcp.launch import (
     RunOptions,
     init_distributed,
@@ -74,8 +75,8 @@ def main() -> None:
     torch.manual_seed(options.seed)
     model = LlamaForCausalLM(config).to(device=state.device, dtype=param_dtype(recipe))
     reference = copy.deepcopy(model) if options.check_grads and rank == 0 else None  # stays plain HF (sdpa)
-    executor = hf_executor(model, state, recipe=recipe)
-    optimizer = executor_optimizer(executor, zero_stage=options.zero_stage, lr=options.lr)
+    executor = hf_executor(model, state, recipe=recipe, zero_stage=options.zero_stage)
+    optimizer = executor_optimizer(executor, lr=options.lr)
 
     # The planner's ModelSpec, with this model's memory measured in the run's recipe (fake tensors).
     spec = measured_model_spec(config, recipe.name, name="hf-llama", bytes_per_element=recipe.compute_bytes)
@@ -88,12 +89,13 @@ def main() -> None:
         specs = plan.sample_map()
         wanted = specs if reference is not None else planned.local_samples(rank)  # reference needs all
         ids = {i: sample_tensors(spec, specs[i], seed=options.seed)["inputs"] for i in wanted}
-        if reference is not None:
-            reference.load_state_dict(model.state_dict())
+        if options.check_grads:  # every rank: at ZeRO-3 the parameters are gathered (a collective)
+            load_reference(executor, model, reference)
         stats = executor.step(plan, {i: lm_sample(x) for i, x in ids.items()}, causal_lm_loss)
-        if reference is not None:
-            plain_hf_step(reference, [ids[s.id].to(state.device) for s in plan.samples])
-            worst = max(worst, relative_grad_diff(list(model.parameters()), list(reference.parameters())))
+        if options.check_grads:
+            if reference is not None:
+                plain_hf_step(reference, [ids[s.id].to(state.device) for s in plan.samples])
+            worst = max(worst, reference_grad_diff(executor, model, reference))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if rank == 0 and options.stats_out:

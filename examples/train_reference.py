@@ -2,6 +2,7 @@
 
     .venv/bin/torchrun --nproc_per_node 4 examples/train_reference.py --steps 20
     .venv/bin/torchrun --nproc_per_node 4 examples/train_reference.py --steps 3 --check-grads
+    .venv/bin/torchrun --nproc_per_node 4 examples/train_reference.py --steps 3 --zero-stage 3 --check-grads
 
 CPU ranks use gloo, GPUs nccl; the precision recipe (--precision: autocast-bf16 on GPUs, fp32 on
 CPU by default) and ZeRO stage (--zero-stage) are the ones the planner's cost model prices. Every rank draws the same global batches from
@@ -22,7 +23,7 @@ import torch.distributed as dist
 
 from dcp.costmodel import load_model
 from dcp.executor import Executor, broadcast_plan, default_forward, executor_optimizer
-from dcp.executor.reference import reference_step, relative_grad_diff
+from dcp.executor.reference import load_reference, reference_grad_diff, reference_step
 from dcp.launch import (
     RunOptions,
     init_distributed,
@@ -52,8 +53,8 @@ def main() -> None:
     recipe = options.recipe(state.device.type == "cuda")  # the one the planner's cost model prices
     model = build_model(spec, seed=options.seed, device=state.device, dtype=param_dtype(recipe))
     reference = copy.deepcopy(model) if options.check_grads and rank == 0 else None  # before the executor swaps
-    executor = Executor(model, state, recipe=recipe)
-    optimizer = executor_optimizer(executor, zero_stage=options.zero_stage, lr=options.lr)
+    executor = Executor(model, state, recipe=recipe, zero_stage=options.zero_stage)
+    optimizer = executor_optimizer(executor, lr=options.lr)
     dtype = param_dtype(recipe)
 
     def loss_fn(out: torch.Tensor, batch) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
@@ -68,12 +69,13 @@ def main() -> None:
         specs = plan.sample_map()
         wanted = specs if reference is not None else planned.local_samples(rank)  # reference needs all
         tensors = {i: sample_tensors(spec, specs[i], seed=options.seed, dtype=dtype) for i in wanted}
-        if reference is not None:
-            reference.load_state_dict(model.state_dict())
+        if options.check_grads:  # every rank: at ZeRO-3 the parameters are gathered (a collective)
+            load_reference(executor, model, reference)
         stats = executor.step(plan, tensors, loss_fn)
-        if reference is not None:
-            reference_step(reference, plan.samples, tensors, loss_fn, default_forward, state.device)
-            worst = max(worst, relative_grad_diff(list(model.parameters()), list(reference.parameters())))
+        if options.check_grads:
+            if reference is not None:
+                reference_step(reference, plan.samples, tensors, loss_fn, default_forward, state.device)
+            worst = max(worst, reference_grad_diff(executor, model, reference))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if rank == 0 and options.stats_out:

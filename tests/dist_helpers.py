@@ -8,6 +8,7 @@ judges what gradient-comparing workers return."""
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 import os
 import queue
@@ -19,6 +20,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
+
+from dcp.costmodel import ModelSpec, attention_pairs, load_model
+from dcp.executor.reference import manual_plan
+from dcp.planner import Sample
+from dcp.planner.plan import Plan
 
 
 @dataclass
@@ -130,3 +136,29 @@ def random_groups(rng: random.Random, ids: Sequence[int], layout: Sequence[tuple
         chunks = [members[a:b] for a, b in zip([0, *cuts], [*cuts, len(members)], strict=True)]
         groups.append((where[0], where[1], [(c, rng.randint(0, num_layers)) for c in chunks], *where[2:]))
     return groups
+
+
+Case = tuple[Plan, list[Sample]]
+
+
+def llama_spec() -> ModelSpec:
+    # 8 heads over 4 KV heads: GQA that SP 4 can shard (1 KV head, 2 query heads per rank).
+    return dataclasses.replace(load_model("tiny-llama"), heads=8, kv_heads=4)
+
+
+def random_case(spec: ModelSpec, seed: int, layout: Sequence[tuple[int, ...]], num_gpus: int = 4, *,
+                microbatches: Sequence[int] | None = None, gpus_per_node: int | None = None) -> Case:
+    """A random plan over `layout`: odd lengths (padding), several samples packed per micro-batch,
+    `microbatches[g]` micro-batches in group g (default 1-3 at random), random checkpointed layers."""
+    rng = random.Random(seed)
+    least = list(microbatches or [1] * len(layout))  # a sample per micro-batch: no group without work
+    batch = []
+    for i in range(max(rng.randint(2 * len(layout), 10), sum(least) + len(layout))):
+        if spec.attention == "spatial_temporal":
+            frames = rng.randint(1, 3)
+            tokens = frames * rng.randint(1, 5)
+        else:
+            frames, tokens = 1, rng.randint(1, 23)
+        batch.append(Sample(100 * seed + i, tokens, attention_pairs(spec.attention, tokens, frames), frames))
+    groups = random_groups(rng, [s.id for s in batch], layout, spec.num_layers, microbatches)
+    return manual_plan(batch, num_gpus, spec.num_layers, groups, gpus_per_node=gpus_per_node), batch

@@ -10,11 +10,18 @@ import random
 from collections.abc import Sequence
 
 import torch
-from dist_helpers import check_grads, random_groups, run_ranks, run_ranks_raw
+from dist_helpers import (
+    Case,
+    check_grads,
+    llama_spec,
+    random_case,
+    random_groups,
+    run_ranks,
+    run_ranks_raw,
+)
 
 from dcp.costmodel import ModelSpec, attention_pairs, load_model
 from dcp.planner import Sample
-from dcp.planner.plan import Plan
 
 # (first rank, SP size) per group; every step of a test draws a different one. Together they
 # mix SP sizes 1, 2 and 4 (4 uses all four ranks) and leave a rank idle in one.
@@ -44,34 +51,6 @@ PHASED_EIGHT = [
     [[(0, 1), (1, 1), (2, 2), (4, 4, 4)], [(0, 4), (4, 2, 2), (6, 2)]],
 ]
 PHASED_TOLERANCE = 1e-12
-
-Case = tuple[Plan, list[Sample]]
-
-
-def llama_spec() -> ModelSpec:
-    # 8 heads over 4 KV heads: GQA that SP 4 can shard (1 KV head, 2 query heads per rank).
-    return dataclasses.replace(load_model("tiny-llama"), heads=8, kv_heads=4)
-
-
-def random_case(spec: ModelSpec, seed: int, layout: Sequence[tuple[int, int]], num_gpus: int = 4, *,
-                microbatches: Sequence[int] | None = None, gpus_per_node: int | None = None) -> Case:
-    """A random plan over `layout`: odd lengths (padding), several samples packed per micro-batch,
-    `microbatches[g]` micro-batches in group g (default 1-3 at random), random checkpointed layers."""
-    from dcp.executor.reference import manual_plan
-
-    rng = random.Random(seed)
-    least = list(microbatches or [1] * len(layout))  # a sample per micro-batch: no group without work
-    batch = []
-    for i in range(max(rng.randint(2 * len(layout), 10), sum(least) + len(layout))):
-        if spec.attention == "spatial_temporal":
-            frames = rng.randint(1, 3)
-            tokens = frames * rng.randint(1, 5)
-        else:
-            frames, tokens = 1, rng.randint(1, 23)
-        batch.append(Sample(100 * seed + i, tokens, attention_pairs(spec.attention, tokens, frames), frames))
-    groups = random_groups(rng, [s.id for s in batch], layout, spec.num_layers, microbatches)
-    return manual_plan(batch, num_gpus, spec.num_layers, groups, gpus_per_node=gpus_per_node), batch
-
 
 def random_phased_case(spec: ModelSpec, seed: int, phases: Sequence[Sequence[tuple[int, int]]],
                        num_gpus: int = 4, *, gpus_per_node: int | None = None) -> Case:

@@ -29,18 +29,21 @@ def test_prices_match_the_cost_model(model: str, zero_stage: int) -> None:
             assert got == pytest.approx(want, rel=1e-12), (p, t)
 
 
-def test_zero3_plans_few_large_microbatches_near_the_bound() -> None:
-    """Llama-70B, ZeRO-3, 32 GPUs: every micro-batch gathers the parameters twice (about 0.8 s),
-    so the ILP's plan runs few checkpointed micro-batches per group, within 3% of the lower bound
-    and ahead of every baseline (static packing, the best of them, is about 6% slower)."""
+def test_zero3_plans_balanced_slots_ahead_of_the_baselines() -> None:
+    """Llama-70B, ZeRO-3, 32 GPUs: stage 3 runs lockstep slots (every rank joins every layer's
+    gather), so the ILP's plan, the best priced of its candidates, gives its groups equal numbers
+    of micro-batches: the schedule adds under 1% to its slowest group, it is ahead of every
+    baseline by more than 5% (the best of them packs the batch into one 8 x 4 Ulysses x ring group
+    of 32, no lockstep waits; the ILP's eight groups of 4 beat it by 9.9%) and within 15% of the
+    bound."""
     cm = cost_model(model="llama-70b", gpus=32, zero_stage=3)
     batch = make_batch(ZERO3_LENGTHS)
     plan = solve(batch, cm.cluster, cm, IlpOptions())
-    assert plan.step_time_s <= lower_bound(batch, cm) * 1.03
+    assert plan.step_time_s <= lower_bound(batch, cm) * 1.15
     best_baseline = min(p.step_time_s for p in baseline_plans(batch, cm, allowed_sp_sizes(cm)))
-    assert plan.step_time_s <= best_baseline * 0.97
-    assert max(len(g.microbatches) for g in plan.groups) <= 2
-    assert any(mb.ckpt_layers > 0 for g in plan.groups for mb in g.microbatches)
+    assert plan.step_time_s <= best_baseline * 0.95
+    assert len({len(g.microbatches) for g in plan.groups}) == 1
+    assert plan.grad_sync_s <= 0.01 * plan.step_time_s
 
 
 def test_fill_plans_are_valid_and_skip_cheap_fixed_costs() -> None:

@@ -35,7 +35,7 @@ def staggered_plan() -> Plan:
         assemble("manual", batch[2:5], cm, [(2, 1, [[2]]), (3, 1, [[3]]), (0, 2, [[4]])]),
         assemble("manual", batch[5:], cm, [(0, 4, [[5, 6]])]),
     ]
-    return chain("manual", batch, parts)
+    return chain("manual", batch, parts, cm)
 
 
 def test_phases_start_when_their_ranks_are_free() -> None:
@@ -200,7 +200,7 @@ def test_example_batch_runs_its_longest_sample_first(example) -> None:  # noqa: 
     assert need[0] == 32 and (need[1:] < 32).all()
     head = solve_ilp([batch[int(order[0])]], cm, IlpOptions(time_limit_s=1.0))
     tail = solve_ilp([batch[i] for i in order[1:].tolist()], cm, IlpOptions(time_limit_s=1.0))
-    two = chain("manual", batch, [head, tail])
+    two = chain("manual", batch, [head, tail], cm)
     for other in (single, two, plan):
         assert plan.lower_bound_s <= other.step_time_s
     assert plan.lower_bound_s == pytest.approx(multi_phase_bound(batch, cm))
@@ -230,7 +230,7 @@ def test_bound_is_below_two_phase_constructions_of_the_first_batch() -> None:
         head = solve_ilp([batch[i] for i in order[:k].tolist()], cm, IlpOptions(time_limit_s=0.3))
         tail = solve_ilp([batch[i] for i in order[k:].tolist()], cm, IlpOptions(time_limit_s=0.3))
         for mirror in (False, True):
-            assert bound <= chain("manual", batch, [head, tail], mirror=[False, mirror]).step_time_s
+            assert bound <= chain("manual", batch, [head, tail], cm, mirror=[False, mirror]).step_time_s
 
 
 def test_max_phases_is_checked_and_one_keeps_a_single_layout(example) -> None:  # noqa: ANN001
@@ -289,4 +289,37 @@ def test_phases_hold_ring_groups() -> None:
     assert "against the single layout's" in plan.notes[-2]
     back = Plan.from_json(plan.to_json())
     assert back == plan and [(g.ring, g.phase) for g in back.groups] == [(g.ring, g.phase) for g in plan.groups]
+    assert simulate(plan, cm).step_time_s == pytest.approx(plan.step_time_s)
+
+
+def test_zero_stage_3_runs_one_layout(example) -> None:  # noqa: ANN001
+    """At ZeRO-3 every rank runs the plan's slots in lockstep over one layout: the planner does not
+    search phases (the example batch, which plans in two at stage 1), a chain is refused, and the
+    executor's plan check refuses a multi-phase plan at stage 3 on every rank alike."""
+    from types import SimpleNamespace
+
+    from dcp.executor.plan_check import ExecutorError, check_plan
+
+    _, batch = example
+    cm3 = cost_model(gpus=32, zero_stage=3)
+    plan = solve(batch, cm3.cluster, cm3, IlpOptions(time_limit_s=1.0))
+    assert plan.num_phases == 1 and any("ZeRO stage 3" in note for note in plan.notes)
+    phased = staggered_plan()
+    with pytest.raises(PlanError, match="ZeRO stage 3"):
+        chain("manual", phased.samples, [phased], tiny_cm(4, 2, zero_stage=3))
+    unpriced = copy.deepcopy(phased)
+    unpriced.zero_stage = None  # a plan that names no stage (made by hand, or before plans recorded it)
+    with pytest.raises(ExecutorError, match="3 phases, but ZeRO stage 3"):
+        check_plan(unpriced, SimpleNamespace(world_size=4), phased.num_layers, None, zero_stage=3)
+    check_plan(phased, SimpleNamespace(world_size=4), phased.num_layers, None, zero_stage=1)
+
+
+def test_multi_phase_sync_hides_under_the_last_phase() -> None:
+    """A multi-phase plan's step is its phases' timeline plus what the schedule's reductions add
+    after each rank's last micro-batch: at least the least any plan adds, at most the whole
+    synchronization run after the slowest rank."""
+    plan = staggered_plan()
+    cm = tiny_cm(4, 2)
+    whole = cm.step_price([], idle_ranks=True, overlap=False).step_time_s
+    assert cm.grad_sync_s() - 1e-12 <= plan.step_time_s - plan.busy_s() <= whole + 1e-12
     assert simulate(plan, cm).step_time_s == pytest.approx(plan.step_time_s)

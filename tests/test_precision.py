@@ -48,10 +48,10 @@ def train(rank: int, world: int, recipe: str, zero_stage: int, steps: int = 3) -
     """A few steps of the tiny Llama; returns the parameters (flat, as fp32) every rank ends with."""
     state = ParallelState.create(timeout_s=30)
     model = build_model(SPEC, seed=0, dtype=param_dtype(recipe))
-    executor = Executor(model, state, recipe=recipe)
+    executor = Executor(model, state, recipe=recipe, zero_stage=zero_stage)
     # SGD: linear in the gradients, so round-off in them stays round-off (Adam's normalization
     # would blow a 1e-9 difference in a tiny gradient up to a step of lr).
-    optimizer = executor_optimizer(executor, zero_stage=zero_stage, optimizer_class=torch.optim.SGD, lr=0.5)
+    optimizer = executor_optimizer(executor, optimizer_class=torch.optim.SGD, lr=0.5)
     for step in range(steps):
         samples, tensors = batch(2, step)  # the same global batch of 4 samples, whatever the world
         groups = [(0, 1, [([0, 1, 2, 3], 1)])] if world == 1 else [(0, 1, [([0, 1], 1)]), (1, 1, [([2, 3], 0)])]
@@ -74,8 +74,8 @@ def test_zero1_over_two_ranks_equals_one_rank(recipe: str) -> None:
 def test_flat_adamw_steps_as_adamw_on_the_tensors(state: ParallelState) -> None:
     model = build_model(SPEC, seed=0)
     plain = copy.deepcopy(model)
-    executor = Executor(model, state, recipe="fp32")
-    optimizer = executor_optimizer(executor, zero_stage=0, lr=1e-2, weight_decay=0.1)
+    executor = Executor(model, state, recipe="fp32", zero_stage=0)
+    optimizer = executor_optimizer(executor, lr=1e-2, weight_decay=0.1)
     reference = torch.optim.AdamW(plain.parameters(), lr=1e-2, weight_decay=0.1)
     samples, tensors = batch(1, 0)
     executor.step(manual_plan(samples, 1, SPEC.num_layers, [(0, 1, [([0, 1], 0)])]), tensors, loss_fn)
@@ -91,16 +91,16 @@ def test_bf16_parameters_accumulate_fp32_gradients(state: ParallelState) -> None
     model = build_model(SPEC, seed=0, dtype=torch.bfloat16)
     wide = build_model(SPEC, seed=0, dtype=torch.float64)
     executor = Executor(model, state)  # bf16 parameters: the bf16 recipe
-    assert executor.recipe.name == "bf16" and executor.grads.dtype == torch.float32
+    assert executor.recipe.name == "bf16" and executor.zero.grad_dtype == torch.float32
     samples, tensors = batch(1, 1)
     three = manual_plan(samples, 1, SPEC.num_layers, [(0, 1, [([0], 0), ([1], 1)])])  # two micro-batches
     executor.step(three, tensors, loss_fn)
     ref = Executor(wide, state)
     ref.step(three, {i: dict(t) for i, t in tensors.items()}, loss_fn)
-    got, want = executor.grads.grads.double(), ref.grads.grads
+    got, want = executor.zero.grads.double(), ref.zero.grads
     assert torch.linalg.norm(got - want) / torch.linalg.norm(want) < 0.02  # bf16 forward, fp32 sums
     assert all(p.grad.dtype == torch.bfloat16 for p in model.parameters())  # copies for a plain optimizer
-    executor_optimizer(executor, zero_stage=0)
+    executor_optimizer(executor)
     executor.step(three, tensors, loss_fn)
     assert all(p.grad is None for p in model.parameters())  # the master-weight optimizer reads the buffer
 
@@ -111,7 +111,9 @@ def test_recipe_mismatches_are_clear_errors(state: ParallelState) -> None:
         Executor(model, state, recipe="bf16")
     assert recipe_for_model(model, "cuda").name == "autocast-bf16"
     assert recipe_for_model(model, "cpu").name == "fp32"
-    with pytest.raises(ValueError, match="the executor runs ZeRO stages 0 and 1, not 2"):
+    with pytest.raises(ValueError, match="ZeRO stage must be 0, 1, 2 or 3, got 4"):
+        Executor(model, state, recipe="fp32", zero_stage=4)
+    with pytest.raises(ValueError, match="optimizer for ZeRO stage 2, but the executor runs stage 1"):
         executor_optimizer(Executor(model, state, recipe="fp32"), zero_stage=2)
     with pytest.raises(ValueError, match="unknown precision recipe 'fp8'"):
         RunOptions(precision="fp8")

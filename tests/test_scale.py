@@ -44,7 +44,7 @@ def test_twenty_thousand_samples_plan_within_the_limit() -> None:
     assert wall_s < 0.5
     plan.validate()
     inter = solve(batch, cm.cluster, cm, GreedyOptions(pyramid=False))
-    assert plan.step_time_s <= inter.step_time_s * (1 + 1e-9)
+    assert plan.busy_s() <= inter.busy_s() * (1 + 1e-9)  # the ILP's objective: the slowest group
 
 
 def test_program_size_does_not_grow_with_the_batch() -> None:
@@ -94,7 +94,7 @@ def test_heavy_micro_batch_costs_keep_every_guarantee(gpus: int, n: int) -> None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         others = baseline_plans(batch, cm, allowed_sp_sizes(cm))
-    assert others and all(plan.step_time_s <= p.step_time_s * (1 + 1e-9) for p in others)
+    assert others and all(plan.busy_s() <= p.busy_s() * (1 + 1e-9) for p in others)
     greedy = next(p for p in others if p.strategy == "dcp-greedy")
     assert greedy.step_time_s < solve_bucket(batch, cm).step_time_s
 

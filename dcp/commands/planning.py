@@ -64,7 +64,8 @@ def planning_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Usable memory per GPU in GB (1e9 bytes). Default: the hardware profile's."),
         click.option("--zero-stage", type=click.Choice(["0", "1", "2", "3"]), default="1", show_default=True,
                      help="ZeRO sharding of the model states over all GPUs: 0 none, 1 optimizer state, "
-                          "2 also gradients, 3 also parameters (gathered per layer)."),
+                          "2 also gradients between steps, 3 also parameters (gathered per layer, every "
+                          "rank in lockstep slots)."),
         click.option("--precision", type=click.Choice(list(RECIPES)), default="bf16", show_default=True,
                      help="Precision recipe the training runs (as the executor's): bf16 parameters with fp32 "
                           "master weights, fp32 parameters under bf16 autocast, or fp32."),

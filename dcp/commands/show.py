@@ -61,7 +61,7 @@ def show(plan_file: Path, step_index: int, gantt_path: Path | None, model: str |
     Example:
       dcp plan --steps 2 --format json -o plan.json
       dcp show plan.json --step 1 --gantt step1.png
-      dcp show plan.json --zero-stage 2
+      dcp show plan.json --zero-stage 3
     """
     check_output(gantt_path, "--gantt", FIGURE_SUFFIXES)
     doc = load_plan_document(plan_file)

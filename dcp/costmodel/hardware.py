@@ -204,8 +204,9 @@ class TrainingSetup:
     fp32) or given whole."""
     zero_stage: Literal[0, 1, 2, 3] = 1
     """0: nothing sharded; 1: optimizer state (incl. master weights) sharded over the world
-    (DeepSpeed ZeRO-1, as the DCP paper trained); 2: gradients sharded as well; 3: parameters
-    too, gathered for every layer's forward, backward and recompute (FSDP-style)."""
+    (DeepSpeed ZeRO-1, as the DCP paper trained); 2: gradients sharded as well between steps;
+    3: parameters too, each layer gathered for its forward and again for its backward, every
+    rank in lockstep (dcp.costmodel.schedule)."""
 
     def __post_init__(self) -> None:
         get_recipe(self.precision)  # an unknown name is a clear error here, not later
@@ -230,7 +231,8 @@ class TrainingSetup:
         """Bytes per GPU the training state holds between steps: parameters, the gradient buffer,
         master weights and optimizer state, each in the recipe's dtype, sharded over the world
         as ZeRO (Rajbhandari et al., arXiv 1910.02054) does at this stage. bf16 with Adam:
-        2 + 4 + (4 + 8) / N bytes per parameter at stage 1; autocast-bf16: 4 + 4 + 8 / N."""
+        2 + 4 + (4 + 8) / N bytes per parameter at stage 1; autocast-bf16: 4 + 4 + 8 / N.
+        (`dcp.costmodel.zero.resident_bytes` counts the same in the executor's padded units.)"""
         r = self.recipe
         weights = r.param_bytes * params
         grads = r.grad_bytes * params

@@ -11,18 +11,19 @@ A micro-batch is a set of samples run together (packed, varlen) by one sequence-
                        (static: training state + weight copies + the peak's fixed part; all measured)
 
 lat(p) and bw(p) are the alpha-beta fit of the hardware's all-to-all curve for the group's shape
-(GPUs per node, nodes; `collectives.py`). The step adds, once, the data-parallel synchronization
-the executor issues after its micro-batches (`grad_sync_s`), priced from the curves at its message
-sizes. Everything per micro-batch is linear in T and A for a fixed (p, r), which the ILP planner
-relies on: `linear_time(p, r)` and `activation_bytes_per_token(p, r)` expose the coefficients.
+(GPUs per node, nodes; `collectives.py`). Everything per micro-batch is linear in T and A for a
+fixed (p, r), which the ILP planner relies on: `linear_time(p, r)` and
+`activation_bytes_per_token(p, r)` expose the coefficients. The step's ZeRO collectives (gradient
+reductions overlapped with the last backward, stage 3's per-layer gathers in lockstep slots) are
+priced on a whole plan by `step_price` (`schedule.py`); `grad_sync_s` is the least they add.
 
 This package never imports torch.
 """
 
 from __future__ import annotations
 
-import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dcp.costmodel.collectives import bus_factor
@@ -30,12 +31,10 @@ from dcp.costmodel.hardware import Cluster, HardwareProfile, LayerFit, TrainingS
 from dcp.costmodel.layout_queries import LayoutQueries
 from dcp.costmodel.memory import footprint_for
 from dcp.costmodel.ring import SPLayout, kv_width, shard_tokens
+from dcp.costmodel.schedule import GroupShape, StepPrice, least_exposed_s, price_step
 from dcp.costmodel.spec import CostModelError, ModelSpec
-from dcp.costmodel.traffic import model_tensors, weight_traffic
-
-EXECUTED_ZERO_STAGES = (0, 1)
-"""ZeRO stages dcp.executor runs (a flat gradient all-reduce, ZeroRedundancyOptimizer); plans for
-the others are simulation only (sharded stages come with torch FSDP2, not yet in the executor)."""
+from dcp.costmodel.traffic import weight_traffic
+from dcp.costmodel.zero import in_step_bytes, padded, resident_bytes, unit_params
 
 
 @dataclass(frozen=True)
@@ -80,12 +79,18 @@ class CostModel(LayoutQueries):
         self.footprint = footprint_for(model, self.training.recipe, fitted)
         """The measured memory of this model in the training's recipe (dcp.costmodel.memory)."""
         self.fit = fitted or self._derive_fit()
-        self.resident_bytes = self.training.static_bytes(model.param_count(), cluster.num_gpus)
-        """Training state held between steps: parameters, gradients, master weights, optimizer."""
+        units, n, stage = unit_params(model), cluster.num_gpus, self.training.zero_stage
+        self.resident_bytes = resident_bytes(self.training.recipe, stage, units, n)
+        """Training state held between steps: parameters, gradients, master weights, optimizer,
+        in the executor's padded units (dcp.costmodel.zero)."""
+        self.in_step_bytes = in_step_bytes(self.training.recipe, stage, units, n)
+        """What the ZeRO schedule adds during a step: stage 2's whole local gradient, stage 3's
+        gathered units and their gradients."""
         fp = self.footprint
-        self.static_bytes = (self.resident_bytes + fp.weight_copy_bytes(model.num_layers) + fp.working_fixed_bytes)
-        """Memory every micro-batch needs whatever its tokens: the training state, autocast's
-        weight copies, and the token-independent part of the peak."""
+        self.static_bytes = (self.resident_bytes + self.in_step_bytes + fp.weight_copy_bytes(model.num_layers)
+                             + fp.working_fixed_bytes)
+        """Memory every micro-batch needs whatever its tokens: the training state and what the
+        schedule gathers, autocast's weight copies, and the token-independent part of the peak."""
         self._linear: dict[tuple[int, int], LinearCost] = {}
         self._layout_linear: dict[tuple[SPLayout, int], LinearCost] = {}
         self._init_layouts()
@@ -198,31 +203,13 @@ class CostModel(LayoutQueries):
             head = self.fit.head_per_token_s / p
             self._layout_linear[key] = LinearCost(
                 k * (fwd.fixed + bwd.fixed + 2 * comm.fixed + 2 * ring.extra_fixed_s + home[0])
-                + r * (rec.fixed + comm.fixed + ring.extra_fixed_s) + self.fit.microbatch_fixed_s
-                + 2 * self.param_gather_s(),
+                + r * (rec.fixed + comm.fixed + ring.extra_fixed_s) + self.fit.microbatch_fixed_s,
                 k * (fwd.per_token + bwd.per_token + 2 * comm.per_token + ring.fwd_extra_token_s
                      + ring.bwd_extra_token_s + home[1])
                 + r * (rec.per_token + comm.per_token + ring.fwd_extra_token_s) + head,
                 k * (fwd.per_pair + bwd.per_pair) + r * rec.per_pair,
             )
         return self._layout_linear[key]
-
-    def param_gather_s(self) -> float:
-        """ZeRO-3: one pass's all-gathers of the parameters over the world, one per layer (and one
-        per embedding table) as torch FSDP2 issues them, in the parameter dtype; 0 below stage 3.
-
-        A micro-batch pays two passes, forward and backward: the recompute of a checkpointed layer
-        runs inside its backward, after that pass's gather. Priced exposed, an upper bound: FSDP2
-        prefetches the next layer's gather during this one's compute, which hides it for micro-
-        batches above a few thousand tokens per GPU, a max() the linear model cannot express."""
-        n = self.cluster.num_gpus
-        if self.training.zero_stage < 3 or n == 1:
-            return 0.0
-        pb, m = self.training.recipe.param_bytes, self.model
-        gather = functools.partial(self.hardware.collective_time_s, "all_gather", ranks=n,
-                                   gpus_per_node=self.cluster.gpus_per_node)
-        tables = [m.vocab * m.hidden] * ((1 if m.tied_embeddings else 2) if m.vocab else 0)
-        return m.num_layers * gather(m.layer_params() * pb) + sum(gather(t * pb) for t in tables)
 
     def activation_bytes_per_token(self, sp_size: int, ckpt_layers: int, layout: SPLayout | None = None) -> float:
         """Activation bytes per token of the micro-batch on each GPU of its group: what the layers
@@ -268,47 +255,50 @@ class CostModel(LayoutQueries):
         return cap * self.hardware.extrapolation_factor * sp_size if cap else math.inf
 
     def grad_sync_s(self) -> float:
-        """The step's data-parallel synchronization after its last micro-batch: the sum of
-        `sync_terms()`, paid once per step after the slowest group finishes."""
-        return sum(self.sync_terms().values())
+        """The least the step's synchronization adds beyond the slowest group's micro-batches,
+        whatever the plan (`schedule.least_exposed_s`): what strategies add to a makespan before
+        `step_price` prices their plan, and what lower bounds add to theirs."""
+        return least_exposed_s(self)
+
+    def step_price(self, groups: Sequence[GroupShape], idle_ranks: bool = False, *, overlap: bool = True,
+                   spans: bool = False, starts_s: Sequence[float] | None = None) -> StepPrice:
+        """The step time of these groups' micro-batches as the executor runs them at this ZeRO
+        stage (`schedule.price_step`): independent groups with overlapped reductions at stages
+        0-2, lockstep slots at stage 3."""
+        return price_step(self, groups, idle_ranks, overlap=overlap, spans=spans, starts_s=starts_s)
 
     def sync_terms(self) -> dict[str, float]:
-        """Seconds of each collective the step ends with, as the executor (stages 0, 1) or torch
-        FSDP2 (stages 2, 3) issues them over the world, gradients in the reduce dtype:
+        """Seconds of each kind of the step's world-wide collectives, summed as if run back to back
+        (the schedule hides part of them under backward passes; see `step_price`):
 
-        - stage 0: one all-reduce of the flat gradient buffer (and the loss sum and count);
-        - stage 1: that all-reduce, then ZeroRedundancyOptimizer's broadcast of every parameter from
-          the rank that stepped it (one broadcast per tensor, its default);
-        - stage 2: a reduce-scatter of the gradients, then an all-gather of the updated parameters;
-        - stage 3: a reduce-scatter of the gradients (parameters are gathered per layer and pass)."""
+        - grad_reduce: each unit's gradient all-reduce (stages 0, 1) or reduce-scatter (2, 3), once
+          per step, at stage 3 once per slot (this is one slot's);
+        - loss_all_reduce: the loss sum and token count;
+        - param_all_gather: stages 1 and 2, each unit's updated parameters after the optimizer;
+          stage 3, one slot's gathers (the root's and every layer's, layers K-2..0 twice)."""
         n, g = self.cluster.num_gpus, self.cluster.gpus_per_node
         if n == 1:
             return {}
-        params, stage = self.model.param_count(), self.training.zero_stage
-        grad_bytes = params * self.training.recipe.reduce_bytes
-        pb = self.training.recipe.param_bytes
+        recipe, stage = self.training.recipe, self.training.zero_stage
+        sizes = [padded(u, n) for u in unit_params(self.model)]
 
-        def time(op: str, message_bytes: float) -> float:
-            return self.hardware.collective_time_s(op, message_bytes, n, g)
+        def total(op: str, element_bytes: int, counts: Sequence[int]) -> float:
+            return sum(c * self.hardware.collective_time_s(op, s * element_bytes, n, g) for s, c in zip(sizes, counts, strict=True))
 
-        if stage <= 1:
-            terms = {"grad_all_reduce": time("all_reduce", grad_bytes + 16)}
-            if stage == 1:
-                terms["param_broadcast"] = sum(time("broadcast", t * pb) for t in model_tensors(self.model))
-            return terms
-        terms = {"grad_reduce_scatter": time("reduce_scatter", grad_bytes)}
-        if stage == 2:
-            terms["param_all_gather"] = time("all_gather", params * pb)
+        once = [1] * len(sizes)
+        terms = {"grad_reduce": total("reduce_scatter" if stage >= 2 else "all_reduce", recipe.reduce_bytes, once),
+                 "loss_all_reduce": self.hardware.collective_time_s("all_reduce", 16, n, g)}
+        if stage in (1, 2):
+            terms["param_all_gather"] = total("all_gather", recipe.param_bytes, once)
+        if stage == 3:
+            k = self.model.num_layers
+            terms["param_all_gather"] = total("all_gather", recipe.param_bytes, [2] * (k - 1) + [1, 1])
         return terms
 
     def notes(self) -> list[str]:
-        """What a plan priced by this model should say about how far to trust it."""
-        stage = self.training.zero_stage
-        if stage in EXECUTED_ZERO_STAGES:
-            return []
-        return [f"ZeRO stage {stage}: simulation only; dcp.executor runs stages "
-                f"{' and '.join(map(str, EXECUTED_ZERO_STAGES))} (its collectives are priced as torch FSDP2 "
-                "would issue them, parameter gathers exposed)"]
+        """What a plan priced by this model should say about how far to trust it (nothing now:
+        dcp.executor runs every ZeRO stage the model prices, on the schedule it prices)."""
+        return []
 
     def _check(self, tokens: float, sp_size: int, ckpt_layers: int) -> None:
         if sp_size < 1 or sp_size & (sp_size - 1) or sp_size > self.cluster.num_gpus:

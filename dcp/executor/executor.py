@@ -1,15 +1,18 @@
-"""The step runner: carry out this rank's part of a plan and join the step's gradient all-reduce.
+"""The step runner: carry out this rank's part of a plan and join the step's gradient sync.
 
-    executor = Executor(model, ParallelState.create())
-    stats = executor.step(plan, samples, loss_fn)   # gradients are in .grad, reduced and normalized
-    optimizer.step(); optimizer.zero_grad()
+    executor = Executor(model, ParallelState.create(), zero_stage=1)
+    stats = executor.step(plan, samples, loss_fn)   # stages 0, 1: gradients reduced and normalized in .grad
+    optimizer.step(); optimizer.zero_grad()         # optimizer = executor_optimizer(executor, lr=...)
 
 Every rank runs its group's micro-batches one after another (in a multi-phase plan, its group of
 each phase in turn, gradients accumulating across them): forward and backward with Ulysses (and
 ring) attention in the group and the first `ckpt_layers` layers checkpointed, the loss a plain sum
-over its shard's loss tokens. Then one SUM all-reduce over the world carries the gradients and
-the loss-token count; gradients are divided by the global count. Whatever the plan, the result
-equals single-process training on the same global batch with a per-token mean loss.
+over its shard's loss tokens. The ZeRO schedule (dcp.executor.sharding) reduces the gradients
+over the world, each layer's as soon as the rank's last micro-batch's backward has produced it,
+and divides them by the global loss-token count; at stage 3 every rank runs the plan's
+micro-batch slots in lockstep (empty passes where its group has fewer; single-layout plans only).
+Whatever the plan and the stage, the result equals single-process training on the same global
+batch with a per-token mean loss.
 """
 
 from __future__ import annotations
@@ -27,13 +30,14 @@ from dcp.costmodel.precision import PrecisionRecipe, get_recipe
 from dcp.data.local import local_samples
 from dcp.executor.batch import PackedBatch, SampleTensors, check_sample_tensors, pack_microbatch
 from dcp.executor.checkpoint import CheckpointSwitches
-from dcp.executor.comm import GradBuffer, broadcast_params
+from dcp.executor.comm import broadcast_params
 from dcp.executor.parallel_state import ParallelState
 from dcp.executor.plan_check import ExecutorError, agree_on_plan, check_plan
 from dcp.executor.ring_comm import ring_peers
+from dcp.executor.sharding import ZERO_STAGES, ZeroSchedule
 from dcp.executor.ulysses import SPContext, install_ulysses
 from dcp.models.losses import IGNORE_INDEX
-from dcp.models.precision import check_param_dtypes, forward_autocast, recipe_for_model, torch_dtype
+from dcp.models.precision import check_param_dtypes, forward_autocast, recipe_for_model
 from dcp.planner.plan import Group, MicroBatch, Plan
 
 LossFn = Callable[[torch.Tensor, PackedBatch], tuple[torch.Tensor, torch.Tensor]]
@@ -77,7 +81,8 @@ class StepStats:
     measured_step_s: float
     """This rank's wall time from the start of step() to reduced gradients."""
     grad_sync_s: float
-    """This rank's wait in the all-reduce (includes waiting for slower groups)."""
+    """This rank's time from its last micro-batch to reduced gradients (the reductions not hidden
+    under that micro-batch's backward, and the wait for slower groups)."""
     microbatches: list[MicroBatchStats] = field(default_factory=list)
     """This rank's groups' micro-batches, in phase order (every group's with gather_stats=True)."""
 
@@ -88,33 +93,41 @@ class Executor:
     def __init__(self, model: nn.Module, state: ParallelState, *, layers: Sequence[nn.Module] | None = None,
                  heads: tuple[int, int] | None = None, forward_fn: ForwardFn = default_forward,
                  per_sample_keys: Sequence[str] = ("cond",), pad_values: Mapping[str, float] | None = None,
-                 recipe: str | PrecisionRecipe = "auto", sync_params: bool = True,
-                 check_agreement: bool = True, gather_stats: bool = False) -> None:
+                 recipe: str | PrecisionRecipe = "auto", zero_stage: int = 1, overlap: bool = True,
+                 sync_params: bool = True, check_agreement: bool = True, gather_stats: bool = False) -> None:
         """`layers`: the transformer layers (default `model.layers`), whose first r are checkpointed;
         `heads`: (heads, kv_heads), read from the attention modules when None; `pad_values`: fill
         of pad tokens per tensor name (labels are padded with -100 so pads carry no loss);
         `recipe`: the precision recipe (dcp.costmodel.precision: bf16, autocast-bf16, fp32) the
         cost model prices; the model's parameters must be in its parameter dtype. "auto" reads it
-        from them: bf16 -> bf16, fp32 -> autocast-bf16 on CUDA and fp32 elsewhere."""
+        from them: bf16 -> bf16, fp32 -> autocast-bf16 on CUDA and fp32 elsewhere. `zero_stage`
+        (0-3) shards optimizer state (1), gradients (2) and parameters (3) over the world, as the
+        cost model's `TrainingSetup.zero_stage` prices; `overlap=False` starts the gradient
+        reductions only after the last micro-batch (to measure what overlapping saves)."""
+        if zero_stage not in ZERO_STAGES:
+            raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {zero_stage!r}")
         self.model, self.state = model, state
         self.forward_fn, self.per_sample_keys = forward_fn, tuple(per_sample_keys)
         self.pad_values = {"labels": IGNORE_INDEX, **(pad_values or {})}
         self.recipe = recipe_for_model(model, state.device.type) if recipe == "auto" else get_recipe(recipe)
         check_param_dtypes(model, self.recipe)
         self.check_agreement, self.gather_stats = check_agreement, gather_stats
-        self.grads = GradBuffer([p for p in model.parameters() if p.requires_grad], state.device,
-                                torch_dtype(self.recipe.grad_dtype))
         layers = list(layers if layers is not None else getattr(model, "layers", []))
         if not layers:
             raise ValueError("the model has no `layers`; pass the transformer layers to checkpoint")
+        # Every check of the model first (ZeroSchedule raises before its broadcast), so a model the
+        # stage cannot hold fails on every rank before any collective.
+        self.zero = ZeroSchedule(model, layers, state, self.recipe, zero_stage, overlap=overlap,
+                                 sync_params=sync_params)
+        if sync_params:  # same start on every rank, whatever each rank's seed (the units: above)
+            broadcast_params([p for p in model.parameters() if not p.requires_grad])
+        self.zero_stage = zero_stage
         self.switches = CheckpointSwitches(layers)
         self.ctx = SPContext()
         attn_modules = install_ulysses(model, self.ctx)
         if heads is None and attn_modules and all(hasattr(m, "heads") for m in attn_modules):
             heads = (min(m.heads for m in attn_modules), min(m.kv_heads for m in attn_modules))
         self.heads = heads
-        if sync_params:  # same start on every rank, whatever each rank's seed
-            broadcast_params(list(model.parameters()))
 
     # -- one step ------------------------------------------------------------------------------
     def step(self, plan: Plan, samples: Mapping[int, SampleTensors], loss_fn: LossFn) -> StepStats:
@@ -126,7 +139,7 @@ class Executor:
         # any rank's failure in the same all-gather: one bad plan or missing sample anywhere stops
         # all ranks with the same error, instead of leaving the others waiting in a collective.
         try:
-            check_plan(plan, state, len(self.switches.layers), self.heads)
+            check_plan(plan, state, len(self.switches.layers), self.heads, self.zero_stage)
             error = check_sample_tensors(local_samples(plan, state.rank), plan.sample_map(), samples,
                                          self.per_sample_keys)
         except ExecutorError as e:
@@ -136,23 +149,31 @@ class Executor:
         elif error:
             raise ExecutorError(error)
         specs = plan.sample_map()
-        self.grads.attach()
+        self.zero.begin_step()
         loss_sum = torch.zeros((), dtype=torch.float64, device=state.device)
         loss_tokens = torch.zeros((), dtype=torch.float64, device=state.device)
         runs: list[tuple[int, int, MicroBatch, _Timer, int | None]] = []  # (group, index, mb, timer, peak)
         cuda = state.device.type == "cuda"
         # Phase by phase: this rank's group of each phase, its micro-batches one after another.
         # No barrier between phases: a group's first collective waits for its last member.
-        for gi, group in enumerate(plan.groups):  # listed in phase order
-            if state.rank not in group.ranks:
-                continue
-            self._enter_group(group)
+        mine = [(gi, g) for gi, g in enumerate(plan.groups) if state.rank in g.ranks]  # in phase order
+        left = sum(len(g.microbatches) for _, g in mine)
+        for gi, group in mine or [(-1, None)]:
+            mbs = group.microbatches if group else []
+            if group is not None:
+                self._enter_group(group)
             try:
-                for mi, mb in enumerate(group.microbatches):
+                # Stage 3 (single-layout plans) runs every slot of the plan on every rank (empty
+                # passes past its own).
+                for slot in range(self.zero.slots(plan, group)):
+                    if slot >= len(mbs):
+                        self.zero.empty_pass()
+                        continue
+                    mb, left = mbs[slot], left - 1
                     timer = _Timer(state.device)
                     if cuda:  # the allocator's own count, kept on the host: no sync needed
                         torch.cuda.reset_peak_memory_stats(state.device)
-                    with timer:
+                    with timer, self.zero.microbatch(last=left == 0):
                         batch = pack_microbatch(mb.samples, specs, samples, sp_size=group.sp,
                                                 sp_rank=state.rank - group.ranks[0], device=state.device,
                                                 per_sample_keys=self.per_sample_keys, pad_values=self.pad_values,
@@ -165,11 +186,11 @@ class Executor:
                     peak = torch.cuda.max_memory_allocated(state.device) if cuda else None
                     loss_sum += mb_loss.detach().double()
                     loss_tokens += mb_tokens.detach().double() if torch.is_tensor(mb_tokens) else float(mb_tokens)
-                    runs.append((gi, mi, mb, timer, peak))
+                    runs.append((gi, slot, mb, timer, peak))
             finally:
                 self.ctx.group, self.ctx.size, self.ctx.rank, self.ctx.ring = None, 1, 0, None
         sync_start = time.perf_counter()
-        total_loss, total_tokens = self.grads.reduce(loss_sum, loss_tokens)
+        total_loss, total_tokens = self.zero.finish(loss_sum, loss_tokens)
         now = time.perf_counter()
         # Read the timers only now: on CUDA that waits for the events, which must not delay
         # launching the all-reduce.

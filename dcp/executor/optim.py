@@ -1,17 +1,18 @@
-"""The optimizer of a precision recipe, its state sharded over the world (ZeRO-1) or not, holding
-exactly what `TrainingSetup.static_bytes` prices.
+"""The optimizer of a precision recipe, stepping this rank's part of the ZeRO schedule's units
+and holding exactly what `dcp.costmodel.zero.resident_bytes` prices.
 
-    optimizer = executor_optimizer(executor, zero_stage=1, lr=3e-4)
+    executor = Executor(model, state, zero_stage=2)
+    optimizer = executor_optimizer(executor, lr=3e-4)
     executor.step(plan, samples, loss_fn); optimizer.step(); optimizer.zero_grad()
 
-`FlatShardOptimizer` keeps every parameter in one flat buffer (parameters become views of it),
-and rank i steps the i-th of N equal slices of it against the same slice of the executor's
-reduced gradient buffer, then broadcasts its slice (ZeRO stage 1: Rajbhandari et al.,
-arXiv 1910.02054). Under the bf16 recipe it steps an fp32 master copy of its slice and writes
-the bf16 rounding back (mixed precision with master weights: Micikevicius et al.,
-arXiv 1710.03740); otherwise the slice is stepped in place. The inner optimizer sees one flat
-parameter: elementwise optimizers (Adam, AdamW, SGD) step exactly as on the separate tensors,
-in one parameter group.
+Rank i steps the i-th equal chunk of every unit (dcp.executor.units) against the same chunk of
+the reduced gradient, at stage 0 the whole units (ZeRO: Rajbhandari et al., arXiv 1910.02054).
+At stages 1 and 2 the updated chunks are then all-gathered into every rank's whole units; at
+stage 3 the chunk is all a rank keeps. Under the bf16 recipe it steps an fp32 master copy of its
+chunks and writes their bf16 rounding back (mixed precision with master weights: Micikevicius et
+al., arXiv 1710.03740); otherwise the chunks are stepped in place. The inner optimizer sees one
+tensor per unit: elementwise optimizers (Adam, AdamW, SGD) step exactly as on the separate
+parameters, in one parameter group.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 if TYPE_CHECKING:
@@ -38,46 +38,23 @@ def sharded_optimizer(params: Iterable[torch.nn.Parameter], optimizer_class: typ
     return ZeroRedundancyOptimizer(list(params), optimizer_class=optimizer_class, **kwargs)
 
 
-def _flatten(params: list[nn.Parameter]) -> torch.Tensor:
-    """One buffer holding every parameter, which become views of it (values unchanged)."""
-    dtypes = {p.dtype for p in params}
-    if len(dtypes) != 1:
-        raise ValueError(f"a flat optimizer needs parameters of one dtype, got {sorted(map(str, dtypes))}")
-    flat = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
-    offset = 0
-    with torch.no_grad():
-        for p in params:
-            n = p.numel()
-            flat[offset:offset + n].copy_(p.reshape(-1))
-            p.data = flat[offset:offset + n].view_as(p)
-            offset += n
-    return flat
-
-
 class FlatShardOptimizer:
-    """ZeRO-1 over the executor's flat buffers (one slice of parameters and optimizer state per
-    rank), with fp32 master weights when the recipe keeps them; `shard=False` keeps everything on
-    every rank (ZeRO stage 0)."""
+    """An optimizer over this rank's chunks of the executor's units (its whole units at stage 0),
+    with fp32 master weights when the recipe keeps them."""
 
-    def __init__(self, executor: Executor, *, shard: bool = True,
-                 optimizer_class: type[torch.optim.Optimizer] = torch.optim.AdamW, **kwargs: Any) -> None:
-        self.grads = executor.grads
-        self.params = self.grads.params
+    def __init__(self, executor: Executor, *, optimizer_class: type[torch.optim.Optimizer] = torch.optim.AdamW,
+                 **kwargs: Any) -> None:
+        self.zero = executor.zero
         self.recipe = executor.recipe
-        if self.grads.dtype != torch.float32 and self.recipe.master_weights:
+        if self.zero.grad_dtype != torch.float32 and self.recipe.master_weights:
             raise ValueError("fp32 master weights need fp32 gradients")
-        self.flat = _flatten(self.params)
-        world = dist.get_world_size() if shard and dist.is_initialized() else 1
-        rank = dist.get_rank() if world > 1 else 0
-        n, per = self.flat.numel(), -(-self.flat.numel() // world)
-        self.ranges = [(min(i * per, n), min((i + 1) * per, n)) for i in range(world)]
-        self.start, self.end = self.ranges[rank]
-        local = self.flat[self.start:self.end]
-        # The master: an fp32 copy of this rank's slice, or the slice itself (already fp32).
-        self.master = nn.Parameter(local.detach().float().clone() if self.recipe.master_weights else local)
-        self.inner = optimizer_class([self.master], **kwargs)
+        self.local = self.zero.local()
+        # The master: an fp32 copy of each chunk, or the chunk itself (already in its dtype).
+        self.master = [nn.Parameter(p.detach().float().clone() if self.recipe.master_weights else p)
+                       for p, _ in self.local]
+        self.inner = optimizer_class(self.master, **kwargs)
         if self.recipe.master_weights:
-            self.grads.param_grads = False  # the optimizer reads the fp32 buffer; no bf16 .grad copies
+            self.zero.param_grads = False  # the optimizer reads the fp32 buffer; no bf16 .grad copies
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -85,49 +62,48 @@ class FlatShardOptimizer:
         return self.inner.param_groups
 
     def step(self) -> None:
-        """Step this rank's slice against the reduced gradients, then share every slice."""
-        self.master.grad = self.grads.grads[self.start:self.end].to(self.master.dtype)
+        """Step this rank's chunks against the reduced gradients, then share them (stages 1, 2)."""
+        for master, (_, grad) in zip(self.master, self.local, strict=True):
+            master.grad = grad if grad.dtype == master.dtype else grad.to(master.dtype)
         self.inner.step()
-        self.master.grad = None
         with torch.no_grad():
-            if self.recipe.master_weights:
-                self.flat[self.start:self.end].copy_(self.master)
-            if len(self.ranges) > 1:
-                for src, (a, b) in enumerate(self.ranges):
-                    if b > a:
-                        dist.broadcast(self.flat[a:b], src=src)
+            for master, (param, _) in zip(self.master, self.local, strict=True):
+                master.grad = None
+                if self.recipe.master_weights:
+                    param.copy_(master)
+        self.zero.share_updated()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Drop the parameters' `.grad` (the executor zeroes its buffer at the next step)."""
-        for p in self.params:
+        """Drop the parameters' `.grad` (the executor zeroes its buffers at the next step)."""
+        for p in self.zero.params:
             if set_to_none:
                 p.grad = None
             elif p.grad is not None:
                 p.grad.zero_()
 
     def state_tensors(self) -> list[torch.Tensor]:
-        """What this optimizer holds besides the parameters: master slice, optimizer state."""
-        out = [self.master] if self.recipe.master_weights else []
+        """What this optimizer holds besides the parameters: master chunks, optimizer state."""
+        out = list(self.master) if self.recipe.master_weights else []
         return out + [t for st in self.inner.state.values() for t in st.values() if torch.is_tensor(t)]
 
 
-def executor_optimizer(executor: Executor, *, zero_stage: int = 1,
+def executor_optimizer(executor: Executor, *, zero_stage: int | None = None,
                        optimizer_class: type[torch.optim.Optimizer] = torch.optim.AdamW,
                        **kwargs: Any) -> FlatShardOptimizer:
-    """The optimizer of the executor's recipe at ZeRO stage 0 or 1 (the stages the executor runs;
-    2 and 3 shard gradients and parameters, which it does not do yet)."""
-    if zero_stage not in (0, 1):
-        raise ValueError(f"the executor runs ZeRO stages 0 and 1, not {zero_stage}")
-    return FlatShardOptimizer(executor, shard=zero_stage == 1, optimizer_class=optimizer_class, **kwargs)
+    """The optimizer of the executor's recipe and ZeRO stage (`zero_stage`, when given, must be the
+    executor's: the stage decides what the executor's step reduces and keeps)."""
+    if zero_stage is not None and zero_stage != executor.zero_stage:
+        raise ValueError(f"optimizer for ZeRO stage {zero_stage}, but the executor runs stage {executor.zero_stage}: "
+                         "pass zero_stage to Executor")
+    return FlatShardOptimizer(executor, optimizer_class=optimizer_class, **kwargs)
 
 
 def held_bytes(model: nn.Module, executor: Executor, optimizer: Any) -> int:
     """Bytes of the training state a rank holds: parameters and buffers, gradients (the
-    executor's flat buffer and any `.grad` outside it), the optimizer's state, each storage once."""
-    tensors = list(model.parameters()) + list(model.buffers())
+    executor's buffers and any `.grad` outside them), the optimizer's state, each storage once
+    (a stage-3 unit between uses holds none)."""
+    tensors = list(model.parameters()) + list(model.buffers()) + executor.zero.state_tensors()
     tensors += [p.grad for p in model.parameters() if p.grad is not None]
-    if executor.grads.flat is not None:
-        tensors.append(executor.grads.flat)
     if isinstance(optimizer, FlatShardOptimizer):
         tensors += optimizer.state_tensors()
     else:

@@ -14,15 +14,24 @@ class ExecutorError(RuntimeError):
     """The executor cannot run a step: bad plan, missing data, or ranks that disagree."""
 
 
-def check_plan(plan: Plan, state: ParallelState, num_layers: int, heads: tuple[int, int] | None) -> None:
+def check_plan(plan: Plan, state: ParallelState, num_layers: int, heads: tuple[int, int] | None,
+               zero_stage: int | None = None) -> None:
     """Raise ExecutorError if the plan cannot run here. Looks only at the plan and the model, so
-    every rank holding the same plan raises the same error, before issuing any collective."""
+    every rank holding the same plan raises the same error, before issuing any collective. A
+    plan priced for another ZeRO stage is refused: its memory and step assume that stage's
+    schedule (a stage-3 plan's micro-batches do not fit next to stage 1's whole replicas)."""
     if plan.num_gpus != state.world_size:
         raise ExecutorError(f"plan is for {plan.num_gpus} GPUs but this job has {state.world_size} ranks")
+    if zero_stage is not None and plan.zero_stage is not None and plan.zero_stage != zero_stage:
+        raise ExecutorError(f"plan was made for ZeRO stage {plan.zero_stage} (its memory and step time assume it), "
+                            f"but the executor runs stage {zero_stage}: plan with the executor's stage")
     try:
         plan.validate()
     except PlanError as e:
         raise ExecutorError(f"plan does not validate: {e}") from e
+    if zero_stage == 3 and plan.num_phases > 1:
+        raise ExecutorError(f"plan has {plan.num_phases} phases, but ZeRO stage 3 runs the plan's micro-batch slots "
+                            "in lockstep over one layout: plan with max_phases=1 at stage 3")
     if plan.num_layers != num_layers:
         raise ExecutorError(f"plan is for a model of {plan.num_layers} layers, this model has {num_layers}")
     if heads is not None:

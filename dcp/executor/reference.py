@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from dcp.executor.batch import SampleTensors, pack_microbatch
-from dcp.executor.executor import ForwardFn, LossFn
+from dcp.executor.executor import Executor, ForwardFn, LossFn
 from dcp.planner.plan import Group, MicroBatch, Plan
 from dcp.planner.sample import Sample
 
@@ -41,21 +41,35 @@ def reference_step(model: nn.Module, batch: Sequence[Sample], samples: Mapping[i
 
 def relative_grad_diff(params: Sequence[nn.Parameter], reference: Sequence[nn.Parameter],
                        floor: float = 1e-2) -> float:
-    """Largest, over parameters, of max|g - g_ref| / max(max|g_ref|, floor * largest |g_ref| of the
-    model); a parameter without a gradient counts as zeros.
+    """`relative_diff` of the parameters' gradients; a parameter without one counts as zeros."""
+    return relative_diff([p.grad if p.grad is not None else torch.zeros_like(p) for p in params],
+                         [r.grad if r.grad is not None else torch.zeros_like(r) for r in reference], floor)
 
-    Per-tensor scale, so small parameters are judged at their own size; the floor keeps gradients
+
+def relative_diff(tensors: Sequence[torch.Tensor], reference: Sequence[torch.Tensor], floor: float = 1e-2) -> float:
+    """Largest, over tensors, of max|t - t_ref| / max(max|t_ref|, floor * largest |t_ref| of all).
+
+    Per-tensor scale, so small tensors are judged at their own size; the floor keeps gradients
     that are zero in exact arithmetic (a key bias: softmax ignores a shift shared by all scores)
     from turning round-off on both sides into a huge ratio."""
-    grads = [(p.grad if p.grad is not None else torch.zeros_like(p),
-              r.grad if r.grad is not None else torch.zeros_like(r)) for p, r in zip(params, reference, strict=True)]
-    overall = max((gr.abs().max().item() for _, gr in grads), default=0.0)
+    pairs = list(zip(tensors, reference, strict=True))
+    overall = max((r.abs().max().item() for _, r in pairs if r.numel()), default=0.0)
     worst = 0.0
-    for g, gr in grads:
-        scale = max(gr.abs().max().item(), floor * overall)
-        diff = (g.double() - gr.double()).abs().max().item()
+    for t, r in pairs:
+        if not r.numel():
+            continue
+        scale = max(r.abs().max().item(), floor * overall)
+        diff = (t.double() - r.double()).abs().max().item()
         worst = max(worst, diff / scale if scale > 0 else diff)
     return worst
+
+
+def in_unit_order(executor: Executor, model: nn.Module, reference: nn.Module) -> list[nn.Parameter]:
+    """`reference`'s parameters (a copy of `model` made before the executor took it) in the order
+    of the executor's units: the order of `executor.zero.full_grads()` and `full_params()`."""
+    position = {id(p): i for i, p in enumerate(model.parameters())}
+    ref = list(reference.parameters())
+    return [ref[position[id(p)]] for u in executor.zero.units for p in u.params]
 
 
 def manual_plan(batch: Sequence[Sample], num_gpus: int, num_layers: int,
@@ -78,3 +92,24 @@ def manual_plan(batch: Sequence[Sample], num_gpus: int, num_layers: int,
                 step_time_s=0.0, lower_bound_s=0.0)
     plan.step_time_s = plan.busy_s()
     return plan.validate()
+
+
+def load_reference(executor: Executor, model: nn.Module, reference: nn.Module | None) -> None:
+    """Give `reference` (a copy of `model` made before the executor took it) the executor's current
+    parameters. At ZeRO stage 3 a collective: every rank calls it, with None where it keeps no
+    reference."""
+    values = executor.zero.full_params()
+    if reference is not None:
+        with torch.no_grad():
+            for r, v in zip(in_unit_order(executor, model, reference), values, strict=True):
+                r.copy_(v)
+
+
+def reference_grad_diff(executor: Executor, model: nn.Module, reference: nn.Module | None) -> float:
+    """`relative_diff` of the executor's reduced gradients against `reference`'s (0.0 where it is
+    None). At ZeRO stages 2 and 3 a collective: every rank calls it."""
+    grads = executor.zero.full_grads()
+    if reference is None:
+        return 0.0
+    want = [r.grad if r.grad is not None else torch.zeros_like(r) for r in in_unit_order(executor, model, reference)]
+    return relative_diff(grads, want)

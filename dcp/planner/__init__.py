@@ -28,7 +28,7 @@ def solve(batch: Sequence[Sample] | Sequence[int], cluster: Cluster, cost_model:
           options: StrategyOptions | str | None = None) -> Plan:
     """Plan one global batch: Samples (or bare token counts) on `cluster` priced by `cost_model`,
     with a strategy's options or name (default: ilp). Inputs are checked first (`dcp.planner.inputs`).
-    The plan's notes end with the cost model's own (e.g. that a ZeRO-3 plan is simulation only).
+    The plan's notes end with the cost model's own (`CostModel.notes`).
 
     Deterministic: dcp-greedy, dcp-greedy-inter, bucket and packed give the same plan for the same
     inputs, always. ilp does whenever no phase is cut short by its wall-clock `time_limit_s`

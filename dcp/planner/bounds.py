@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from dcp.costmodel import CostModel
+from dcp.costmodel.schedule import least_link_s
 from dcp.planner.bound_group import group_bound
 from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.pricing import exact_times
@@ -61,9 +62,10 @@ def lower_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] 
     (M - fixed - per_pair a_i) / per_token for each sample i it holds; so i carries at least its
     share at that capacity, at a level (p, r) where it fits and runs alone within M. The cheapest
     such level per sample, summed, is work(M) <= N * M for a plan of busy time M; work only falls
-    as M grows, so every M with work(M) > N * M is below the optimum. It matters under ZeRO-3,
-    whose per-micro-batch parameter gathers make fixed costs large: a short step leaves room for
-    few tokens per micro-batch to share them (at M = inf it is the plain GPU-seconds bound).
+    as M grows, so every M with work(M) > N * M is below the optimum (at M = inf it is the plain
+    GPU-seconds bound). The gradient sync added is the least any plan's schedule adds
+    (`CostModel.grad_sync_s`); under ZeRO-3 the bound is also at least the fewest slots' collectives
+    (`_link_bound`), since every slot gathers every layer.
 
     It holds for every plan the executor can run, multi-phase plans included (see
     `multi_phase_bound`). `arrays` (tokens, pairs), when given, saves reading them from the
@@ -84,8 +86,9 @@ def _bounds(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | No
         if len(memo) >= _MEMO_SIZE:
             del memo[next(iter(memo))]
         work = _Work(*distinct_samples(tokens, pairs), cm, sizes)
-        makespan = _makespan_bound(work, cm.cluster.num_gpus)
-        memo[key] = (makespan + cm.grad_sync_s(), group_bound(work, cm, sizes, makespan) + cm.grad_sync_s())
+        makespan, sync = _makespan_bound(work, cm.cluster.num_gpus), cm.grad_sync_s()
+        link = _link_bound(float(tokens.sum()), cm, sizes)
+        memo[key] = (max(makespan + sync, link), max(group_bound(work, cm, sizes, makespan) + sync, link))
     return memo[key]
 
 
@@ -95,6 +98,20 @@ def single_layout_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequen
     valid for single-layout plans only, where that group keeps its size for the whole step. A
     multi-phase plan dissolves it once its sample is done, so this bound does not hold there."""
     return _bounds(batch, cm, sp_sizes, arrays)[1]
+
+
+def _link_bound(total_tokens: float, cm: CostModel, sizes: Sequence[int]) -> float:
+    """ZeRO-3 (lockstep slots): the link is busy at least the fewest slots' collectives. A slot
+    runs at most one micro-batch per group, each of at most max_tokens(p, K) tokens, and the
+    groups' p sum to at most N, so a slot holds at most N * max_p max_tokens(p, K) / p tokens."""
+    if cm.training.zero_stage < 3:
+        return 0.0
+    k = cm.model.num_layers
+    per_gpu = max(cm.max_tokens(p, k) / p for p in sizes)
+    if per_gpu <= 0:
+        return 0.0
+    slots = math.ceil(total_tokens / (cm.cluster.num_gpus * per_gpu) - 1e-9)
+    return least_link_s(cm, max(slots, 1))
 
 
 def capacity_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | None = None,

@@ -12,6 +12,7 @@ from dcp.planner.bounds import lower_bound
 from dcp.planner.plan import Group, InfeasibleError, MicroBatch, Plan
 from dcp.planner.pricing import BatchArrays, Layout, Pricer, price_layout
 from dcp.planner.sample import Sample
+from dcp.planner.sync import price_step
 
 
 def aligned_layout(groups_per_size: dict[int, int], num_gpus: int, gpus_per_node: int) -> list[tuple[int, int]]:
@@ -72,15 +73,13 @@ def assemble_indices(strategy: str, batch: Sequence[Sample], cm: CostModel, layo
                           for mi, mb in enumerate(mbs) if len(mb)]
         groups.append(g)
         m += len(mbs)
-    sync = cm.grad_sync_s()
-    busy = max((g.busy_s for g in groups), default=0.0)
     lb = lower_bound(batch, cm) if lower_bound_s is None else lower_bound_s
-    step = busy + sync
     plan = Plan(
         strategy=strategy, num_gpus=cm.cluster.num_gpus, gpus_per_node=cm.cluster.gpus_per_node,
         memory_limit_bytes=cm.cluster.memory_bytes, num_layers=cm.model.num_layers, samples=list(batch),
-        groups=groups, step_time_s=step, lower_bound_s=lb, grad_sync_s=sync,
+        groups=groups, step_time_s=0.0, lower_bound_s=lb,
         solve_time_s=(time.perf_counter() - started) if started is not None else 0.0,
         solver_status=solver_status, gap=gap, notes=list(notes),
     )
+    price_step(plan, cm)  # the step as the executor's schedule runs it (dcp.planner.sync)
     return plan.validate()

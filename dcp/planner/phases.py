@@ -42,6 +42,7 @@ from dcp.planner.plan import Group, InfeasibleError, Plan, PlanError
 from dcp.planner.pricing import Pricer
 from dcp.planner.sample import Sample
 from dcp.planner.status import CUT_SHORT
+from dcp.planner.sync import price_step
 
 PHASE_SHARE = 0.1
 """Share of `time_limit_s` kept back from the single-layout ILP for the phase search, when some
@@ -119,11 +120,14 @@ def split_candidates(need: np.ndarray, sizes: Sequence[int]) -> list[int]:
     return out
 
 
-def chain(strategy: str, batch: Sequence[Sample], plans: Sequence[Plan], *, mirror: Sequence[bool] = (),
-          lower_bound_s: float = 0.0) -> Plan:
+def chain(strategy: str, batch: Sequence[Sample], plans: Sequence[Plan], cm: CostModel, *,
+          mirror: Sequence[bool] = (), lower_bound_s: float = 0.0) -> Plan:
     """One plan that runs `plans` (each of a part of the batch, on the same cluster) as its
     phases, in order; with `mirror[i]`, plan i's groups on the mirrored ranks (rank r on
-    N - 1 - r). PlanError when a mirrored group would not be aligned."""
+    N - 1 - r). PlanError when a mirrored group would not be aligned. Its step is the phases'
+    timeline priced on the executor's schedule (`sync.phased_step_s`), at ZeRO stages 0-2 only."""
+    if cm.training.zero_stage == 3:
+        raise PlanError("ZeRO stage 3 runs one layout (lockstep slots): no multi-phase plans")
     first = plans[0]
     groups, phase = [], 0
     for i, plan in enumerate(plans):
@@ -135,9 +139,8 @@ def chain(strategy: str, batch: Sequence[Sample], plans: Sequence[Plan], *, mirr
         phase += plan.num_phases
     out = Plan(strategy=strategy, num_gpus=first.num_gpus, gpus_per_node=first.gpus_per_node,
                memory_limit_bytes=first.memory_limit_bytes, num_layers=first.num_layers, samples=list(batch),
-               groups=groups, step_time_s=0.0, lower_bound_s=0.0, grad_sync_s=first.grad_sync_s,
-               solver_status=first.solver_status)
-    out.step_time_s = out.busy_s() + out.grad_sync_s
+               groups=groups, step_time_s=0.0, lower_bound_s=0.0, solver_status=first.solver_status)
+    price_step(out, cm)
     out.lower_bound_s = min(lower_bound_s, out.step_time_s)
     return out.validate()
 
@@ -172,7 +175,7 @@ def _splits(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, sizes: 
     every split's bound (`split_order`, `split_estimates`); no split where only small groups are
     needed: a group of fewer than `MIN_NEED_SHARE` of the GPUs that runs the rest of the step at
     its size costs a single layout little."""
-    if options.max_phases < 2 or len(batch) < 2:
+    if options.max_phases < 2 or len(batch) < 2 or cm.training.zero_stage == 3:
         return [], np.zeros(0, dtype=np.int64), np.zeros(0)
     order, need = split_order(batch, cm, sizes, bound_s - cm.grad_sync_s())
     least = max(2, MIN_NEED_SHARE * cm.cluster.num_gpus)
@@ -186,6 +189,8 @@ def _search(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, single:
     did, in words."""
     if options.max_phases < 2 or len(batch) < 2:
         return None, "phases: one allowed" if options.max_phases < 2 else "phases: one sample"
+    if cm.training.zero_stage == 3:
+        return None, "phases not searched: ZeRO stage 3 runs one layout (lockstep slots)"
     if not splits:
         return None, "phases not searched: no sample needs a large group"
     if single.step_time_s <= bound_s / (1 - options.mip_rel_gap):
@@ -234,7 +239,7 @@ def _plan_split(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, ord
     out = None
     for mirror in (False, True):
         try:
-            plan = chain("ilp", batch, [first, second], mirror=[False, mirror], lower_bound_s=bound_s)
+            plan = chain("ilp", batch, [first, second], cm, mirror=[False, mirror], lower_bound_s=bound_s)
         except PlanError:  # a mirrored group off its alignment (a cluster that is not a power of two)
             continue
         if out is None or plan.step_time_s < out.step_time_s * (1 - _TOL):

@@ -114,6 +114,9 @@ class Plan:
     gap: float | None = None
     """(step_time - best proven bound) / step_time from the solver; None for heuristics."""
     notes: list[str] = field(default_factory=list)
+    zero_stage: int | None = None
+    """The ZeRO stage the step was priced for (its memory and schedule assume it; the executor
+    refuses a plan made for another); None: not priced for one (a hand-made plan)."""
 
     # -- derived ---------------------------------------------------------------------------
     @property
@@ -178,6 +181,8 @@ class Plan:
             raise PlanError(f"plan cluster is invalid: {self.num_gpus} GPUs, {self.gpus_per_node} per node")
         if self.num_layers <= 0:
             raise PlanError(f"plan is for a model of {self.num_layers} layers")
+        if self.zero_stage is not None and self.zero_stage not in (0, 1, 2, 3):
+            raise PlanError(f"plan's ZeRO stage {self.zero_stage!r} is not 0, 1, 2 or 3")
         for s in self.samples:
             if s.tokens < 1:
                 raise PlanError(f"sample {s.id} has {s.tokens} tokens; a sample needs at least 1")

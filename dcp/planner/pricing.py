@@ -162,6 +162,8 @@ class PricedLayout:
     """Micro-batches per group."""
     layouts: list[SPLayout]
     """Each group's layout: the fastest for its micro-batches (the larger Ulysses degree on a tie)."""
+    pairs: np.ndarray | None = None
+    """Attention pairs per micro-batch (what the step's schedule prices besides tokens)."""
 
     @property
     def makespan_s(self) -> float:
@@ -214,4 +216,5 @@ def price_layout(layout: Layout, arrays: BatchArrays, pricer: Pricer,
             chosen[gi] = pricer.layouts(p)[int(pick[gi])]
     busy = np.bincount(owner, weights=times, minlength=len(layout)) if n_mb else np.zeros(len(layout))
     return PricedLayout(busy, tokens, levels, times, counts,
-                        [o if o is not None else pricer.layouts(p)[0] for o, (_, p, _) in zip(chosen, layout, strict=True)])
+                        [o if o is not None else pricer.layouts(p)[0] for o, (_, p, _) in zip(chosen, layout, strict=True)],
+                        pairs)

@@ -26,6 +26,7 @@ from dcp.planner.plan import Plan, PlanError
 from dcp.planner.pricing import group_layout
 from dcp.planner.run import build_cost_model
 from dcp.planner.simulate import EVENT_KINDS, Timeline
+from dcp.planner.sync import price_step
 
 # The `dcp plan` config keys a cost model is rebuilt from.
 COST_MODEL_KEYS = ("model", "hardware", "gpus", "gpus_per_node", "memory_gb", "zero_stage", "precision")
@@ -116,8 +117,7 @@ def reprice(plan: Plan, cm: CostModel) -> Plan:
             mb.time_s = cm.time_s(tokens, pairs, g.sp, mb.ckpt_layers, group_layout(g))
             mb.memory_bytes = cm.memory_bytes(tokens, g.sp, mb.ckpt_layers, group_layout(g))
     new.num_layers, new.memory_limit_bytes = k, cm.cluster.memory_bytes
-    new.grad_sync_s = cm.grad_sync_s()
-    new.step_time_s = new.busy_s() + new.grad_sync_s
+    price_step(new, cm)
     new.lower_bound_s = min(lower_bound(new.samples, cm), new.step_time_s)
     new.gap, new.solve_time_s = None, 0.0
     new.notes = [*plan.notes, f"re-priced on {cm.model.name} x {cm.hardware.name}"]

@@ -1,12 +1,16 @@
 """Replay a plan on the cost model: a per-rank timeline, idle and communication shares, a Gantt chart.
 
-Each group runs its micro-batches back to back; in a multi-phase plan a group starts when the
-last of its ranks has ended its part of the previous phases (`Plan.group_starts_s`). A micro-batch is split the way the executor runs
-it: K forward layers (compute, then the layer's all-to-alls), the head and per-micro-batch fixed
-cost, then K backward layers, the r checkpointed ones preceded by their forward recompute (its
-all-to-alls included, DeepSpeed-Ulysses re-runs them). The step ends with its data-parallel
-synchronization (`CostModel.grad_sync_s`: the gradient all-reduce, and for ZeRO-1 the parameter
-broadcast) that starts when the slowest group finishes; every other rank waits idle until then.
+The timeline is the executor's schedule as the cost model prices it (dcp.costmodel.schedule):
+each group's micro-batches, each split the way the executor runs it (forward layers with their
+all-to-alls and unhidden ring transfers, the head, backward layers with their recompute), and the world's collectives, each
+rank's wait for one split into idle (until every rank has joined it) and the collective itself.
+At ZeRO stages 0-2 groups run independently and the gradient reductions of each group's last
+micro-batch run under its backward; what is not hidden ends the step. At stage 3 every rank runs
+every slot in lockstep, with per-layer parameter gathers (`param_gather`) and empty passes.
+In a multi-phase plan (stages 0-2) a group starts when the last of its ranks has ended its part
+of the previous phases (`Plan.group_starts_s`); its micro-batches split as above, and the step
+ends with what the world's reductions add after the slowest rank, as the schedule prices them
+(`sync.phased_step_s`), shown as one synchronization span.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any, Literal
 from dcp.costmodel import CostModel, SPLayout
 from dcp.planner.plan import Group, MicroBatch, Plan, PlanError
 from dcp.planner.pricing import group_layout
+from dcp.planner.sync import group_shapes, phased_step_s
 
 EventKind = Literal["forward", "backward", "recompute", "all_to_all", "ring", "param_gather", "idle", "allreduce"]
 EVENT_KINDS: tuple[str, ...] = ("forward", "backward", "recompute", "all_to_all", "ring", "param_gather", "idle",
@@ -56,7 +61,7 @@ class Timeline:
     idle_fraction: float
     """Idle rank-seconds / (N * step time)."""
     comm_fraction: float
-    """All-to-all and all-reduce rank-seconds / (N * step time)."""
+    """All-to-all, parameter-gather and gradient-reduction rank-seconds / (N * step time)."""
     busy_s: list[float] = field(default_factory=list)
     """Per rank: seconds running micro-batches (compute and all-to-alls)."""
 
@@ -65,7 +70,7 @@ class Timeline:
         out = dict.fromkeys(EVENT_KINDS, 0.0)
         for rank_events in self.events:
             for e in rank_events:
-                out[e.kind] += e.duration_s
+                out[e.kind] += e.end_s - e.start_s
         return out
 
     def stats(self) -> dict[str, float]:
@@ -82,6 +87,33 @@ class Timeline:
         return pd.DataFrame(rows, columns=["rank", "start_s", "end_s", "duration_s", "kind", "microbatch", "phase"])
 
 
+def _simulate_phases(plan: Plan, cm: CostModel) -> Timeline:
+    """A multi-phase plan's timeline: phase by phase, a group starts when the last of its ranks
+    is free (Plan.group_starts_s); a rank that ends its part of a phase early waits idle for the
+    rest of its next group; the synchronization follows the slowest rank."""
+    per_rank: list[list[Event]] = [[] for _ in range(plan.num_gpus)]
+    for g, start in sorted(zip(plan.groups, plan.group_starts_s(), strict=True), key=lambda x: x[0].phase):
+        events = _group_events(plan, g, cm, start)
+        for rank in g.ranks:
+            free = per_rank[rank][-1].end_s if per_rank[rank] else 0.0
+            if events and start > free:
+                per_rank[rank].append(Event(free, start, "idle", None, g.phase))
+            per_rank[rank].extend(events)  # a group's ranks run in lockstep
+    ends = [rank_events[-1].end_s if rank_events else 0.0 for rank_events in per_rank]
+    busy = [sum(e.duration_s for e in rank_events if e.kind != "idle") for rank_events in per_rank]
+    compute_end = max(ends, default=0.0)
+    step = max(phased_step_s(plan, cm), compute_end)  # the world's reductions, on the schedule
+    sync = step - compute_end
+    for rank, rank_events in enumerate(per_rank):
+        if ends[rank] < compute_end:
+            rank_events.append(Event(ends[rank], compute_end, "idle"))
+        if sync > 0:
+            rank_events.append(Event(compute_end, step, "allreduce"))
+    if abs(step - plan.step_time_s) > _RTOL * max(step, 1.0):
+        raise PlanError(f"simulated step {step:.6g} s differs from the plan's {plan.step_time_s:.6g} s")
+    return _shares(Timeline(per_rank, step, 0.0, 0.0, busy))
+
+
 def microbatch_phases(cm: CostModel, tokens: int, pairs: int, sp_size: int,
                       ckpt_layers: int, layout: SPLayout | None = None) -> list[tuple[EventKind, float]]:
     """(kind, seconds) of one micro-batch in run order, lumped per phase; sums to cm.time_s.
@@ -89,18 +121,15 @@ def microbatch_phases(cm: CostModel, tokens: int, pairs: int, sp_size: int,
     From CostModel.layer_times: per layer a forward and a backward compute time, one direction's
     all-to-alls and, in a ring layout, the ring transfers its attention does not hide. Head and loss
     (per token) and the per-micro-batch fixed cost have no per-layer split and are lumped as
-    forward compute. ZeRO-3 gathers every layer's parameters before the forward and the backward
-    pass (a checkpointed layer recomputes inside its backward, after that pass's gather)."""
+    forward compute. (ZeRO's collectives are the step's, not the micro-batch's: `simulate` places
+    them, stage 3's parameter gathers included.)"""
     k, r, p, f = cm.model.num_layers, ckpt_layers, sp_size, cm.fit
     layout = layout or cm.best_layout([(tokens, pairs, r)], p)
     lt = cm.layer_times(tokens, pairs, p, layout)
     head = f.head_per_token_s * tokens / p + f.microbatch_fixed_s
-    gather = cm.param_gather_s()
     phases: list[tuple[EventKind, float]] = [
-        ("param_gather", gather), ("forward", k * lt.fwd_compute_s + head), ("all_to_all", k * lt.comm_s),
-        ("ring", k * lt.ring_fwd_s),
-        ("param_gather", gather), ("recompute", r * lt.rec_compute_s), ("all_to_all", r * lt.comm_s),
-        ("ring", r * lt.ring_fwd_s),
+        ("forward", k * lt.fwd_compute_s + head), ("all_to_all", k * lt.comm_s), ("ring", k * lt.ring_fwd_s),
+        ("recompute", r * lt.rec_compute_s), ("all_to_all", r * lt.comm_s), ("ring", r * lt.ring_fwd_s),
         ("backward", k * lt.bwd_compute_s), ("all_to_all", k * lt.comm_s), ("ring", k * lt.ring_bwd_s),
     ]
     # The split is derived independently of linear_time; they must agree.
@@ -137,31 +166,43 @@ def simulate(plan: Plan, cm: CostModel) -> Timeline:
     if plan.num_layers != cm.model.num_layers:
         raise PlanError(f"plan is for a model of {plan.num_layers} layers, the cost model's {cm.model.name} "
                         f"has {cm.model.num_layers}")
-    per_rank: list[list[Event]] = [[] for _ in range(plan.num_gpus)]
-    # Phase by phase, a group starts when the last of its ranks is free (Plan.group_starts_s);
-    # a rank that ends its part of a phase early waits idle for the rest of its next group.
-    for g, start in sorted(zip(plan.groups, plan.group_starts_s(), strict=True), key=lambda x: x[0].phase):
-        events = _group_events(plan, g, cm, start)
+    if plan.num_phases > 1:
+        return _simulate_phases(plan, cm)
+    tokens = {s.id: s.tokens for s in plan.samples}
+    pairs = {s.id: s.attn_pairs for s in plan.samples}
+    for g in plan.groups:
+        for mi, mb in enumerate(g.microbatches):
+            priced = cm.time_s(sum(tokens[i] for i in mb.samples), sum(pairs[i] for i in mb.samples), g.sp,
+                               mb.ckpt_layers, group_layout(g))
+            _check_time(mb, priced, g, mi)
+    shapes, idle = group_shapes(plan)
+    price = cm.step_price(shapes, idle, spans=True)
+    spans = price.replay.spans
+    assert spans is not None
+    idle_events = [Event(*span) for span in spans[-1]] if idle else []
+    per_rank: list[list[Event]] = [list(idle_events) for _ in range(plan.num_gpus)]
+    for g, group_spans in zip(plan.groups, spans, strict=False):
+        events = [Event(*span) for span in group_spans]
         for rank in g.ranks:
-            free = per_rank[rank][-1].end_s if per_rank[rank] else 0.0
-            if events and start > free:
-                per_rank[rank].append(Event(free, start, "idle", None, g.phase))
-            per_rank[rank].extend(events)  # a group's ranks run in lockstep
-    ends = [rank_events[-1].end_s if rank_events else 0.0 for rank_events in per_rank]
-    busy = [sum(e.duration_s for e in rank_events if e.kind != "idle") for rank_events in per_rank]
-    compute_end = max(ends, default=0.0)
-    sync = cm.grad_sync_s()
-    step = compute_end + sync
-    for rank, rank_events in enumerate(per_rank):
-        if ends[rank] < compute_end:
-            rank_events.append(Event(ends[rank], compute_end, "idle"))
-        if sync > 0:
-            rank_events.append(Event(compute_end, step, "allreduce"))
+            per_rank[rank] = list(events)  # a group's ranks run in lockstep
+    step = price.step_time_s
+    for rank_events in per_rank:
+        end = rank_events[-1].end_s if rank_events else 0.0
+        if end < step:
+            rank_events.append(Event(end, step, "idle"))
     if abs(step - plan.step_time_s) > _RTOL * max(step, 1.0):
         raise PlanError(f"simulated step {step:.6g} s differs from the plan's {plan.step_time_s:.6g} s")
-    timeline = Timeline(per_rank, step, 0.0, 0.0, busy)
+    busy = [0.0] * plan.num_gpus
+    for g in plan.groups:
+        for rank in g.ranks:
+            busy[rank] = g.busy_s
+    return _shares(Timeline(per_rank, step, 0.0, 0.0, busy))
+
+
+def _shares(timeline: Timeline) -> Timeline:
+    """`timeline` with its idle and communication fractions filled in."""
     by_kind = timeline.seconds_by_kind()
-    total = plan.num_gpus * step
+    total = len(timeline.events) * timeline.step_time_s
     if total > 0:
         timeline.idle_fraction = by_kind["idle"] / total
         timeline.comm_fraction = sum(by_kind[k] for k in COMM_KINDS) / total

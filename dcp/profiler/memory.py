@@ -71,7 +71,7 @@ class FootprintTarget:
 def _attach_grads(model: nn.Module, recipe: PrecisionRecipe) -> tuple[list[torch.Tensor], list[Any]]:
     """Gradient buffers as the executor keeps them: in the parameter's own dtype, `.grad`
     accumulates in place; otherwise each backward's gradient is added into a buffer of the
-    recipe's gradient dtype and dropped (dcp.executor.comm.GradBuffer)."""
+    recipe's gradient dtype and dropped (dcp.executor.sharding.ZeroSchedule)."""
     dtype = torch_dtype(recipe.grad_dtype)
     buffers, handles = [], []
     for p in model.parameters():

@@ -6,6 +6,11 @@ Every candidate is priced exactly (`pricing.price_layout`, each micro-batch at i
 layers) before it can become the incumbent; a group solution whose estimate (never above its
 exact price) cannot beat the incumbent is not priced at all. Nothing is assembled into a `Plan`
 until the end (`finish`), so a candidate costs array operations, not objects.
+
+The search minimizes the busy time (the slowest group). Under ZeRO-3 the step is not the busy
+time plus a constant: its slots run in lockstep (dcp.costmodel.schedule), so the incumbent also
+keeps the candidate of the fastest scheduled step (`fastest_step`), which `finish` returns when
+it beats the busiest-time one; a candidate whose busy time is already above that step cannot.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from dcp.planner.ilp.budget import Budget
 from dcp.planner.ilp.costs import CostTable
 from dcp.planner.ilp.pack import Groups, estimate, groups_of_layout, to_layout
 from dcp.planner.pricing import BatchArrays, Layout, PricedLayout, Pricer, price_layout
+from dcp.planner.sync import layout_step_s
 
 _TOL = 1e-12
 
@@ -47,6 +53,9 @@ class Incumbent:
         self.cm, self.table, self.arrays, self.pricer = cm, table, arrays, pricer
         self.cap, self.budget = max_microbatches, budget
         self.best: Candidate | None = None
+        self.lockstep = cm.training.zero_stage == 3 and cm.cluster.num_gpus > 1
+        self.fastest_step: tuple[float, Candidate] | None = None
+        """ZeRO-3: (scheduled step, candidate) of the fastest step offered."""
 
     @property
     def busy_s(self) -> float:
@@ -65,13 +74,25 @@ class Incumbent:
         if self.cap is not None and any(len(mbs) > self.cap for _, _, mbs in layout):
             return False
         priced = price_layout(layout, self.arrays, self.pricer)
-        if not np.isfinite(priced.makespan_s) or priced.makespan_s >= self.busy_s * (1 - _TOL):
+        if not np.isfinite(priced.makespan_s):
+            return False
+        if self.lockstep:
+            self._offer_step(layout, priced, source, groups)
+        if priced.makespan_s >= self.busy_s * (1 - _TOL):
             return False
         if groups is None:
             groups = groups_of_layout(layout, self.table)
         self.best = Candidate(source, layout, priced, groups)
         self.budget.plan_size(len(self.arrays.tokens), len(priced.tokens), len(layout))
         return True
+
+    def _offer_step(self, layout: Layout, priced: PricedLayout, source: str, groups: Groups | None) -> None:
+        if self.fastest_step is not None and priced.makespan_s >= self.fastest_step[0]:
+            return  # the step is at least the busy time
+        covered = sum(p for _, p, _ in layout)
+        step = layout_step_s(self.cm, layout, priced, covered < self.cm.cluster.num_gpus)
+        if self.fastest_step is None or step < self.fastest_step[0] * (1 - _TOL):
+            self.fastest_step = (step, Candidate(source, layout, priced, groups))
 
     def offer_groups(self, groups: Groups | None, source: str) -> bool:
         """Canonical micro-batches for the search's groups, priced; True if the new incumbent."""

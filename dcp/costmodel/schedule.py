@@ -1,0 +1,317 @@
+"""The step as dcp.executor runs it, written as one program per class of ranks, and its time.
+
+Units are the executor's (`zero.unit_params`): the K layers, then the root (embeddings, final
+norm, LM head). Collectives run over the whole world, in one fixed order on every rank.
+
+Stages 0, 1, 2 (groups independent). Each group runs its micro-batches back to back,
+accumulating its whole local gradient. In its last micro-batch, as soon as layer l's backward
+has produced its gradient, the executor starts that unit's reduction (all-reduce at stages 0
+and 1, reduce-scatter at 2), so the reductions of layers K-1, ..., 0 run under the backward
+of the layers below them; the root's follows the backward, then a tiny all-reduce of the loss
+sum and token count. A rank in no group (or whose group has no micro-batch) issues them all at
+once. Stages 1 and 2 then step their shard of the optimizer and all-gather each unit's updated
+parameters. A unit's reduction starts when the last rank has issued it, so what the step adds
+beyond the slowest group (`exposed`) is what its last micro-batch's backward could not hide.
+
+Stage 3 (lockstep slots). Parameters live sharded; a unit is all-gathered just before it runs
+and freed after, so every rank must join every gather: the step runs in slots, slot j being
+every group's j-th micro-batch, and a group with fewer micro-batches runs empty passes (the
+gathers and zero-contribution reduce-scatters, no compute). In a slot: gather the root, then
+each layer before its forward, prefetching the next unit while one runs (layer K-1 stays
+gathered for the backward); in the backward re-gather layers K-2, ..., 0, and after each
+layer's backward reduce-scatter its gradient (one reduce-scatter in flight: starting the next
+waits for the previous), the root's last. Each gather is thus a sync point of the whole
+world: the step is close to the sum over slots of the slowest group's micro-batch in it, not
+the makespan of independent groups, which is why the planner orders micro-batches so that
+slots are balanced (longest first in every group).
+
+Never imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from dcp.costmodel.events import Op, Replay, replay
+from dcp.costmodel.ring import SPLayout
+from dcp.costmodel.schedule_fast import independent_s, lockstep_s
+from dcp.costmodel.zero import padded, unit_params
+
+if TYPE_CHECKING:
+    from dcp.costmodel.model import CostModel, LayerTimes
+
+LOSS_SCALARS_BYTES = 16
+"""The loss sum and loss-token count (two fp64) all-reduced at the end of every step."""
+
+
+@dataclass(frozen=True)
+class MicroBatchShape:
+    """What the schedule needs of a micro-batch."""
+
+    tokens: float
+    pairs: float
+    ckpt_layers: int
+
+
+@dataclass(frozen=True)
+class GroupShape:
+    """An SP group of `sp` ranks and its micro-batches, in run order."""
+
+    sp: int
+    microbatches: tuple[MicroBatchShape, ...]
+    layout: SPLayout | None = None
+    """Its Ulysses x ring layout; None: each micro-batch in its fastest (as `CostModel.time_s`)."""
+
+    def layout_of(self, cm: CostModel, mb: MicroBatchShape) -> SPLayout:
+        """The layout `mb` runs in."""
+        return self.layout or cm.best_layout([(mb.tokens, mb.pairs, mb.ckpt_layers)], self.sp)
+
+
+@dataclass
+class StepPrice:
+    """A priced step."""
+
+    step_time_s: float
+    busy_s: float
+    """The slowest group's micro-batches alone (the makespan of independent groups)."""
+    replay: Replay | None
+    """With spans asked for: per program (each group in order, then the ranks in no group when
+    any), its spans; None when priced in closed form."""
+
+    @property
+    def exposed_s(self) -> float:
+        """What the schedule adds beyond `busy_s`: unhidden collectives and lockstep waits."""
+        return self.step_time_s - self.busy_s
+
+
+class _Collectives:
+    """Ids, seconds and labels of a step's collectives, by key (the same on every program)."""
+
+    def __init__(self) -> None:
+        self.ids: dict[tuple, int] = {}
+        self.seconds: list[float] = []
+        self.kinds: list[str] = []
+
+    def __call__(self, key: tuple, seconds: float, kind: str) -> int:
+        if key not in self.ids:
+            self.ids[key] = len(self.seconds)
+            self.seconds.append(seconds)
+            self.kinds.append(kind)
+        return self.ids[key]
+
+
+class _Step:
+    """Builds the programs of one step of `cm`'s model, hardware and ZeRO stage."""
+
+    def __init__(self, cm: CostModel) -> None:
+        self.cm, self.k = cm, cm.model.num_layers
+        n, g, recipe = cm.cluster.num_gpus, cm.cluster.gpus_per_node, cm.training.recipe
+        self.stage = cm.training.zero_stage
+        sizes = [padded(u, n) for u in unit_params(cm.model)]
+
+        def priced(op: str, bytes_per_element: int) -> list[float]:
+            return [cm.hardware.collective_time_s(op, s * bytes_per_element, n, g) for s in sizes]
+
+        self.gather_s = priced("all_gather", recipe.param_bytes)
+        self.reduce_s = priced("reduce_scatter" if self.stage >= 2 else "all_reduce", recipe.reduce_bytes)
+        self.scalars_s = cm.hardware.collective_time_s("all_reduce", LOSS_SCALARS_BYTES, n, g)
+        self.coll = _Collectives()
+        self.root = self.k
+        self._times: dict[tuple[MicroBatchShape, int, SPLayout], LayerTimes] = {}
+
+    def layer_times(self, mb: MicroBatchShape, group: GroupShape) -> LayerTimes:
+        """`CostModel.layer_times` of `mb` in its group's layout (the same for each of its layers: cached)."""
+        key = (mb, group.sp, group.layout_of(self.cm, mb))
+        if key not in self._times:
+            self._times[key] = self.cm.layer_times(mb.tokens, mb.pairs, group.sp, key[2])
+        return self._times[key]
+
+    # -- pieces ----------------------------------------------------------------------------------
+    def forward(self, mb: MicroBatchShape, group: GroupShape, i: int) -> tuple[list[Op], Op]:
+        """One layer's forward ops (the ring transfers its attention does not hide included) and
+        the head (forward and backward, lumped as `microbatch_phases` does)."""
+        lt, f = self.layer_times(mb, group), self.cm.fit
+        head = f.head_per_token_s * mb.tokens / group.sp + f.microbatch_fixed_s
+        return ([("compute", lt.fwd_compute_s, "forward", i), ("compute", lt.comm_s, "all_to_all", i),
+                 ("compute", lt.ring_fwd_s, "ring", i)],
+                ("compute", head, "forward", i))
+
+    def backward(self, mb: MicroBatchShape, group: GroupShape, i: int, layer: int) -> list[Op]:
+        """Layer `layer`'s backward ops, its recompute first when it is checkpointed."""
+        lt = self.layer_times(mb, group)
+        ops: list[Op] = []
+        if layer < mb.ckpt_layers:
+            ops += [("compute", lt.rec_compute_s, "recompute", i), ("compute", lt.comm_s, "all_to_all", i),
+                    ("compute", lt.ring_fwd_s, "ring", i)]
+        return ops + [("compute", lt.bwd_compute_s, "backward", i), ("compute", lt.comm_s, "all_to_all", i),
+                      ("compute", lt.ring_bwd_s, "ring", i)]
+
+    def reduce(self, unit: int, slot: int = 0) -> int:
+        return self.coll(("reduce", slot, unit), self.reduce_s[unit], "allreduce")
+
+    def gather(self, unit: int, slot: int, backward: bool) -> int:
+        return self.coll(("gather", slot, unit, backward), self.gather_s[unit], "param_gather")
+
+    def finish(self, ops: list[Op], pending: list[int]) -> None:
+        """The loss scalars, every reduction waited for, and at stages 1 and 2 the parameters
+        all-gathered after the optimizer stepped its shard."""
+        scalars = self.coll(("scalars",), self.scalars_s, "allreduce")
+        ops.append(("issue", scalars))
+        ops += [("wait", c) for c in [*pending, scalars]]
+        if self.stage in (1, 2):
+            after = [self.coll(("updated", u), self.gather_s[u], "allreduce") for u in range(self.k + 1)]
+            ops += [("issue", c) for c in after] + [("wait", c) for c in after]
+
+    # -- programs ----------------------------------------------------------------------------------
+    def independent(self, group: GroupShape | None, overlap: bool) -> list[Op]:
+        """Stages 0-2: the group's micro-batches, its reductions issued as the last one's layers finish."""
+        ops: list[Op] = []
+        mbs = group.microbatches if group else ()
+        issued: list[int] = []
+        for i, mb in enumerate(mbs):
+            last = overlap and i == len(mbs) - 1
+            layer_ops, head = self.forward(mb, group, i)
+            ops += layer_ops * self.k + [head]
+            for layer in reversed(range(self.k)):
+                ops += self.backward(mb, group, i, layer)
+                if last:
+                    issued.append(self.reduce(layer))
+                    ops.append(("issue", issued[-1]))
+        for layer in reversed(range(self.k)):
+            if self.reduce(layer) not in issued:
+                issued.append(self.reduce(layer))
+                ops.append(("issue", issued[-1]))
+        issued.append(self.reduce(self.root))
+        ops.append(("issue", issued[-1]))
+        self.finish(ops, issued)
+        return ops
+
+    def lockstep(self, group: GroupShape | None, slots: int, overlap: bool) -> list[Op]:
+        """Stage 3: every slot's gathers and reduce-scatters, with the group's micro-batch or an
+        empty pass. Without `overlap` nothing is prefetched and every collective is waited for
+        at once."""
+        ops: list[Op] = []
+        inflight: list[int] = []
+        mbs = group.microbatches if group else ()
+
+        def reduce_scatter(unit: int, slot: int) -> None:
+            if inflight:  # one in flight: the next starts once the previous is done
+                ops.append(("wait", inflight.pop()))
+            inflight.append(self.reduce(unit, slot))
+            ops.append(("issue", inflight[-1]))
+            if not overlap:
+                ops.append(("wait", inflight.pop()))
+
+        for j in range(slots):
+            mb = mbs[j] if j < len(mbs) else None
+            # The order in which the executor uses gathered units; each use prefetches the next.
+            order = [self.gather(self.root, j, False)] + [self.gather(u, j, False) for u in range(self.k)]
+            order += [self.gather(u, j, True) for u in reversed(range(self.k - 1))]
+            if overlap:
+                ops.append(("issue", order[0]))
+            _use(ops, order, 0, overlap)
+            layer_ops, head = self.forward(mb, group, j) if mb else ([], None)
+            for layer in range(self.k):
+                _use(ops, order, 1 + layer, overlap)
+                ops += layer_ops
+            if head:
+                ops.append(head)
+            for layer in reversed(range(self.k)):
+                if layer < self.k - 1:
+                    _use(ops, order, self.k + 1 + (self.k - 2 - layer), overlap)
+                if mb:
+                    ops += self.backward(mb, group, j, layer)
+                reduce_scatter(layer, j)
+            reduce_scatter(self.root, j)
+        self.finish(ops, inflight)
+        return ops
+
+
+def _use(ops: list[Op], order: list[int], n: int, overlap: bool) -> None:
+    """Use gathered unit n of a slot: wait for its gather, then start the next one's (prefetch);
+    without overlap, start it only now."""
+    if not overlap:
+        ops.append(("issue", order[n]))
+    ops.append(("wait", order[n]))
+    if overlap and n + 1 < len(order):
+        ops.append(("issue", order[n + 1]))
+
+
+def price_step(cm: CostModel, groups: Sequence[GroupShape], idle_ranks: bool = False, *,
+               overlap: bool = True, spans: bool = False, starts_s: Sequence[float] | None = None) -> StepPrice:
+    """The step of `groups` (and of ranks in no group when `idle_ranks`) under `cm`'s ZeRO stage.
+    `overlap=False` prices the executor's `overlap` switch: stages 0-2 start their reductions
+    only after the last micro-batch, stage 3 prefetches nothing and waits for every collective.
+    With `spans` the rank programs are replayed (`events.replay`) and every group's spans kept;
+    without, the same time comes from the closed form of `schedule_fast`. `starts_s` (stages 0-2,
+    closed form only): when each group starts, for the last groups of a multi-phase plan's ranks."""
+    step = _Step(cm)
+    per_group = [sum(cm.time_s(mb.tokens, mb.pairs, g.sp, mb.ckpt_layers, g.layout) for mb in g.microbatches)
+                 for g in groups]
+    if starts_s is not None:
+        if spans or step.stage >= 3:
+            raise ValueError("group start times are priced at ZeRO stages 0-2 in closed form only")
+        per_group = [start + b for start, b in zip(starts_s, per_group, strict=True)]
+    busy = max(per_group, default=0.0)
+    if not spans:
+        if step.stage >= 3:
+            return StepPrice(lockstep_s(step, groups, idle_ranks, overlap), busy, None)
+        return StepPrice(independent_s(step, groups, per_group, overlap), busy, None)
+    members: list[GroupShape | None] = [*groups, *([None] if idle_ranks or not groups else [])]
+    if step.stage >= 3:
+        slots = max((len(g.microbatches) for g in groups), default=0)
+        programs = [step.lockstep(g, slots, overlap) for g in members]
+    else:
+        programs = [step.independent(g, overlap) for g in members]
+    programs, seconds, kinds = _in_issue_order(programs, step.coll.seconds, step.coll.kinds)
+    result = replay(programs, seconds, kinds, spans=True)
+    return StepPrice(max(result.end_s, default=0.0), busy, result)
+
+
+def _in_issue_order(programs: list[list[Op]], seconds: list[float], kinds: list[str]
+                    ) -> tuple[list[list[Op]], list[float], list[str]]:
+    """Renumber collectives in the order the programs issue them (the same in all), so that the
+    link breaks ties in readiness in that order, as the executor's process groups do."""
+    new: dict[int, int] = {}
+    for op in programs[0]:
+        if op[0] == "issue":
+            new.setdefault(op[1], len(new))
+    for cid in range(len(seconds)):
+        new.setdefault(cid, len(new))
+    renumbered = [[(op[0], new[op[1]]) if op[0] != "compute" else op for op in prog] for prog in programs]
+    order = sorted(new, key=new.__getitem__)
+    return renumbered, [seconds[c] for c in order], [kinds[c] for c in order]
+
+
+def least_exposed_s(cm: CostModel) -> float:
+    """The least any plan's schedule adds beyond its slowest group: at stages 0-2 that group
+    finishes its last micro-batch with layer 0's backward (the head's is priced in the forward),
+    so layer 0's and the root's reductions and the loss all-reduce run after it, and at stages 1
+    and 2 the parameters' all-gathers after those; at stage 3 (one slot at least) the root's and
+    layer 0's gathers precede the first forward and the root's reduce-scatter and the loss
+    all-reduce follow the last backward. A lower bound, so a makespan bound plus it stays a lower
+    bound of the step."""
+    if cm.cluster.num_gpus == 1:
+        return 0.0
+    step = _Step(cm)
+    least = step.reduce_s[step.root] + step.scalars_s
+    if step.stage <= 2 and step.k:
+        least += step.reduce_s[0]
+    if step.stage in (1, 2):
+        least += sum(step.gather_s)
+    if step.stage >= 3:
+        least += step.gather_s[step.root] + (step.gather_s[0] if step.k else 0.0)
+    return least
+
+
+def least_link_s(cm: CostModel, slots: int) -> float:
+    """Stage 3: a step of `slots` slots is at least the seconds its collectives occupy the link:
+    every slot's 2K gathers and K + 1 reduce-scatters, and the loss all-reduce (they run one at a
+    time, each once every rank joined). 0 at other stages."""
+    if cm.training.zero_stage < 3 or cm.cluster.num_gpus == 1:
+        return 0.0
+    step = _Step(cm)
+    per_slot = step.gather_s[step.root] + sum(step.gather_s[:step.k]) + sum(step.gather_s[:step.k - 1])
+    return slots * (per_slot + sum(step.reduce_s)) + step.scalars_s

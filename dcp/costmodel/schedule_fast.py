@@ -1,0 +1,135 @@
+"""The step's time in closed form, for planners that price thousands of plans: the same schedule
+as the rank programs of `schedule.py` (the reference, which `simulate` replays and the tests
+compare this with), without building them.
+
+Why a closed form exists: every program issues the world's collectives in one order, and a
+program's clock only grows, so the time the last rank issues a collective (when it can start)
+grows along that order too; the link therefore serves them in program order, and each starts at
+max(every rank has issued it, the previous one is done). Only the ranks' clocks at each issue
+are needed.
+
+Stages 0-2: group c issues layer u's reduction when its last micro-batch's backward has done
+layers K-1..u, at busy_c - sum over layers l < u of that micro-batch's backward of l (busy_c
+without overlap), and the root's and the loss scalars' at busy_c; ranks in no group at 0. The
+all-gathers after the optimizer start when the scalars are done. Stage 3: every gather is a
+barrier, so the clocks of all groups are advanced together, slot by slot, as vectors.
+
+Never imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from dcp.costmodel.schedule import GroupShape, MicroBatchShape, _Step
+
+
+def _layer_costs(step: _Step, mb: MicroBatchShape, group: GroupShape) -> tuple[float, float, float, float]:
+    """(one layer's forward, the head, one layer's backward, its recompute) of a micro-batch,
+    all-to-alls and unhidden ring transfers included."""
+    lt, f = step.layer_times(mb, group), step.cm.fit
+    head = f.head_per_token_s * mb.tokens / group.sp + f.microbatch_fixed_s
+    return (lt.fwd_compute_s + lt.comm_s + lt.ring_fwd_s, head, lt.bwd_compute_s + lt.comm_s + lt.ring_bwd_s,
+            lt.rec_compute_s + lt.comm_s + lt.ring_fwd_s)
+
+
+def independent_s(step: _Step, groups: Sequence[GroupShape], busy: Sequence[float], overlap: bool) -> float:
+    """Stages 0-2: when the last all-gather (stage 1, 2) or the loss all-reduce ends."""
+    k = step.k
+    release = [0.0] * (k + 1)  # per unit: the latest time any rank issues its reduction
+    for g, busy_c in zip(groups, busy, strict=True):
+        if not g.microbatches:
+            continue
+        release[k] = max(release[k], busy_c)
+        if not overlap:
+            for u in range(k):
+                release[u] = max(release[u], busy_c)
+            continue
+        last = g.microbatches[-1]
+        _, _, bwd, rec = _layer_costs(step, last, g)
+        below = 0.0  # backward still to run after layer u's: layers u-1 .. 0
+        for u in range(k):
+            release[u] = max(release[u], busy_c - below)
+            below += bwd + (rec if u < last.ckpt_layers else 0.0)
+    # Issue order: layers K-1..0, the root, then the loss scalars (issued with the root).
+    end = 0.0
+    for u in [*reversed(range(k)), k]:
+        end = max(end, release[u]) + step.reduce_s[u]
+    end = max(end, release[k]) + step.scalars_s
+    if step.stage in (1, 2):
+        end += sum(step.gather_s)
+    return end
+
+
+def lockstep_s(step: _Step, groups: Sequence[GroupShape], idle_ranks: bool, overlap: bool) -> float:
+    """Stage 3: the slots, every group's clock a component of one vector."""
+    members = list(groups) + ([None] if idle_ranks or not groups else [])
+    clocks = _Clocks(len(members), overlap)
+    k = step.k
+    gathers = [step.gather_s[step.root], *step.gather_s[:k], *reversed(step.gather_s[:k - 1])]
+    for j in range(max((len(g.microbatches) for g in groups), default=0)):
+        costs = np.zeros((len(members), 4))
+        ckpt = np.zeros(len(members))
+        for c, g in enumerate(members):
+            if g is not None and j < len(g.microbatches):
+                costs[c] = _layer_costs(step, g.microbatches[j], g)
+                ckpt[c] = g.microbatches[j].ckpt_layers
+        fwd, head, bwd, rec = costs.T
+        clocks.slot(gathers)
+        clocks.use(0)
+        for layer in range(k):
+            clocks.use(1 + layer)
+            clocks.t += fwd
+        clocks.t += head
+        for layer in reversed(range(k)):
+            if layer < k - 1:
+                clocks.use(k + 1 + (k - 2 - layer))
+            clocks.t += bwd + np.where(layer < ckpt, rec, 0.0)
+            clocks.reduce_scatter(step.reduce_s[layer])
+        clocks.reduce_scatter(step.reduce_s[step.root])
+    scalars = clocks.collective(step.scalars_s)
+    return max(float(clocks.t.max()), scalars, clocks.inflight or 0.0)
+
+
+class _Clocks:
+    """Every group's clock at once, the link, and the slot's gathers (stage 3)."""
+
+    def __init__(self, members: int, overlap: bool) -> None:
+        self.t = np.zeros(members)
+        self.overlap = overlap
+        self.link = 0.0
+        self.inflight: float | None = None
+        """When the reduce-scatter in flight is done."""
+        self.gathers: list[float] = []
+        self.done: list[float] = []
+
+    def collective(self, seconds: float) -> float:
+        """Issued by every group now (its clock); starts once the last has and the link is free."""
+        self.link = max(self.link, float(self.t.max())) + seconds
+        return self.link
+
+    def slot(self, gathers: list[float]) -> None:
+        self.gathers, self.done = gathers, [0.0] * len(gathers)
+        if self.overlap:
+            self.done[0] = self.collective(gathers[0])
+
+    def use(self, n: int) -> None:
+        """Wait for gather n (issue it now without overlap), then start gather n + 1."""
+        if not self.overlap:
+            self.done[n] = self.collective(self.gathers[n])
+        self.t = np.maximum(self.t, self.done[n])
+        if self.overlap and n + 1 < len(self.gathers):
+            self.done[n + 1] = self.collective(self.gathers[n + 1])
+
+    def reduce_scatter(self, seconds: float) -> None:
+        """Wait for the one in flight, start this one (and without overlap wait for it too)."""
+        if self.inflight is not None:
+            self.t = np.maximum(self.t, self.inflight)
+        self.inflight = self.collective(seconds)
+        if not self.overlap:
+            self.t = np.maximum(self.t, self.inflight)
+            self.inflight = None

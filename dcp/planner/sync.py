@@ -1,0 +1,92 @@
+"""A plan's step priced on the schedule the executor runs it with (dcp.costmodel.schedule).
+
+Strategies build groups and micro-batches against a makespan plus the least the synchronization
+can add (`CostModel.grad_sync_s`); `price_step` then prices the plan's actual step: at ZeRO
+stages 0-2 the gradient reductions its slowest groups' last backward passes do not hide, at
+stage 3 the lockstep slots. At stage 3 it first orders every group's micro-batches longest
+first, which balances the slots: the sum over slots of the slowest group's micro-batch is
+smallest when the j-th longest of every group run together (an exchange argument). The plan's
+`grad_sync_s` becomes what the schedule adds beyond the slowest group, so `step_time_s` stays
+busy + grad_sync_s, and any bound on the makespan plus `grad_sync_s()` stays a lower bound.
+"""
+
+from __future__ import annotations
+
+from dcp.costmodel import CostModel
+from dcp.costmodel.schedule import GroupShape, MicroBatchShape, StepPrice
+from dcp.planner.plan import Plan, PlanError
+from dcp.planner.pricing import Layout, PricedLayout, group_layout
+
+
+def group_shapes(plan: Plan) -> tuple[list[GroupShape], bool]:
+    """The plan's groups as the schedule sees them, and whether some rank is in no group."""
+    by_id = plan.sample_map()
+    shapes = [GroupShape(g.sp, tuple(MicroBatchShape(sum(by_id[i].tokens for i in mb.samples),
+                                                      sum(by_id[i].attn_pairs for i in mb.samples), mb.ckpt_layers)
+                                     for mb in g.microbatches), group_layout(g))
+              for g in plan.groups]
+    covered = sum(len(g.ranks) for g in plan.groups)
+    return shapes, covered < plan.num_gpus
+
+
+def balance_slots(plan: Plan) -> None:
+    """Order every group's micro-batches longest first (stage 3's lockstep slots)."""
+    for g in plan.groups:
+        g.microbatches.sort(key=lambda mb: -mb.time_s)
+
+
+def price_step(plan: Plan, cm: CostModel, *, spans: bool = False) -> StepPrice:
+    """Set the plan's step time, gradient sync and ZeRO stage from the executor's schedule (at
+    stage 3 after `balance_slots`); returns the priced step (with every rank's spans if asked).
+    A multi-phase plan (stages 0-2) is priced by `phased_step_s`, without spans (`simulate` lays
+    its phases out)."""
+    if plan.num_phases > 1:
+        if cm.training.zero_stage == 3:
+            raise PlanError("ZeRO stage 3 runs one layout (lockstep slots): no multi-phase plans")
+        busy = plan.busy_s()
+        plan.step_time_s = max(phased_step_s(plan, cm), busy)
+        plan.grad_sync_s = plan.step_time_s - busy
+        plan.zero_stage = cm.training.zero_stage
+        return StepPrice(plan.step_time_s, busy, None)
+    if cm.training.zero_stage == 3:
+        balance_slots(plan)
+    shapes, idle = group_shapes(plan)
+    price = cm.step_price(shapes, idle, spans=spans)
+    busy = plan.busy_s()
+    plan.step_time_s = max(price.step_time_s, busy)
+    plan.grad_sync_s = plan.step_time_s - busy
+    plan.zero_stage = cm.training.zero_stage
+    return price
+
+
+def layout_step_s(cm: CostModel, layout: Layout, priced: PricedLayout, idle_ranks: bool) -> float:
+    """The step of a priced layout (what `price_step` would give the plan assembled from it),
+    without assembling it: for the ILP's incumbent, which at ZeRO-3 keeps the fastest step."""
+    assert priced.pairs is not None
+    shapes, m = [], 0
+    for (_, p, _), count, sp_layout in zip(layout, priced.counts, priced.layouts, strict=True):
+        mbs = [(float(priced.times_s[i]), MicroBatchShape(float(priced.tokens[i]), float(priced.pairs[i]),
+                                                          int(priced.levels[i])))
+               for i in range(m, m + count) if priced.tokens[i] > 0]
+        if cm.training.zero_stage == 3:
+            mbs.sort(key=lambda tm: -tm[0])  # as balance_slots orders them
+        shapes.append(GroupShape(p, tuple(mb for _, mb in mbs), sp_layout))
+        m += count
+    return cm.step_price(shapes, idle_ranks).step_time_s
+
+
+
+def phased_step_s(plan: Plan, cm: CostModel) -> float:
+    """A multi-phase plan's step at stages 0-2: every rank issues the world's reductions under the
+    backward of its last micro-batch of the step, in its group of its last phase, so the schedule
+    (`schedule_fast.independent_s`) runs on those groups, each ending where the phases' timeline
+    ends it (`Plan.group_starts_s` + its busy time)."""
+    last: dict[int, int] = {}
+    for gi, g in enumerate(plan.groups):
+        for r in g.ranks:
+            if r not in last or plan.groups[last[r]].phase < g.phase:
+                last[r] = gi
+    finals = sorted(set(last.values()))
+    shapes, _ = group_shapes(plan)
+    starts = plan.group_starts_s()
+    return cm.step_price([shapes[gi] for gi in finals], starts_s=[starts[gi] for gi in finals]).step_time_s

@@ -1,0 +1,118 @@
+"""The step's schedule in the cost model: the closed form equals the replay of the rank programs,
+overlap hides reductions under the last backward, stage 3 runs lockstep slots, memory by stage."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import cost_model
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dcp.costmodel import CostModelError, TrainingSetup
+from dcp.costmodel.events import replay
+from dcp.costmodel.schedule import GroupShape, MicroBatchShape, least_link_s
+from dcp.costmodel.zero import in_step_bytes, padded, resident_bytes, unit_params
+
+microbatch = st.builds(lambda t, r: MicroBatchShape(t, t * (t + 1) / 2, r),
+                       st.integers(1, 40_000), st.integers(0, 32))
+group = st.builds(lambda sp, mbs: GroupShape(sp, tuple(mbs)), st.sampled_from([1, 2, 4, 8]),
+                  st.lists(microbatch, min_size=0, max_size=4))
+
+
+@settings(max_examples=60, deadline=None)
+@given(groups=st.lists(group, min_size=1, max_size=5), stage=st.sampled_from([0, 1, 2, 3]), idle=st.booleans(),
+       overlap=st.booleans())
+def test_closed_form_equals_the_replayed_programs(groups: list[GroupShape], stage: int, idle: bool,
+                                                  overlap: bool) -> None:
+    cm = cost_model(gpus=32, zero_stage=stage)
+    fast = cm.step_price(groups, idle, overlap=overlap)
+    slow = cm.step_price(groups, idle, overlap=overlap, spans=True)
+    assert fast.step_time_s == pytest.approx(slow.step_time_s, rel=1e-12)
+    assert fast.busy_s == slow.busy_s
+    # The least any plan adds, and (stage 3) the link's load, are below this plan's step.
+    assert fast.step_time_s >= fast.busy_s + cm.grad_sync_s() * (1 - 1e-12)
+    slots = max(len(g.microbatches) for g in groups)
+    assert fast.step_time_s >= least_link_s(cm, max(slots, 1) if stage == 3 else 0) * (1 - 1e-12)
+    if stage == 3:  # lockstep: no slot ends before its slowest group's micro-batch
+        slot_max = [max((cm.time_s(g.microbatches[j].tokens, g.microbatches[j].pairs, g.sp, g.microbatches[j].ckpt_layers)
+                         for g in groups if j < len(g.microbatches)), default=0.0) for j in range(slots)]
+        assert fast.step_time_s >= sum(slot_max) * (1 - 1e-12)
+
+
+def test_overlap_hides_the_reductions_under_the_last_backward() -> None:
+    """7B on 32 GPUs, one group of SP 8 with two long micro-batches: with overlap all but the root's
+    reduction run under the last backward; without, every layer's all-reduce follows it."""
+    cm = cost_model(gpus=32, zero_stage=0)
+    long = MicroBatchShape(64_000, 64_000 * 64_001 / 2, 8)
+    groups = [GroupShape(8, (long, long)), GroupShape(8, ()), GroupShape(16, (long,))]
+    on, off = cm.step_price(groups, overlap=True), cm.step_price(groups, overlap=False)
+    terms = cm.sync_terms()
+    assert off.exposed_s == pytest.approx(terms["grad_reduce"] + terms["loss_all_reduce"], rel=1e-9)
+    assert on.exposed_s == pytest.approx(cm.grad_sync_s(), rel=1e-9)  # the root and the scalars only
+    assert on.exposed_s < 0.1 * off.exposed_s
+
+
+def test_lockstep_costs_uneven_groups_and_balanced_slots_recover_it() -> None:
+    cm = cost_model(gpus=16, zero_stage=3)
+    big, small = (MicroBatchShape(t, t * (t + 1) / 2, 0) for t in (16_000, 4_000))
+    uneven = [GroupShape(8, (big,)), GroupShape(8, (small,) * 4)]
+    even = [GroupShape(8, (big, small)), GroupShape(8, (small, big))]
+    balanced = [GroupShape(8, (big, small)), GroupShape(8, (big, small))]
+    price = {name: cm.step_price(g) for name, g in [("uneven", uneven), ("even", even), ("balanced", balanced)]}
+    # Independent groups would take max(1 big, 4 small); lockstep pays big + 3 small.
+    assert price["uneven"].step_time_s >= cm.time_s(16_000, big.pairs, 8, 0) + 3 * cm.time_s(4_000, small.pairs, 8, 0)
+    assert price["balanced"].step_time_s < price["even"].step_time_s  # the j-th longest run together
+
+
+def test_a_program_that_would_hang_is_an_error() -> None:
+    ok = replay([[("issue", 0), ("wait", 0)], [("issue", 0), ("wait", 0)]], [1.0], ["allreduce"])
+    assert ok.end_s == [1.0, 1.0]
+    with pytest.raises(CostModelError, match="do not line up across ranks"):
+        replay([[("issue", 0), ("wait", 0)], [("compute", 1.0, "forward", 0)]], [1.0], ["allreduce"])
+    with pytest.raises(CostModelError, match="do not line up"):  # waits in crossed order
+        replay([[("wait", 0), ("issue", 1)], [("wait", 1), ("issue", 0)]], [1.0, 1.0], ["allreduce"] * 2)
+
+
+def test_memory_by_stage_in_padded_units() -> None:
+    cm = cost_model(gpus=8)
+    recipe, units = TrainingSetup(precision="bf16").recipe, unit_params(cm.model)
+    assert sum(units) == cm.model.param_count()
+    whole = sum(padded(n, 8) for n in units)
+    # bf16: 2 + 4 + 12 bytes per element, sharded stage by stage.
+    assert resident_bytes(recipe, 0, units, 8) == 18 * whole
+    assert resident_bytes(recipe, 1, units, 8) == 6 * whole + 12 * whole / 8
+    assert resident_bytes(recipe, 2, units, 8) == 2 * whole + 16 * whole / 8
+    assert resident_bytes(recipe, 3, units, 8) == 18 * whole / 8
+    # During a step stage 2 holds the whole local gradient, stage 3 the gathered units.
+    assert in_step_bytes(recipe, 2, units, 8) == 4 * whole
+    root, layer = padded(units[-1], 8), padded(units[0], 8)
+    assert in_step_bytes(recipe, 3, units, 8) == 6 * (root + 2 * layer) + 4 * root / 8
+    assert in_step_bytes(recipe, 1, units, 8) == 0
+    stage2 = cost_model(gpus=8, zero_stage=2)
+    assert stage2.static_bytes - stage2.resident_bytes - stage2.in_step_bytes == pytest.approx(
+        cm.static_bytes - cm.resident_bytes)
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_ring_layouts_price_their_unhidden_transfers_in_the_schedule(stage: int) -> None:
+    """Llama-3-8B on 64 GPUs (8 KV heads: rings beyond 8): a group in 8 x 2 and one in 16 x 1 with
+    long micro-batches. Each group's micro-batches cost what `time_s` says in its layout, the
+    closed form equals the replay, and the replay shows the ring's unhidden transfers."""
+    from dcp.costmodel import SPLayout
+
+    cm = cost_model("llama-3-8b", gpus=64, zero_stage=stage)
+    t = 256_000
+    mbs = (MicroBatchShape(t, t * (t + 1) / 2, 4), MicroBatchShape(t // 4, t // 4 * (t // 4 + 1) / 2, 0))
+    ring, ulysses = SPLayout(8, 2), SPLayout(16, 1)
+    groups = [GroupShape(16, mbs, ring), GroupShape(16, mbs[:1], ulysses), GroupShape(16, (), None),
+              GroupShape(16, mbs[1:], None)]
+    fast, slow = cm.step_price(groups), cm.step_price(groups, spans=True)
+    assert fast.step_time_s == pytest.approx(slow.step_time_s, rel=1e-12)
+    assert fast.busy_s == pytest.approx(sum(cm.time_s(m.tokens, m.pairs, 16, m.ckpt_layers, ring) for m in mbs),
+                                        rel=1e-12)
+    ring_s = sum(e - s for s, e, kind, _ in slow.replay.spans[0] if kind == "ring")
+    lt = [cm.layer_times(m.tokens, m.pairs, 16, ring) for m in mbs]
+    k = cm.model.num_layers
+    expected = sum((k + m.ckpt_layers) * x.ring_fwd_s + k * x.ring_bwd_s for m, x in zip(mbs, lt, strict=True))
+    assert expected > 0 and ring_s == pytest.approx(expected, rel=1e-9)
+    assert not any(kind == "ring" for _, _, kind, _ in slow.replay.spans[1])  # Ulysses alone: no ring
