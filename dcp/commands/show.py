@@ -19,7 +19,8 @@ from dcp.commands.common import (
     table,
     write_whole,
 )
-from dcp.costmodel import load_hardware, load_model, preset_names
+from dcp.costmodel import CostModel, load_hardware, load_model, preset_names
+from dcp.planner.plan import Plan, PlanError
 from dcp.planner.report import (
     group_rows,
     kind_shares,
@@ -53,7 +54,8 @@ def show(plan_file: Path, step_index: int, gantt_path: Path | None, model: str |
     the phases apart by "|", and the Gantt chart boxes each group where it runs.
     With --model, --hardware or --zero-stage the same plan (groups, assignment,
     checkpointed layers) is re-priced on that cost model instead: what the plan
-    would cost there, or an error if it no longer fits its memory.
+    would cost there, or an error if it no longer fits its memory (or, for a
+    multi-phase step at --zero-stage 3, which runs one layout, that it cannot run).
 
     {columns}
 
@@ -61,14 +63,15 @@ def show(plan_file: Path, step_index: int, gantt_path: Path | None, model: str |
     Example:
       dcp plan --steps 2 --format json -o plan.json
       dcp show plan.json --step 1 --gantt step1.png
-      dcp show plan.json --zero-stage 3
+      dcp plan --strategy dcp-greedy --steps 2 --format json -o greedy.json
+      dcp show greedy.json --zero-stage 3
     """
     check_output(gantt_path, "--gantt", FIGURE_SUFFIXES)
     doc = load_plan_document(plan_file)
     doc.step(step_index)  # an error naming the valid range
     overridden = model is not None or hardware is not None or zero_stage is not None
     cm = doc.cost_model(model, hardware, None if zero_stage is None else int(zero_stage))
-    plans = [reprice(p, cm) for p in doc.plans] if overridden else doc.plans
+    plans = [_reprice(i, p, cm) for i, p in enumerate(doc.plans)] if overridden else doc.plans
     timelines = simulate_all(plans, cm)
     the_plan, tl = plans[step_index], timelines[step_index]
     what = doc.describe() + (f", re-priced on {cm.model.name} x {cm.hardware.name}, zero stage "
@@ -105,6 +108,14 @@ def show(plan_file: Path, step_index: int, gantt_path: Path | None, model: str |
         write_whole(gantt_path, lambda tmp: plan_gantt(the_plan, tl, tmp, title=title))
         click.echo(f"wrote {gantt_path}", err=True)
 
+
+
+def _reprice(step_index: int, plan: Plan, cm: CostModel) -> Plan:
+    """`reprice`, its error naming the step."""
+    try:
+        return reprice(plan, cm)
+    except PlanError as e:
+        raise PlanError(f"step {step_index}: {e}") from e
 
 
 def _wrap(text: str, indent: str = "      ") -> str:

@@ -104,6 +104,9 @@ def reprice(plan: Plan, cm: CostModel) -> Plan:
     no longer holds there (more checkpointed layers than the model has, memory over the limit)."""
     if plan.num_gpus != cm.cluster.num_gpus:
         raise PlanError(f"plan is for {plan.num_gpus} GPUs, the cost model for {cm.cluster.num_gpus}")
+    if cm.training.zero_stage == 3 and plan.num_phases > 1:
+        raise PlanError(f"the plan has {plan.num_phases} phases, but ZeRO stage 3 runs one layout (lockstep "
+                        "slots): plan at stage 3 instead (dcp plan --zero-stage 3)")
     k = cm.model.num_layers
     new = copy.deepcopy(plan)
     by_id = new.sample_map()
