@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import functools
+import os
+import tempfile
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -14,6 +18,21 @@ from dcp.planner.sample import Sample
 settings.register_profile("dcp", derandomize=True, deadline=None, max_examples=40,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("dcp")
+
+
+@pytest.fixture(scope="module")
+def state() -> Iterator[Any]:
+    """A one-rank gloo world (file store) and its `ParallelState`, per test module."""
+    import torch.distributed as dist
+
+    from dcp.executor.parallel_state import ParallelState
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmp, 'store')}", rank=0, world_size=1)
+        try:
+            yield ParallelState.create(timeout_s=30)
+        finally:
+            dist.destroy_process_group()
 
 
 @functools.cache

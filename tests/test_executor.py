@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
-import tempfile
-from collections.abc import Iterator
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.utils.flop_counter import FlopCounterMode
 
 from dcp.costmodel import attention_pairs, load_model
@@ -21,16 +17,6 @@ from dcp.planner import Sample
 
 LLAMA = load_model("tiny-llama")
 STDIT = load_model("tiny-stdit")
-
-
-@pytest.fixture(scope="module")
-def state() -> Iterator[ParallelState]:
-    with tempfile.TemporaryDirectory() as tmp:
-        dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmp, 'store')}", rank=0, world_size=1)
-        try:
-            yield ParallelState.create(timeout_s=30)
-        finally:
-            dist.destroy_process_group()
 
 
 def loss_fn_for(spec):  # noqa: ANN001, ANN201 - test helper

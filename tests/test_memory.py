@@ -5,13 +5,9 @@ and the llama-7b figures the presets carry."""
 from __future__ import annotations
 
 import dataclasses
-import os
-import tempfile
-from collections.abc import Iterator
 
 import pytest
 import torch
-import torch.distributed as dist
 from dist_helpers import run_ranks
 
 from dcp.costmodel import (
@@ -35,16 +31,6 @@ from dcp.profiler.memory import reference_footprint
 
 RECIPES = ("bf16", "autocast-bf16")
 TOLERANCE = 0.02  # the issue's bound: cost model within 2% of the executor's measured bytes
-
-
-@pytest.fixture(scope="module")
-def state() -> Iterator[ParallelState]:
-    with tempfile.TemporaryDirectory() as tmp:
-        dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmp, 'store')}", rank=0, world_size=1)
-        try:
-            yield ParallelState.create(timeout_s=30)
-        finally:
-            dist.destroy_process_group()
 
 
 def cost_model(spec: ModelSpec, recipe: str, gpus: int = 1, zero_stage: int = 1) -> CostModel:

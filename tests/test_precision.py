@@ -4,13 +4,9 @@ flat buffer, and the checks that keep model, executor and cost model on one reci
 from __future__ import annotations
 
 import copy
-import os
-import tempfile
-from collections.abc import Iterator
 
 import pytest
 import torch
-import torch.distributed as dist
 from dist_helpers import run_ranks
 
 from dcp.costmodel import load_model
@@ -22,16 +18,6 @@ from dcp.models.precision import param_dtype, recipe_for_model
 from dcp.planner import Sample
 
 SPEC = load_model("tiny-llama")
-
-
-@pytest.fixture(scope="module")
-def state() -> Iterator[ParallelState]:
-    with tempfile.TemporaryDirectory() as tmp:
-        dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmp, 'store')}", rank=0, world_size=1)
-        try:
-            yield ParallelState.create(timeout_s=30)
-        finally:
-            dist.destroy_process_group()
 
 
 def batch(world: int, seed: int) -> tuple[list[Sample], dict]:
