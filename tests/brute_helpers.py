@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import itertools
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -64,12 +65,9 @@ def tiny_cm(gpus: int = 4, gpus_per_node: int = 2, cap_tokens: int = 600, zero_s
                      training)
 
 
-def brute_force(batch: list, cm: CostModel) -> float:
-    """Optimal step time by enumeration: every multiset of group sizes that fits the cluster,
-    every assignment of samples to groups, every micro-batch partition of each group's samples,
-    each micro-batch with its fewest checkpointed layers."""
-    sizes = allowed_sp_sizes(cm)
-    n = len(batch)
+def group_timer(batch: list, cm: CostModel) -> Callable[[int, frozenset], float]:
+    """group_time(p, members): the best split of the `members` samples into micro-batches run one
+    after another on p GPUs, each with its fewest checkpointed layers (inf if one fits nowhere)."""
 
     @functools.cache
     def mb_time(p: int, members: frozenset) -> float:
@@ -79,7 +77,6 @@ def brute_force(batch: list, cm: CostModel) -> float:
 
     @functools.cache
     def group_time(p: int, members: frozenset) -> float:
-        """Best split of `members` into micro-batches run one after another."""
         if not members:
             return 0.0
         first, rest = min(members), sorted(members - {min(members)})
@@ -89,6 +86,17 @@ def brute_force(batch: list, cm: CostModel) -> float:
                 mb = frozenset((first, *combo))
                 best = min(best, mb_time(p, mb) + group_time(p, members - mb))
         return best
+
+    return group_time
+
+
+def brute_force(batch: list, cm: CostModel) -> float:
+    """Optimal step time by enumeration: every multiset of group sizes that fits the cluster,
+    every assignment of samples to groups, every micro-batch partition of each group's samples,
+    each micro-batch with its fewest checkpointed layers."""
+    sizes = allowed_sp_sizes(cm)
+    n = len(batch)
+    group_time = group_timer(batch, cm)
 
     def layouts(left: int, smallest_allowed: int) -> list[tuple[int, ...]]:
         out = [()]
@@ -129,21 +137,7 @@ def brute_force_phases(batch: list, cm: CostModel, max_phases: int = 3) -> float
     n, num_gpus = len(batch), cm.cluster.num_gpus
     best = brute_force(batch, cm) - cm.grad_sync_s()
 
-    @functools.cache
-    def group_time(p: int, members: frozenset) -> float:
-        if not members:
-            return 0.0
-        first, rest = min(members), sorted(members - {min(members)})
-        out = math.inf
-        for k in range(len(rest) + 1):
-            for combo in itertools.combinations(rest, k):
-                mb = frozenset((first, *combo))
-                tokens = sum(batch[i].tokens for i in mb)
-                r = cm.min_ckpt_layers(tokens, p)
-                if r is not None:
-                    t = cm.time_s(tokens, sum(batch[i].attn_pairs for i in mb), p, r)
-                    out = min(out, t + group_time(p, members - mb))
-        return out
+    group_time = group_timer(batch, cm)
 
     def tilings(start: int) -> list[tuple[tuple[int, int], ...]]:
         if start == num_gpus:
