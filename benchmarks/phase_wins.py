@@ -19,11 +19,13 @@ _RTOL = 1e-9
 
 def phase_columns(plan: Any, batch: Sequence[Any], cm: Any, options: Any, solve: Callable) -> dict[str, Any]:
     """The row's multi-phase columns: the plan's phase count, the single-layout plan's step time
-    (planned with `options` and `max_phases=1`), their ratio, and the search's note."""
+    (planned with `options` and `max_phases=1`), its own bound (valid for single-layout plans
+    only) and gap to it, the ratio of the two plans' steps, and the search's note."""
     # A copy of the cost model: the planned solve memoized this batch's bound on `cm`, which
     # would give the second solve a head start of a few tens of ms (noise at small limits).
     single = solve(batch, copy.deepcopy(cm), dataclasses.replace(options, max_phases=1))[0]
     return {"num_phases": plan.num_phases, "single_layout_step_s": single.step_time_s,
+            "single_layout_bound_s": single.lower_bound_s, "single_layout_gap": single.gap,
             "phase_speedup": single.step_time_s / plan.step_time_s,
             "phase_note": next((n for n in plan.notes if n.startswith("phases")), "")}
 
