@@ -8,13 +8,16 @@ first, which balances the slots: the sum over slots of the slowest group's micro
 smallest when the j-th longest of every group run together (an exchange argument). The plan's
 `grad_sync_s` becomes what the schedule adds beyond the slowest group, so `step_time_s` stays
 busy + grad_sync_s, and any bound on the makespan plus `grad_sync_s()` stays a lower bound.
+At stages 0-2 it first moves every group's longest micro-batch to its end when that makes the
+step faster: the reductions run under the last micro-batch's backward, and one of a few tokens
+hides none of them (wikipedia on 1024 GPUs: 0.11 s more exposed than the least).
 """
 
 from __future__ import annotations
 
 from dcp.costmodel import CostModel
 from dcp.costmodel.schedule import GroupShape, MicroBatchShape, StepPrice
-from dcp.planner.plan import Plan, PlanError
+from dcp.planner.plan import MicroBatch, Plan, PlanError
 from dcp.planner.pricing import Layout, PricedLayout, group_layout
 
 
@@ -35,6 +38,30 @@ def balance_slots(plan: Plan) -> None:
         g.microbatches.sort(key=lambda mb: -mb.time_s)
 
 
+def _longest_last(plan: Plan) -> list[list[MicroBatch]] | None:
+    """Stages 0-2: move every group's longest micro-batch to its end, where its backward hides
+    the step's reductions (each unit's starts once every rank's last backward has done it); the
+    busy time does not change. The former orders, or None when every group already ends so."""
+    if all(not g.microbatches or g.microbatches[-1].time_s >= max(mb.time_s for mb in g.microbatches)
+           for g in plan.groups):
+        return None
+    kept = [list(g.microbatches) for g in plan.groups]
+    for g in plan.groups:
+        if g.microbatches:
+            last = max(range(len(g.microbatches)), key=lambda i: (g.microbatches[i].time_s, i))
+            g.microbatches.append(g.microbatches.pop(last))
+    return kept
+
+
+def _keep_if_faster(plan: Plan, kept: list[list[MicroBatch]], before_s: float, after_s: float) -> float:
+    """The step of the order `_longest_last` left if it is faster, else `kept` restored and its step."""
+    if after_s < before_s:
+        return after_s
+    for g, mbs in zip(plan.groups, kept, strict=True):
+        g.microbatches = mbs
+    return before_s
+
+
 def price_step(plan: Plan, cm: CostModel, *, spans: bool = False) -> StepPrice:
     """Set the plan's step time, gradient sync and ZeRO stage from the executor's schedule (at
     stage 3 after `balance_slots`); returns the priced step (with every rank's spans if asked).
@@ -44,7 +71,11 @@ def price_step(plan: Plan, cm: CostModel, *, spans: bool = False) -> StepPrice:
         if cm.training.zero_stage == 3:
             raise PlanError("ZeRO stage 3 runs one layout (lockstep slots): no multi-phase plans")
         busy = plan.busy_s()
-        plan.step_time_s = max(phased_step_s(plan, cm), busy)
+        step = phased_step_s(plan, cm)
+        kept = _longest_last(plan)
+        if kept is not None:
+            step = _keep_if_faster(plan, kept, step, phased_step_s(plan, cm))
+        plan.step_time_s = max(step, busy)
         plan.grad_sync_s = plan.step_time_s - busy
         plan.zero_stage = cm.training.zero_stage
         return StepPrice(plan.step_time_s, busy, None)
@@ -52,6 +83,10 @@ def price_step(plan: Plan, cm: CostModel, *, spans: bool = False) -> StepPrice:
         balance_slots(plan)
     shapes, idle = group_shapes(plan)
     price = cm.step_price(shapes, idle, spans=spans)
+    kept = _longest_last(plan) if cm.training.zero_stage < 3 else None
+    if kept is not None:
+        other = cm.step_price(group_shapes(plan)[0], idle, spans=spans)
+        price = other if _keep_if_faster(plan, kept, price.step_time_s, other.step_time_s) < price.step_time_s else price
     busy = plan.busy_s()
     plan.step_time_s = max(price.step_time_s, busy)
     plan.grad_sync_s = plan.step_time_s - busy
