@@ -37,3 +37,13 @@ def test_an_order_that_already_hides_them_is_kept() -> None:
     plan = assemble("test", _batch(), cm, [(0, 8, [[1], [2], [0]])])
     assert [mb.samples for mb in plan.groups[0].microbatches] == [[1], [2], [0]]
     assert plan.grad_sync_s == pytest.approx(cm.grad_sync_s(), rel=1e-9)
+
+
+def test_step_price_takes_the_groups_busy_times_when_the_caller_has_them() -> None:
+    cm = cost_model(gpus=32, zero_stage=1)
+    plan = assemble("test", _batch(), cm, [(0, 8, [[0], [1]]), (8, 8, [[2]])])
+    shapes, idle = group_shapes(plan)
+    given = cm.step_price(shapes, idle, busy_s=[g.busy_s for g in plan.groups]).step_time_s
+    assert given == pytest.approx(cm.step_price(shapes, idle).step_time_s, rel=1e-12)
+    with pytest.raises(ValueError, match="1 busy times for 2 groups"):
+        cm.step_price(shapes, idle, busy_s=[1.0])

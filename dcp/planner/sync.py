@@ -15,10 +15,16 @@ hides none of them (wikipedia on 1024 GPUs: 0.11 s more exposed than the least).
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
+from typing import TypeVar
+
 from dcp.costmodel import CostModel
 from dcp.costmodel.schedule import GroupShape, MicroBatchShape, StepPrice
-from dcp.planner.plan import MicroBatch, Plan, PlanError
+from dcp.planner.plan import Plan, PlanError
 from dcp.planner.pricing import Layout, PricedLayout, group_layout
+
+T = TypeVar("T")
 
 
 def group_shapes(plan: Plan) -> tuple[list[GroupShape], bool]:
@@ -38,28 +44,31 @@ def balance_slots(plan: Plan) -> None:
         g.microbatches.sort(key=lambda mb: -mb.time_s)
 
 
-def _longest_last(plan: Plan) -> list[list[MicroBatch]] | None:
-    """Stages 0-2: move every group's longest micro-batch to its end, where its backward hides
-    the step's reductions (each unit's starts once every rank's last backward has done it); the
-    busy time does not change. The former orders, or None when every group already ends so."""
-    if all(not g.microbatches or g.microbatches[-1].time_s >= max(mb.time_s for mb in g.microbatches)
-           for g in plan.groups):
-        return None
-    kept = [list(g.microbatches) for g in plan.groups]
+def _longest_last(plan: Plan) -> list[int | None]:
+    """Stages 0-2: per group, its longest micro-batch if it is not already its last (else None).
+    The reductions start under the last micro-batch's backward (each unit's once every rank's
+    last backward has done it), so a long one there hides the most; the busy time stays."""
+    out: list[int | None] = []
     for g in plan.groups:
-        if g.microbatches:
-            last = max(range(len(g.microbatches)), key=lambda i: (g.microbatches[i].time_s, i))
-            g.microbatches.append(g.microbatches.pop(last))
-    return kept
+        times = [mb.time_s for mb in g.microbatches]
+        k = max(range(len(times)), key=lambda i: (times[i], i)) if times else None
+        out.append(k if k is not None and times[k] > times[-1] else None)
+    return out
 
 
-def _keep_if_faster(plan: Plan, kept: list[list[MicroBatch]], before_s: float, after_s: float) -> float:
-    """The step of the order `_longest_last` left if it is faster, else `kept` restored and its step."""
-    if after_s < before_s:
-        return after_s
-    for g, mbs in zip(plan.groups, kept, strict=True):
-        g.microbatches = mbs
-    return before_s
+def _moved(items: Sequence[T], k: int | None) -> list[T]:
+    """`items` with item k moved to the end (unchanged for None)."""
+    return list(items) if k is None else [*items[:k], *items[k + 1:], items[k]]
+
+
+def _moved_shapes(shapes: Sequence[GroupShape], moves: Sequence[int | None]) -> list[GroupShape]:
+    return [sh if k is None else dataclasses.replace(sh, microbatches=tuple(_moved(sh.microbatches, k)))
+            for sh, k in zip(shapes, moves, strict=True)]
+
+
+def _apply(plan: Plan, moves: Sequence[int | None]) -> None:
+    for g, k in zip(plan.groups, moves, strict=True):
+        g.microbatches = _moved(g.microbatches, k)
 
 
 def price_step(plan: Plan, cm: CostModel, *, spans: bool = False) -> StepPrice:
@@ -71,10 +80,14 @@ def price_step(plan: Plan, cm: CostModel, *, spans: bool = False) -> StepPrice:
         if cm.training.zero_stage == 3:
             raise PlanError("ZeRO stage 3 runs one layout (lockstep slots): no multi-phase plans")
         busy = plan.busy_s()
-        step = phased_step_s(plan, cm)
-        kept = _longest_last(plan)
-        if kept is not None:
-            step = _keep_if_faster(plan, kept, step, phased_step_s(plan, cm))
+        shapes = group_shapes(plan)[0]
+        step = phased_step_s(plan, cm, shapes)
+        moves = _longest_last(plan)
+        if any(k is not None for k in moves):
+            other = phased_step_s(plan, cm, _moved_shapes(shapes, moves))
+            if other < step:
+                _apply(plan, moves)
+                step = other
         plan.step_time_s = max(step, busy)
         plan.grad_sync_s = plan.step_time_s - busy
         plan.zero_stage = cm.training.zero_stage
@@ -82,11 +95,14 @@ def price_step(plan: Plan, cm: CostModel, *, spans: bool = False) -> StepPrice:
     if cm.training.zero_stage == 3:
         balance_slots(plan)
     shapes, idle = group_shapes(plan)
-    price = cm.step_price(shapes, idle, spans=spans)
-    kept = _longest_last(plan) if cm.training.zero_stage < 3 else None
-    if kept is not None:
-        other = cm.step_price(group_shapes(plan)[0], idle, spans=spans)
-        price = other if _keep_if_faster(plan, kept, price.step_time_s, other.step_time_s) < price.step_time_s else price
+    busy_s = [g.busy_s for g in plan.groups]
+    price = cm.step_price(shapes, idle, spans=spans, busy_s=busy_s)
+    moves = _longest_last(plan) if cm.training.zero_stage < 3 else []
+    if any(k is not None for k in moves):
+        other = cm.step_price(_moved_shapes(shapes, moves), idle, spans=spans, busy_s=busy_s)
+        if other.step_time_s < price.step_time_s:
+            _apply(plan, moves)
+            price = other
     busy = plan.busy_s()
     plan.step_time_s = max(price.step_time_s, busy)
     plan.grad_sync_s = plan.step_time_s - busy
@@ -111,7 +127,7 @@ def layout_step_s(cm: CostModel, layout: Layout, priced: PricedLayout, idle_rank
 
 
 
-def phased_step_s(plan: Plan, cm: CostModel) -> float:
+def phased_step_s(plan: Plan, cm: CostModel, shapes: Sequence[GroupShape] | None = None) -> float:
     """A multi-phase plan's step at stages 0-2: every rank issues the world's reductions under the
     backward of its last micro-batch of the step, in its group of its last phase, so the schedule
     (`schedule_fast.independent_s`) runs on those groups, each ending where the phases' timeline
@@ -122,6 +138,7 @@ def phased_step_s(plan: Plan, cm: CostModel) -> float:
             if r not in last or plan.groups[last[r]].phase < g.phase:
                 last[r] = gi
     finals = sorted(set(last.values()))
-    shapes, _ = group_shapes(plan)
+    shapes = group_shapes(plan)[0] if shapes is None else shapes
     starts = plan.group_starts_s()
-    return cm.step_price([shapes[gi] for gi in finals], starts_s=[starts[gi] for gi in finals]).step_time_s
+    return cm.step_price([shapes[gi] for gi in finals], starts_s=[starts[gi] for gi in finals],
+                         busy_s=[plan.groups[gi].busy_s for gi in finals]).step_time_s
