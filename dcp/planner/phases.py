@@ -165,7 +165,8 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
         reserve_s = reserve_s if reserve_s >= MIN_SEARCH_S else 0.0  # too short to plan a split: keep none
     # Without a phase search the checks and bounds before the ILP and the report after it still
     # take about one final pricing (32,768 samples: 0.1 s).
-    single_s = options.time_limit_s - (reserve_s + margin_s if reserve_s else final_pricing_s(len(batch)))
+    kept_s = reserve_s + margin_s if reserve_s else min(final_pricing_s(len(batch)), options.time_limit_s / 4)
+    single_s = options.time_limit_s - kept_s
     single = solve_ilp(batch, cm, dataclasses.replace(options, time_limit_s=single_s), started)
     phased, why = _search(batch, cm, options, single, bound_s, deadline, splits, order, estimate)
     return _report(phased or single, single, bound_s, why, started)
