@@ -10,22 +10,37 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from dcp.planner.bounds import single_layout_bound
+
 _RTOL = 1e-9
+_SINGLE_NOTE = re.compile(r"bound ([0-9.]+) s for single-layout plans only")
 
 
 def phase_columns(plan: Any, batch: Sequence[Any], cm: Any, options: Any, solve: Callable) -> dict[str, Any]:
     """The row's multi-phase columns: the plan's phase count, the single-layout plan's step time
-    (planned with `options` and `max_phases=1`), their ratio, and the search's note."""
+    (planned with `options` and `max_phases=1`), its own bound (valid for single-layout plans
+    only) and gap to it, the ratio of the two plans' steps, and the search's note."""
     # A copy of the cost model: the planned solve memoized this batch's bound on `cm`, which
     # would give the second solve a head start of a few tens of ms (noise at small limits).
     single = solve(batch, copy.deepcopy(cm), dataclasses.replace(options, max_phases=1))[0]
+    bound = min(single_bound_s(single, batch, cm), single.step_time_s)
     return {"num_phases": plan.num_phases, "single_layout_step_s": single.step_time_s,
+            "single_layout_bound_s": bound, "single_layout_gap": 1 - bound / single.step_time_s,
             "phase_speedup": single.step_time_s / plan.step_time_s,
             "phase_note": next((n for n in plan.notes if n.startswith("phases")), "")}
+
+
+def single_bound_s(single: Any, batch: Sequence[Any], cm: Any) -> float:
+    """A single-layout plan's own bound: `bounds.single_layout_bound`, or the solver's proven one
+    where its note names a higher one (3 decimals, taken rounded down); `plan.lower_bound_s` is
+    the bound of every plan, multi-phase included."""
+    found = [float(m.group(1)) - 5e-4 for n in single.notes if (m := _SINGLE_NOTE.match(n))]
+    return max([single.lower_bound_s, single_layout_bound(batch, cm), *found])
 
 
 def phase_summary(cases: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -8,14 +8,23 @@ first, which balances the slots: the sum over slots of the slowest group's micro
 smallest when the j-th longest of every group run together (an exchange argument). The plan's
 `grad_sync_s` becomes what the schedule adds beyond the slowest group, so `step_time_s` stays
 busy + grad_sync_s, and any bound on the makespan plus `grad_sync_s()` stays a lower bound.
+At stages 0-2 it first moves every group's longest micro-batch to its end when that makes the
+step faster: the reductions run under the last micro-batch's backward, and one of a few tokens
+hides none of them (wikipedia on 1024 GPUs: 0.11 s more exposed than the least).
 """
 
 from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TypeVar
 
 from dcp.costmodel import CostModel
 from dcp.costmodel.schedule import GroupShape, MicroBatchShape, StepPrice
 from dcp.planner.plan import Plan, PlanError
 from dcp.planner.pricing import Layout, PricedLayout, group_layout
+
+T = TypeVar("T")
 
 
 def group_shapes(plan: Plan) -> tuple[list[GroupShape], bool]:
@@ -35,6 +44,33 @@ def balance_slots(plan: Plan) -> None:
         g.microbatches.sort(key=lambda mb: -mb.time_s)
 
 
+def _longest_last(plan: Plan) -> list[int | None]:
+    """Stages 0-2: per group, its longest micro-batch if it is not already its last (else None).
+    The reductions start under the last micro-batch's backward (each unit's once every rank's
+    last backward has done it), so a long one there hides the most; the busy time stays."""
+    out: list[int | None] = []
+    for g in plan.groups:
+        times = [mb.time_s for mb in g.microbatches]
+        k = max(range(len(times)), key=lambda i: (times[i], i)) if times else None
+        out.append(k if k is not None and times[k] > times[-1] else None)
+    return out
+
+
+def _moved(items: Sequence[T], k: int | None) -> list[T]:
+    """`items` with item k moved to the end (unchanged for None)."""
+    return list(items) if k is None else [*items[:k], *items[k + 1:], items[k]]
+
+
+def _moved_shapes(shapes: Sequence[GroupShape], moves: Sequence[int | None]) -> list[GroupShape]:
+    return [sh if k is None else dataclasses.replace(sh, microbatches=tuple(_moved(sh.microbatches, k)))
+            for sh, k in zip(shapes, moves, strict=True)]
+
+
+def _apply(plan: Plan, moves: Sequence[int | None]) -> None:
+    for g, k in zip(plan.groups, moves, strict=True):
+        g.microbatches = _moved(g.microbatches, k)
+
+
 def price_step(plan: Plan, cm: CostModel, *, spans: bool = False) -> StepPrice:
     """Set the plan's step time, gradient sync and ZeRO stage from the executor's schedule (at
     stage 3 after `balance_slots`); returns the priced step (with every rank's spans if asked).
@@ -44,14 +80,29 @@ def price_step(plan: Plan, cm: CostModel, *, spans: bool = False) -> StepPrice:
         if cm.training.zero_stage == 3:
             raise PlanError("ZeRO stage 3 runs one layout (lockstep slots): no multi-phase plans")
         busy = plan.busy_s()
-        plan.step_time_s = max(phased_step_s(plan, cm), busy)
+        shapes = group_shapes(plan)[0]
+        step = phased_step_s(plan, cm, shapes)
+        moves = _longest_last(plan)
+        if any(k is not None for k in moves):
+            other = phased_step_s(plan, cm, _moved_shapes(shapes, moves))
+            if other < step:
+                _apply(plan, moves)
+                step = other
+        plan.step_time_s = max(step, busy)
         plan.grad_sync_s = plan.step_time_s - busy
         plan.zero_stage = cm.training.zero_stage
         return StepPrice(plan.step_time_s, busy, None)
     if cm.training.zero_stage == 3:
         balance_slots(plan)
     shapes, idle = group_shapes(plan)
-    price = cm.step_price(shapes, idle, spans=spans)
+    busy_s = [g.busy_s for g in plan.groups]
+    price = cm.step_price(shapes, idle, spans=spans, busy_s=busy_s)
+    moves = _longest_last(plan) if cm.training.zero_stage < 3 else []
+    if any(k is not None for k in moves):
+        other = cm.step_price(_moved_shapes(shapes, moves), idle, spans=spans, busy_s=busy_s)
+        if other.step_time_s < price.step_time_s:
+            _apply(plan, moves)
+            price = other
     busy = plan.busy_s()
     plan.step_time_s = max(price.step_time_s, busy)
     plan.grad_sync_s = plan.step_time_s - busy
@@ -76,7 +127,7 @@ def layout_step_s(cm: CostModel, layout: Layout, priced: PricedLayout, idle_rank
 
 
 
-def phased_step_s(plan: Plan, cm: CostModel) -> float:
+def phased_step_s(plan: Plan, cm: CostModel, shapes: Sequence[GroupShape] | None = None) -> float:
     """A multi-phase plan's step at stages 0-2: every rank issues the world's reductions under the
     backward of its last micro-batch of the step, in its group of its last phase, so the schedule
     (`schedule_fast.independent_s`) runs on those groups, each ending where the phases' timeline
@@ -87,6 +138,7 @@ def phased_step_s(plan: Plan, cm: CostModel) -> float:
             if r not in last or plan.groups[last[r]].phase < g.phase:
                 last[r] = gi
     finals = sorted(set(last.values()))
-    shapes, _ = group_shapes(plan)
+    shapes = group_shapes(plan)[0] if shapes is None else shapes
     starts = plan.group_starts_s()
-    return cm.step_price([shapes[gi] for gi in finals], starts_s=[starts[gi] for gi in finals]).step_time_s
+    return cm.step_price([shapes[gi] for gi in finals], starts_s=[starts[gi] for gi in finals],
+                         busy_s=[plan.groups[gi].busy_s for gi in finals]).step_time_s

@@ -59,6 +59,7 @@ class _Loads:
         cols = self.gj[self.where[placed]]
         self.base = np.bincount(self.where[placed], weights=self.marg[placed, cols], minlength=len(groups))
         self.tok = np.bincount(self.where[placed], weights=self.short_tok[placed, cols], minlength=len(groups))
+        self.count = np.bincount(self.where[placed], minlength=len(groups))
         self._held: list[np.ndarray] | None = None
 
     def held(self, g: int) -> np.ndarray:
@@ -84,20 +85,27 @@ class _Loads:
         self.base[h] += self.marg[s, self.gj[h]]
         self.tok[h] += self.short_tok[s, self.gj[h]]
         self.where[s] = h
+        self.count[g] -= 1
+        self.count[h] += 1
         if self._held is not None:
             self._held[g] = self._held[g][self._held[g] != s]
             at = int(np.searchsorted(self._held[h], s))
             self._held[h] = np.concatenate((self._held[h][:at], [s], self._held[h][at:]))
 
 
-def improve(groups: Groups, table: CostTable, deadline: float | Deadline, max_iter: int = 2000) -> Groups:
+def improve(groups: Groups, table: CostTable, deadline: float | Deadline, max_iter: int = 2000,
+            num_gpus: int | None = None) -> Groups:
     """Local search: repeatedly apply the move or swap involving the slowest group that most
     lowers the larger of the two touched groups' times, while that stays below the slowest
     group's time. Swaps consider the slowest group's `_SWAP_TOP` largest samples against every
-    other sample. Deterministic (ties go to the lowest index) unless `deadline` stops it, which
-    it then records."""
+    other sample. With `num_gpus`, the GPUs no group holds become empty groups of the smallest
+    size first (`with_free_groups`), so that moves can use them; groups left empty are dropped.
+    Deterministic (ties go to the lowest index) unless `deadline` stops it, which it then
+    records."""
+    if num_gpus is not None:
+        groups = with_free_groups(groups, table, num_gpus)
     if len(groups) < 2:
-        return groups
+        return [g for g in groups if g[1]]
     deadline = Deadline.of(deadline)
     st = _Loads(groups, table)
     for it in range(max_iter):
@@ -121,6 +129,7 @@ def improve(groups: Groups, table: CostTable, deadline: float | Deadline, max_it
             best_val, best = float(val.flat[k]), (int(members[k // val.shape[1]]), k % val.shape[1], -1)
         # swaps: one of the largest members s with any sample u of the least-loaded groups
         by_load = np.argsort(loads, kind="stable")
+        by_load = by_load[st.count[by_load] > 0]  # empty groups have no sample to swap
         # the least-loaded groups overall and of every SP size (a swap can change sizes)
         partners = np.unique(np.concatenate([by_load[:_SWAP_GROUPS]] + [
             by_load[st.gj[by_load] == j][:_SWAP_PER_SIZE] for j in np.unique(st.gj)]))
@@ -147,7 +156,16 @@ def improve(groups: Groups, table: CostTable, deadline: float | Deadline, max_it
         if u >= 0:
             st.move(u, c)
         st.move(s, h)
-    return _groups_of(st.where, st.gj)
+    return [g for g in _groups_of(st.where, st.gj) if g[1]]
+
+
+def with_free_groups(groups: Groups, table: CostTable, num_gpus: int) -> Groups:
+    """`groups` and, on the GPUs none of them holds, as many empty groups of the smallest SP size
+    as fit: sizes are powers of two, so any set of them summing to at most `num_gpus` still has
+    an aligned layout (`place`)."""
+    j = int(np.argmin(table.sizes))
+    free = num_gpus - sum(table.sizes[g] for g, _ in groups)
+    return list(groups) + [(j, []) for _ in range(max(0, free) // table.sizes[j])]
 
 
 def _groups_of(where: np.ndarray, gj: np.ndarray) -> Groups:

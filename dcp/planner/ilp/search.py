@@ -231,7 +231,8 @@ class Search:
         return class_counts(loads, self.table.sizes, self.cm.cluster.num_gpus, items)
 
     def improve(self, groups: Groups) -> Groups:
-        return improve(groups, self.table, self.budget.deadline_for("local search"), IMPROVE_STEPS)
+        return improve(groups, self.table, self.budget.deadline_for("local search"), IMPROVE_STEPS,
+                       self.cm.cluster.num_gpus)
 
     def search(self, found: list[tuple[Groups, str]]) -> bool:
         """Neighbourhood search on the best candidate (by estimate), then local search; True if

@@ -183,7 +183,7 @@ def warm_start(inc: Incumbent, budget: Budget, batch: Sequence[Sample], cm: Cost
             budget.skip(f"local search on the {name}")
             continue
         groups = improve(groups, table, budget.deadline_for(f"local search on the {name}", warm_until),
-                         IMPROVE_STEPS)
+                         IMPROVE_STEPS, n)
         inc.offer_groups(groups, f"{inc.source}+search" if name == "incumbent" else "heuristic+search")
 
 
