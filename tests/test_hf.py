@@ -145,8 +145,7 @@ def test_planner_is_told_the_sp_sizes_the_model_allows() -> None:
 def grads_worker(rank: int, world: int, kinds: list[str], steps: int) -> list[tuple[str, int, float, float]]:
     """Random mixed plans per model kind; rank 0 compares each step with plain HF training."""
     from dcp.executor import ParallelState
-    from dcp.executor.hf import causal_lm_loss, hf_executor, lm_sample, plain_hf_step
-    from dcp.executor.reference import relative_grad_diff
+    from dcp.executor.hf import hf_executor, plain_hf_step
 
     state = ParallelState.create(timeout_s=30)
     out = []
@@ -156,15 +155,26 @@ def grads_worker(rank: int, world: int, kinds: list[str], steps: int) -> list[tu
         executor = hf_executor(model, state)
         for step in range(steps):
             plan, batch = random_case(world, step, model.config.num_hidden_layers)
-            ids = {s.id: token_ids(s, model.config.vocab_size, step) for s in batch}
-            stats = executor.step(plan, {i: lm_sample(x) for i, x in ids.items()}, causal_lm_loss)
-            diff = 0.0
-            if rank == 0:
-                ref_loss = plain_hf_step(reference, [ids[s.id] for s in batch])
-                diff = relative_grad_diff(list(model.parameters()), list(reference.parameters()))
-                assert abs(stats.loss - ref_loss) <= TOLERANCE * ref_loss, (stats.loss, ref_loss)
-            out.append((kind, step, diff, stats.loss))
+            out.append((kind, step, *step_against(rank, executor, model, reference, plain_hf_step, plan, batch,
+                                                  step, TOLERANCE)))
     return out
+
+
+def step_against(rank: int, executor: Any, model: Any, reference: Any, reference_step: Callable,
+                 plan: Plan, batch: list[Sample], step: int, tolerance: float) -> tuple[float, float]:
+    """One executor step of `plan` on `model`; on rank 0 the same batch through `reference_step`
+    on `reference`, its loss checked within `tolerance`. Returns (gradient diff, loss)."""
+    from dcp.executor.hf import causal_lm_loss, lm_sample
+    from dcp.executor.reference import relative_grad_diff
+
+    ids = {s.id: token_ids(s, model.config.vocab_size, step) for s in batch}
+    stats = executor.step(plan, {i: lm_sample(x) for i, x in ids.items()}, causal_lm_loss)
+    diff = 0.0
+    if rank == 0:
+        ref_loss = reference_step(reference, [ids[s.id] for s in batch])
+        diff = relative_grad_diff(list(model.parameters()), list(reference.parameters()))
+        assert abs(stats.loss - ref_loss) <= tolerance * ref_loss, (stats.loss, ref_loss)
+    return diff, stats.loss
 
 
 def refused_heads_worker(rank: int, world: int) -> str:

@@ -199,27 +199,18 @@ def plain_float64_step(model: torch.nn.Module, input_ids: list[torch.Tensor]) ->
 
 
 def hf_ring_worker(rank: int, world: int, cases: list) -> list[tuple[str, int, float, float]]:  # noqa: ANN001
-    from test_hf import tiny_config, tiny_model, token_ids
+    from test_hf import step_against, tiny_config, tiny_model
 
     from dcp.executor import ParallelState
-    from dcp.executor.hf import causal_lm_loss, hf_executor, lm_sample
-    from dcp.executor.reference import relative_grad_diff
+    from dcp.executor.hf import hf_executor
 
     state = ParallelState.create(timeout_s=30)
     model = float64_hf(tiny_model(tiny_config("llama")))
     reference = float64_hf(copy.deepcopy(model))
     executor = hf_executor(model, state)
-    out = []
-    for step, (plan, batch) in enumerate(cases):
-        ids = {s.id: token_ids(s, model.config.vocab_size, step) for s in batch}
-        stats = executor.step(plan, {i: lm_sample(x) for i, x in ids.items()}, causal_lm_loss)
-        diff = 0.0
-        if rank == 0:
-            ref_loss = plain_float64_step(reference, [ids[s.id] for s in batch])
-            diff = relative_grad_diff(list(model.parameters()), list(reference.parameters()))
-            assert abs(stats.loss - ref_loss) <= TOLERANCE * ref_loss, (stats.loss, ref_loss)
-        out.append(("hf-llama", step, diff, stats.loss))
-    return out
+    return [("hf-llama", step, *step_against(rank, executor, model, reference, plain_float64_step, plan, batch,
+                                            step, TOLERANCE))
+            for step, (plan, batch) in enumerate(cases)]
 
 
 def test_hf_llama_on_four_ranks_with_ring_plans_equals_plain_hf() -> None:
