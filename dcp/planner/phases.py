@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from dcp.costmodel import CostModel
-from dcp.planner.bounds import multi_phase_bound, sample_floors
+from dcp.planner.bounds import multi_phase_bound, sample_arrays, sample_floors
 from dcp.planner.feasibility import allowed_sp_sizes, check_feasible
 from dcp.planner.ilp.budget import final_pricing_s
 from dcp.planner.options import IlpOptions
@@ -83,8 +83,7 @@ def split_order(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int],
     needs: the smallest allowed at which it fits memory and runs alone within `makespan_s` (a
     lower bound on the busy time: no plan runs it on fewer GPUs), the largest allowed where none
     does. Ties go to the longer sample."""
-    tokens = np.fromiter((s.tokens for s in batch), dtype=np.float64, count=len(batch))
-    pairs = np.fromiter((s.attn_pairs for s in batch), dtype=np.float64, count=len(batch))
+    tokens, pairs = sample_arrays(batch)
     pricer = Pricer(cm, sizes)
     need = np.full(len(batch), max(sizes))
     for p in sorted(sizes, reverse=True):
@@ -98,8 +97,7 @@ def split_estimates(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int]
     rest in phase 2), a lower bound on the busy time of any plan that runs the phases one after
     the other: for each side, max(its GPU-seconds / N, its longest sample's best time alone)
     (`bounds.sample_floors`), added."""
-    tokens = np.fromiter((batch[i].tokens for i in order.tolist()), dtype=np.float64, count=len(order))
-    pairs = np.fromiter((batch[i].attn_pairs for i in order.tolist()), dtype=np.float64, count=len(order))
+    tokens, pairs = sample_arrays([batch[i] for i in order.tolist()])
     work, solo = sample_floors(tokens, pairs, cm, sizes)
     n = cm.cluster.num_gpus
     head_work = np.cumsum(work)[:-1]
