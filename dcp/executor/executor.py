@@ -121,13 +121,17 @@ class Executor:
                                  sync_params=sync_params)
         if sync_params:  # same start on every rank, whatever each rank's seed (the units: above)
             broadcast_params([p for p in model.parameters() if not p.requires_grad])
-        self.zero_stage = zero_stage
         self.switches = CheckpointSwitches(layers)
         self.ctx = SPContext()
         attn_modules = install_ulysses(model, self.ctx)
         if heads is None and attn_modules and all(hasattr(m, "heads") for m in attn_modules):
             heads = (min(m.heads for m in attn_modules), min(m.kv_heads for m in attn_modules))
         self.heads = heads
+
+    @property
+    def zero_stage(self) -> int:
+        """The ZeRO stage (0-3) this executor runs (its schedule's)."""
+        return self.zero.stage
 
     # -- one step ------------------------------------------------------------------------------
     def step(self, plan: Plan, samples: Mapping[int, SampleTensors], loss_fn: LossFn) -> StepStats:
