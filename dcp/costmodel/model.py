@@ -261,12 +261,11 @@ class CostModel(LayoutQueries):
         return least_exposed_s(self)
 
     def step_price(self, groups: Sequence[GroupShape], idle_ranks: bool = False, *, overlap: bool = True,
-                   spans: bool = False, starts_s: Sequence[float] | None = None,
-                   busy_s: Sequence[float] | None = None) -> StepPrice:
+                   spans: bool = False, busy_s: Sequence[float] | None = None) -> StepPrice:
         """The step time of these groups' micro-batches as the executor runs them at this ZeRO
         stage (`schedule.price_step`): independent groups with overlapped reductions at stages
-        0-2, lockstep slots at stage 3. `busy_s`: each group's summed micro-batch times, if known."""
-        return price_step(self, groups, idle_ranks, overlap=overlap, spans=spans, starts_s=starts_s, busy_s=busy_s)
+        0-2, lockstep slots at stage 3. `busy_s`: when each group's micro-batches end, if known."""
+        return price_step(self, groups, idle_ranks, overlap=overlap, spans=spans, busy_s=busy_s)
 
     def sync_terms(self) -> dict[str, float]:
         """Seconds of each kind of the step's world-wide collectives, summed as if run back to back

@@ -240,24 +240,19 @@ def _use(ops: list[Op], order: list[int], n: int, overlap: bool) -> None:
 
 
 def price_step(cm: CostModel, groups: Sequence[GroupShape], idle_ranks: bool = False, *,
-               overlap: bool = True, spans: bool = False, starts_s: Sequence[float] | None = None,
-               busy_s: Sequence[float] | None = None) -> StepPrice:
+               overlap: bool = True, spans: bool = False, busy_s: Sequence[float] | None = None) -> StepPrice:
     """The step of `groups` (and of ranks in no group when `idle_ranks`) under `cm`'s ZeRO stage.
     `overlap=False` prices the executor's `overlap` switch: stages 0-2 start their reductions
     only after the last micro-batch, stage 3 prefetches nothing and waits for every collective.
     With `spans` the rank programs are replayed (`events.replay`) and every group's spans kept;
-    without, the same time comes from the closed form of `schedule_fast`. `starts_s` (stages 0-2,
-    closed form only): when each group starts, for the last groups of a multi-phase plan's ranks.
-    `busy_s`: each group's micro-batches' summed `time_s`, when the caller has them (a plan does)."""
+    without, the same time comes from the closed form of `schedule_fast`. `busy_s`: when each
+    group's micro-batches end, when the caller has it: their summed `time_s` (a plan has them),
+    plus, for the last groups of a multi-phase plan's ranks, the group's start."""
     step = _Step(cm)
     per_group = list(busy_s) if busy_s is not None else [
         sum(cm.time_s(mb.tokens, mb.pairs, g.sp, mb.ckpt_layers, g.layout) for mb in g.microbatches) for g in groups]
     if len(per_group) != len(groups):
         raise ValueError(f"{len(per_group)} busy times for {len(groups)} groups")
-    if starts_s is not None:
-        if spans or step.stage >= 3:
-            raise ValueError("group start times are priced at ZeRO stages 0-2 in closed form only")
-        per_group = [start + b for start, b in zip(starts_s, per_group, strict=True)]
     busy = max(per_group, default=0.0)
     if not spans:
         if step.stage >= 3:

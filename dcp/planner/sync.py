@@ -140,5 +140,5 @@ def phased_step_s(plan: Plan, cm: CostModel, shapes: Sequence[GroupShape] | None
     finals = sorted(set(last.values()))
     shapes = group_shapes(plan)[0] if shapes is None else shapes
     starts = plan.group_starts_s()
-    return cm.step_price([shapes[gi] for gi in finals], starts_s=[starts[gi] for gi in finals],
-                         busy_s=[plan.groups[gi].busy_s for gi in finals]).step_time_s
+    return cm.step_price([shapes[gi] for gi in finals],
+                         busy_s=[starts[gi] + plan.groups[gi].busy_s for gi in finals]).step_time_s
