@@ -75,16 +75,6 @@ def ulysses_ok(model: ModelSpec, u: int) -> bool:
     return model.heads % u == 0 and (model.kv_heads % u == 0 or u % model.kv_heads == 0)
 
 
-def layout_error(model: ModelSpec, layout: SPLayout) -> str | None:
-    """Why `layout` cannot run `model`, or None."""
-    if not ulysses_ok(model, layout.ulysses):
-        return (f"Ulysses degree {layout.ulysses} does not shard {model.heads} heads over {model.kv_heads} KV heads "
-                "(it must divide the heads, and the KV heads it or it them)")
-    if layout.ring > 1 and (model.attention not in RING_ATTENTION_KINDS or model.cross_attention):
-        return f"ring attention is planned for causal or full self-attention, not {model.name}'s {model.attention}"
-    return None
-
-
 def sp_layouts(model: ModelSpec, sp_size: int, gpus_per_node: int | None = None) -> tuple[SPLayout, ...]:
     """The layouts a group of `sp_size` ranks may use, in increasing Ulysses degree. Where Ulysses
     alone divides the heads and the KV heads (every SP size before rings existed) it is the only
