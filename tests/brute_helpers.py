@@ -193,3 +193,35 @@ def brute_force_phases(batch: list, cm: CostModel, max_phases: int = 3) -> float
         front = {d: _pareto(np.concatenate(v)) for d, v in nxt.items()}
         front = {d: v[v.max(axis=1) < best] for d, v in front.items()}
     return best + cm.grad_sync_s()
+
+
+def random_plans(batch: list, cm: CostModel, seed: int, count: int = 40) -> list:
+    """Valid plans of random layouts, assignments and micro-batch splits, priced by `assemble`."""
+    import random
+
+    from dcp.planner.common import aligned_layout, assemble
+
+    rng = random.Random(seed)
+    sizes, n = allowed_sp_sizes(cm), cm.cluster.num_gpus
+    out = []
+    while len(out) < count:
+        counts: dict[int, int] = {}
+        left = n
+        while left and (not counts or rng.random() < 0.7):
+            p = rng.choice([q for q in sizes if q <= left])
+            counts[p] = counts.get(p, 0) + 1
+            left -= p
+        layout = aligned_layout(counts, n, cm.cluster.gpus_per_node)
+        members: list[list[int]] = [[] for _ in layout]
+        for s in batch:
+            members[rng.randrange(len(layout))].append(s.id)
+        groups = []
+        for (start, p), ids in zip(layout, members, strict=True):
+            rng.shuffle(ids)
+            cuts = sorted(rng.sample(range(1, len(ids)), rng.randint(0, max(0, len(ids) - 1)))) if ids else []
+            groups.append((start, p, [ids[a:b] for a, b in zip([0, *cuts], [*cuts, len(ids)], strict=True)]))
+        try:
+            out.append(assemble("random", batch, cm, groups, lower_bound_s=0.0))
+        except ValueError:  # a micro-batch that fits nowhere
+            continue
+    return out

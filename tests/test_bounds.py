@@ -23,7 +23,7 @@ from dcp.planner.bounds import (
 from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.ilp.warm import baseline_plans
 from dcp.planner.pricing import Pricer
-from tests.brute_helpers import TINY_CASES, brute_force, tiny_cm
+from tests.brute_helpers import TINY_CASES, brute_force, random_plans, tiny_cm
 from tests.conftest import ZERO3_LENGTHS, cost_model, make_batch
 
 BOUND_CASES = [
@@ -52,38 +52,6 @@ def test_bound_never_exceeds_the_optimum(lengths: list[int], gpus: int, per_node
         assert link <= plan.step_time_s * (1 + 1e-9)
     # Never below the capacity bound (the ILP search's floor), itself valid.
     assert capacity_bound(batch, cm) * (1 - 1e-9) <= bound
-
-
-def random_plans(batch: list, cm, seed: int, count: int = 40) -> list:  # noqa: ANN001
-    """Valid plans of random layouts, assignments and micro-batch splits, priced by `assemble`."""
-    import random
-
-    from dcp.planner.common import aligned_layout, assemble
-
-    rng = random.Random(seed)
-    sizes, n = allowed_sp_sizes(cm), cm.cluster.num_gpus
-    out = []
-    while len(out) < count:
-        counts: dict[int, int] = {}
-        left = n
-        while left and (not counts or rng.random() < 0.7):
-            p = rng.choice([q for q in sizes if q <= left])
-            counts[p] = counts.get(p, 0) + 1
-            left -= p
-        layout = aligned_layout(counts, n, cm.cluster.gpus_per_node)
-        members: list[list[int]] = [[] for _ in layout]
-        for s in batch:
-            members[rng.randrange(len(layout))].append(s.id)
-        groups = []
-        for (start, p), ids in zip(layout, members, strict=True):
-            rng.shuffle(ids)
-            cuts = sorted(rng.sample(range(1, len(ids)), rng.randint(0, max(0, len(ids) - 1)))) if ids else []
-            groups.append((start, p, [ids[a:b] for a, b in zip([0, *cuts], [*cuts, len(ids)], strict=True)]))
-        try:
-            out.append(assemble("random", batch, cm, groups, lower_bound_s=0.0))
-        except ValueError:  # a micro-batch that fits nowhere
-            continue
-    return out
 
 
 @settings(max_examples=60)

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dcp.planner import IlpOptions, Plan, PlanError, solve
-from dcp.planner.bounds import multi_phase_bound
+from dcp.planner.bounds import multi_phase_bound, multi_phase_busy
 from dcp.planner.common import assemble
 from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.ilp import solve_ilp
@@ -196,7 +196,7 @@ def test_example_batch_runs_its_longest_sample_first(example) -> None:  # noqa: 
     plan = solve(batch, cm.cluster, cm, IlpOptions(time_limit_s=2.0))
     single = solve(batch, cm.cluster, cm, IlpOptions(time_limit_s=1.0, max_phases=1))
     # The construction: the longest sample alone on the 32 GPUs, then the other 511.
-    order, need = split_order(batch, cm, allowed_sp_sizes(cm), plan.lower_bound_s - cm.grad_sync_s())
+    order, need = split_order(batch, cm, allowed_sp_sizes(cm), multi_phase_busy(batch, cm))
     assert need[0] == 32 and (need[1:] < 32).all()
     head = solve_ilp([batch[int(order[0])]], cm, IlpOptions(time_limit_s=1.0))
     tail = solve_ilp([batch[i] for i in order[1:].tolist()], cm, IlpOptions(time_limit_s=1.0))
@@ -223,7 +223,7 @@ def test_bound_is_below_two_phase_constructions_of_the_first_batch() -> None:
     batch = make_batches("wikipedia", cm, global_batch=512, steps=1, seed=0, full_only=True)[0]
     sizes = allowed_sp_sizes(cm)
     bound = multi_phase_bound(batch, cm)
-    order, need = split_order(batch, cm, sizes, bound - cm.grad_sync_s())
+    order, need = split_order(batch, cm, sizes, multi_phase_busy(batch, cm))
     splits = split_candidates(need, [q for q in sizes if q >= 16])
     assert splits
     for k in splits:

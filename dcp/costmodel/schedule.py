@@ -30,9 +30,13 @@ Never imports torch.
 
 from __future__ import annotations
 
+import math
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from dcp.costmodel.events import Op, Replay, replay
 from dcp.costmodel.ring import SPLayout
@@ -303,6 +307,114 @@ def least_exposed_s(cm: CostModel) -> float:
     if step.stage >= 3:
         least += step.gather_s[step.root] + (step.gather_s[0] if step.k else 0.0)
     return least
+
+
+def reduction_chain_s(cm: CostModel) -> np.ndarray | None:
+    """Stages 0-2, per layer u: the link's seconds from the start of layer u's reduction to the
+    step's end when nothing waits in between: reduce(u) + ... + reduce(0) + the root's + the
+    loss scalars' (+ the stage 1 and 2 all-gathers). None at stage 3 or on one GPU."""
+    if cm.cluster.num_gpus == 1 or cm.training.zero_stage >= 3 or not cm.model.num_layers:
+        return None
+    step = _Step(cm)
+    after = least_exposed_s(cm) - step.reduce_s[0]  # the root's, the scalars', stage 1-2 gathers
+    return np.cumsum(step.reduce_s[:step.k]) + after
+
+
+def least_step_s(cm: CostModel, busy_s: float, sizes: Sequence[int], released: np.ndarray | None = None) -> float:
+    """The least step of any plan whose groups have these SP sizes and whose busy time (its
+    slowest group's end) is at least `busy_s`: `busy_s + least_exposed_s` and, at stages 0-2,
+    the reductions the last backward passes cannot hide. `released`, when given, is per layer
+    a time no plan issues that layer's reduction before (the planner's, from the batch's
+    longest samples).
+
+    Why it holds: the link serves the reductions in issue order (layers K-1, ..., 0, the root,
+    the loss scalars), each once every rank has issued it, so the step ends no sooner than
+    when layer u's is issued plus `reduction_chain_s`[u]. The slowest group, ending at M >=
+    `busy_s`, issues layer u's once its last micro-batch's backward has done layers K-1..u, at
+    M - below(u), where below(u) is that micro-batch's backward (and recompute) of layers
+    u-1..0, and that micro-batch runs at most M: `_BackwardShares.release` is the earliest this
+    can be, and only grows with M. At u = 0 (below 0) it is `busy_s + least_exposed_s`. When a
+    plan's last micro-batches are too short to hide layer K-1's reduction, the whole chain of
+    K + 1 reductions is exposed."""
+    least = busy_s + least_exposed_s(cm)
+    chain = reduction_chain_s(cm)
+    if chain is None or not math.isfinite(busy_s):
+        return least
+    key = tuple(sorted(set(sizes)))
+    shares = _SHARES.setdefault(cm, {})
+    if key not in shares:
+        shares[key] = _BackwardShares(cm, key)
+    release = shares[key].release(busy_s)
+    if released is not None:
+        release = np.maximum(release, released)
+    return max(least, float(np.max(release + chain)))
+
+
+class _BackwardShares:
+    """For every layout of the sizes and every checkpointed layer count r, the parts of a
+    micro-batch's time and of below(u), its backward and recompute of layers u-1..0 (u =
+    0..K-1), as fixed + per token T + per pair A + e, e being the ring's exposed transfers.
+
+    Time is its linear form (`CostModel._linear_in`: K forwards and backwards, r recomputes,
+    the head) plus e = (K + r) exposed_f + K exposed_b. below(u) = u backwards and min(u, r)
+    recomputes (the checkpointed layers are 0..r-1), the same parts, and at most u / K of e.
+    Each exposed transfer is (c - 1) max(0, latency + transfer T - step compute) <= (c - 1)
+    (latency + max(0, transfer - step compute per token) T), so e <= e0 + e1 T."""
+
+    def __init__(self, cm: CostModel, sizes: Sequence[int]) -> None:
+        k, fit = cm.model.num_layers, cm.fit
+        u = np.arange(k, dtype=np.float64)[:, None]
+        r = np.arange(k + 1, dtype=np.float64)[None, :]
+        rows: list[tuple[np.ndarray, ...]] = []
+        for p in sizes:
+            fwd, bwd, rec = cm._compute_linear(p)
+            for layout in cm.layouts(p):
+                ring, comm, c = cm._ring(layout), cm._comm_linear(layout.ulysses, p), layout.ring
+                home = (ring.step_latency_s, ring.grad_return_token_s) if c > 1 else (0.0, 0.0)
+                f = [fwd.fixed + ring.extra_fixed_s + comm.fixed,
+                     fwd.per_token + ring.fwd_extra_token_s + comm.per_token, fwd.per_pair]
+                b = [bwd.fixed + ring.extra_fixed_s + comm.fixed + home[0],
+                     bwd.per_token + ring.bwd_extra_token_s + comm.per_token + home[1], bwd.per_pair]
+                rc = [rec.fixed + ring.extra_fixed_s + comm.fixed,
+                      rec.per_token + ring.fwd_extra_token_s + comm.per_token, rec.per_pair]
+                head = [fit.microbatch_fixed_s, fit.head_per_token_s / p, 0.0]
+                # (u, r) arrays per part: below(u)'s and the time's
+                below = [u * b[j] + np.minimum(u, r) * rc[j] for j in range(3)]
+                time = [k * (f[j] + b[j]) + r * rc[j] + head[j] + 0 * u for j in range(3)]
+                e0 = e1 = 0 * u + 0 * r
+                if c > 1:
+                    ef = (c - 1) * max(0.0, ring.fwd_transfer_token_s - ring.fwd_step_token_s)
+                    eb = (c - 1) * max(0.0, ring.bwd_transfer_token_s - ring.bwd_step_token_s)
+                    e0 = e0 + (2 * k + r) * (c - 1) * ring.step_latency_s
+                    e1 = e1 + (k + r) * ef + k * eb
+                rows.append((below[0], time[0], below[1], time[1], below[2], time[2], e0, e1))
+        self.below0, self.time0, self.below_t, self.time_t, self.below_a, self.time_a, self.e0, self.e1 = (
+            np.stack(x) for x in zip(*rows, strict=True))  # (layout, u, r)
+        self.sigma = u[None] / k
+
+    def release(self, busy_s: float) -> np.ndarray:
+        """Per layer u: the earliest a group of busy time M >= busy_s can issue its reduction,
+        min over layouts and r of M_l - below_max(u, M_l) at M_l = max(M, the layout's least
+        time): below_max is the most below(u) can be in a micro-batch of time at most M_l (a
+        fractional knapsack over its parts: up to e0 of e at u / K, then the best per-second
+        rate among tokens with e1 T of e riding along, tokens alone, and pairs), whose slope in
+        M is at most 1, so each term grows with M from the least time on and the min over
+        M' >= busy_s is at M_l."""
+        m = np.maximum(busy_s, self.time0)
+        room = m - self.time0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rates = [np.where(self.time_t > 0, self.below_t / self.time_t, 0.0),
+                     np.where(self.time_t + self.e1 > 0,
+                              (self.below_t + self.sigma * self.e1) / (self.time_t + self.e1), 0.0),
+                     np.where(self.time_a > 0, self.below_a / self.time_a, 0.0)]
+        rate = np.maximum.reduce(rates)
+        first = np.where(self.sigma > rate, np.minimum(self.e0, room), 0.0)
+        below = self.below0 + self.sigma * first + rate * (room - first)
+        return np.min(m - np.minimum(m, below), axis=(0, 2))
+
+
+_SHARES: weakref.WeakKeyDictionary[CostModel, dict[tuple[int, ...], _BackwardShares]] = weakref.WeakKeyDictionary()
+"""`_BackwardShares` per cost model and set of sizes (a pure function of both)."""
 
 
 def least_link_s(cm: CostModel, slots: int) -> float:

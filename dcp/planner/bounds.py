@@ -10,11 +10,12 @@ import hashlib
 import math
 import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from dcp.costmodel import CostModel
-from dcp.costmodel.schedule import least_link_s
+from dcp.costmodel.schedule import least_link_s, least_step_s
 from dcp.planner.bound_group import group_bound
 from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.pricing import exact_times
@@ -28,9 +29,11 @@ _MAX_STEPS = 40
 _MAX_CELLS = 1_000_000
 """Levels x distinct samples the makespan bound evaluates at once at most; past it, samples are
 rounded down to geometric length classes (a smaller sample never raises the bound)."""
-_MEMO: weakref.WeakKeyDictionary[CostModel, dict[tuple, tuple[float, float]]] = weakref.WeakKeyDictionary()
+_MEMO: weakref.WeakKeyDictionary[CostModel, dict[tuple, _Floors]] = weakref.WeakKeyDictionary()
 """Recent bounds per cost model: every baseline plan of a batch reports the same bound."""
 _MEMO_SIZE = 16
+_RELEASE_SAMPLES = 4
+"""How many of the longest samples `_released` prices (any subset of the batch gives a bound)."""
 
 
 def sample_arrays(batch: Sequence[Sample]) -> tuple[np.ndarray, np.ndarray]:
@@ -63,20 +66,22 @@ def lower_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] 
     share at that capacity, at a level (p, r) where it fits and runs alone within M. The cheapest
     such level per sample, summed, is work(M) <= N * M for a plan of busy time M; work only falls
     as M grows, so every M with work(M) > N * M is below the optimum (at M = inf it is the plain
-    GPU-seconds bound). The gradient sync added is the least any plan's schedule adds
-    (`CostModel.grad_sync_s`); under ZeRO-3 the bound is also at least the fewest slots' collectives
+    GPU-seconds bound). The synchronization added is the least any plan's schedule adds to a
+    busy time of at least M (`schedule.least_step_s`: at least `CostModel.grad_sync_s`, and the
+    whole chain of gradient reductions the last backward passes cannot hide, with `_released`
+    from the longest samples); under ZeRO-3 the bound is also at least the fewest slots' collectives
     (`_link_bound`), since every slot gathers every layer.
 
     It holds for every plan the executor can run, multi-phase plans included (see
     `multi_phase_bound`). `arrays` (tokens, pairs), when given, saves reading them from the
     samples again.
     """
-    return _bounds(batch, cm, sp_sizes, arrays)[0]
+    return _bounds(batch, cm, sp_sizes, arrays).lower
 
 
 def _bounds(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | None,
-            arrays: tuple[np.ndarray, np.ndarray] | None) -> tuple[float, float]:
-    """(`lower_bound`, `single_layout_bound`), memoized per cost model and batch."""
+            arrays: tuple[np.ndarray, np.ndarray] | None) -> _Floors:
+    """The batch's bounds, memoized per cost model and batch."""
     sizes = tuple(allowed_sp_sizes(cm, sp_sizes))
     tokens, pairs = arrays if arrays is not None else sample_arrays(batch)
     digest = hashlib.blake2b(tokens.tobytes() + pairs.tobytes(), digest_size=16).digest()
@@ -86,10 +91,66 @@ def _bounds(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | No
         if len(memo) >= _MEMO_SIZE:
             del memo[next(iter(memo))]
         work = _Work(*distinct_samples(tokens, pairs), cm, sizes)
-        makespan, sync = _makespan_bound(work, cm.cluster.num_gpus), cm.grad_sync_s()
+        makespan = _makespan_bound(work, cm.cluster.num_gpus)
+        released = _released(cm, sizes, tokens, pairs)
         link = _link_bound(float(tokens.sum()), cm, sizes)
-        memo[key] = (max(makespan + sync, link), max(group_bound(work, cm, sizes, makespan) + sync, link))
+        memo[key] = _Floors(max(least_step_s(cm, makespan, sizes, released), link),
+                            max(least_step_s(cm, group_bound(work, cm, sizes, makespan), sizes, released), link),
+                            released, makespan)
     return memo[key]
+
+
+@dataclass(frozen=True)
+class _Floors:
+    lower: float
+    """`lower_bound`."""
+    single_layout: float
+    """`single_layout_bound`."""
+    released: np.ndarray | None
+    """`_released`: per layer, the earliest any plan issues its reduction."""
+    makespan: float
+    """The makespan bound on every plan's busy time (`_makespan_bound`)."""
+
+
+def _released(cm: CostModel, sizes: Sequence[int], tokens: np.ndarray, pairs: np.ndarray) -> np.ndarray | None:
+    """Stages 0-2, per layer u: a time before which no plan issues layer u's gradient reduction
+    (None at stage 3, on one GPU, or for an empty batch), from the batch's `_RELEASE_SAMPLES`
+    longest samples: the most, over them, of the least over the layouts where the sample fits
+    of its time alone outside layers u-1..0's backward: K forwards, the head and K - u
+    backwards (`schedule.least_step_s` adds the reductions after).
+
+    Why it holds: the group holding sample i issues layer u's reduction no sooner than its busy
+    time minus its last micro-batch's backward (and recompute) of layers u-1..0. If i's
+    micro-batch is that last one, this is at least the forwards, the head and the backwards of
+    layers K-1..u of that micro-batch, and each only grows when samples join it: compute,
+    all-to-alls and the head grow with tokens and pairs, and a ring's exposed transfers shrink
+    by at most the step compute the joining sample adds, (c - 1) / c of its attention and the
+    c - 1 extra calls' per-token cost, which the forward and backward compute count in full.
+    So i alone in the micro-batch's layout is below it. If it is not the last, the group runs
+    i's micro-batch before the last, so issues no sooner than that micro-batch's whole time;
+    and in a multi-phase plan, the ranks' last groups start after i's group ends."""
+    if cm.training.zero_stage >= 3 or cm.cluster.num_gpus == 1 or not len(tokens) or not cm.model.num_layers:
+        return None
+    k, f = cm.model.num_layers, cm.fit
+    u = np.arange(k, dtype=np.float64)
+    memory = cm.cluster.memory_bytes * (1 + _MEMORY_RTOL)
+    out = np.zeros(k)
+    for i in np.argsort(-tokens, kind="stable")[:_RELEASE_SAMPLES]:
+        t, a = float(tokens[i]), float(pairs[i])
+        least = np.full(k, math.inf)
+        for p in sizes:
+            if t > cm.priceable_tokens(p):
+                continue
+            for layout in cm.layouts(p):
+                if cm.memory_bytes(t, p, k, layout) > memory:  # not even with every layer checkpointed
+                    continue
+                lt = cm.layer_times(t, a, p, layout)
+                fwd = lt.fwd_compute_s + lt.comm_s + lt.ring_fwd_s
+                bwd = lt.bwd_compute_s + lt.comm_s + lt.ring_bwd_s
+                head = f.head_per_token_s * t / p + f.microbatch_fixed_s
+                least = np.minimum(least, k * fwd + head + (k - u) * bwd)
+        out = np.maximum(out, np.where(np.isfinite(least), least, 0.0))
+    return out
 
 
 def single_layout_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | None = None,
@@ -97,7 +158,7 @@ def single_layout_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequen
     """`lower_bound` raised by charging the longest sample's group (`bound_group.group_bound`):
     valid for single-layout plans only, where that group keeps its size for the whole step. A
     multi-phase plan dissolves it once its sample is done, so this bound does not hold there."""
-    return _bounds(batch, cm, sp_sizes, arrays)[1]
+    return _bounds(batch, cm, sp_sizes, arrays).single_layout
 
 
 def _link_bound(total_tokens: float, cm: CostModel, sizes: Sequence[int]) -> float:
@@ -114,11 +175,26 @@ def _link_bound(total_tokens: float, cm: CostModel, sizes: Sequence[int]) -> flo
     return least_link_s(cm, max(slots, 1))
 
 
+def step_floor(batch: Sequence[Sample], cm: CostModel, busy_s: float, sp_sizes: Sequence[int] | None = None,
+               arrays: tuple[np.ndarray, np.ndarray] | None = None) -> float:
+    """The least step of any plan of this batch whose busy time is at least `busy_s` (a proven
+    busy bound: the ILP's dual bound, say), `schedule.least_step_s` with `_released`."""
+    sizes = allowed_sp_sizes(cm, sp_sizes)
+    return least_step_s(cm, busy_s, sizes, _bounds(batch, cm, sizes, arrays).released)
+
+
 def capacity_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | None = None,
                    arrays: tuple[np.ndarray, np.ndarray] | None = None) -> float:
-    """max(total minimal GPU-seconds / N, the longest sample's best time alone) + gradient sync,
-    each micro-batch's fixed cost spread over the most tokens that fit memory: weaker than
-    `lower_bound` when fixed costs are heavy (ZeRO-3), and the floor the ILP's search is tuned on.
+    """`capacity_busy` + the least the step adds to it (`schedule.least_step_s`)."""
+    return step_floor(batch, cm, capacity_busy(batch, cm, sp_sizes, arrays), sp_sizes, arrays)
+
+
+def capacity_busy(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | None = None,
+                  arrays: tuple[np.ndarray, np.ndarray] | None = None) -> float:
+    """max(total minimal GPU-seconds / N, the longest sample's best time alone): a bound on every
+    plan's busy time, each micro-batch's fixed cost spread over the most tokens that fit memory;
+    weaker than `lower_bound`'s makespan when fixed costs are heavy (ZeRO-3), and the floor the
+    ILP's search is tuned on.
 
     Why it holds: a micro-batch holding a sample has at least its tokens, so needs at least the
     sample's own fewest checkpointed layers r_i(p), and every cost coefficient grows with r; its
@@ -129,7 +205,7 @@ def capacity_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[in
     sizes = allowed_sp_sizes(cm, sp_sizes)
     tokens, pairs, weight = distinct_samples(*(arrays if arrays is not None else sample_arrays(batch)))
     work, solo = sample_floors(tokens, pairs, cm, sizes)
-    return max(float(work @ weight) / cm.cluster.num_gpus, float(solo.max())) + cm.grad_sync_s()
+    return max(float(work @ weight) / cm.cluster.num_gpus, float(solo.max()))
 
 
 class _Levels:
@@ -329,3 +405,10 @@ def multi_phase_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence
     notes when they are higher). tests/test_phases.py checks it against the brute-force optimum
     over every multi-phase plan of tiny batches."""
     return max(lower_bound(batch, cm, sp_sizes, arrays), capacity_bound(batch, cm, sp_sizes, arrays))
+
+
+def multi_phase_busy(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | None = None,
+                     arrays: tuple[np.ndarray, np.ndarray] | None = None) -> float:
+    """The busy time no plan the executor can run beats (multi-phase plans included): the larger
+    of `lower_bound`'s makespan and `capacity_busy`; `multi_phase_bound` is the step above it."""
+    return max(_bounds(batch, cm, sp_sizes, arrays).makespan, capacity_busy(batch, cm, sp_sizes, arrays))

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from dcp.costmodel import CostModel
-from dcp.planner.bounds import multi_phase_bound, sample_arrays, sample_floors
+from dcp.planner.bounds import multi_phase_bound, multi_phase_busy, sample_arrays, sample_floors
 from dcp.planner.feasibility import allowed_sp_sizes, check_feasible
 from dcp.planner.ilp.budget import final_pricing_s
 from dcp.planner.options import IlpOptions
@@ -154,11 +154,11 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
     deadline = started + options.time_limit_s - margin_s
     sizes = allowed_sp_sizes(cm, options.sp_sizes)
     check_feasible(batch, cm, sizes)
-    bound_s = multi_phase_bound(batch, cm, sizes)
-    splits, order, estimate = _splits(batch, cm, options, sizes, bound_s)
+    bound_s, busy_s = multi_phase_bound(batch, cm, sizes), multi_phase_busy(batch, cm, sizes)
+    splits, order, estimate = _splits(batch, cm, options, sizes, busy_s)
     reserve_s = 0.0
     if splits:  # a split whose own bound meets the batch's can reach it: give it more time
-        reaches = min(estimate[k - 1] for k in splits) <= (bound_s - cm.grad_sync_s()) * (1 + options.mip_rel_gap)
+        reaches = min(estimate[k - 1] for k in splits) <= busy_s * (1 + options.mip_rel_gap)
         reserve_s = (REACHING_SHARE if reaches else PHASE_SHARE) * options.time_limit_s
         reserve_s = reserve_s if reserve_s >= MIN_SEARCH_S else 0.0  # too short to plan a split: keep none
     # Without a phase search the checks and bounds before the ILP and the report after it still
@@ -171,14 +171,14 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
 
 
 def _splits(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, sizes: Sequence[int],
-            bound_s: float) -> tuple[list[int], np.ndarray, np.ndarray]:
+            busy_s: float) -> tuple[list[int], np.ndarray, np.ndarray]:
     """The splits worth planning (phase-1 sizes k, in order), the batch order they split and
     every split's bound (`split_order`, `split_estimates`); no split where only small groups are
     needed: a group of fewer than `MIN_NEED_SHARE` of the GPUs that runs the rest of the step at
     its size costs a single layout little."""
     if options.max_phases < 2 or len(batch) < 2 or cm.training.zero_stage == 3:
         return [], np.zeros(0, dtype=np.int64), np.zeros(0)
-    order, need = split_order(batch, cm, sizes, bound_s - cm.grad_sync_s())
+    order, need = split_order(batch, cm, sizes, busy_s)
     least = max(2, MIN_NEED_SHARE * cm.cluster.num_gpus)
     splits = split_candidates(need, [q for q in sizes if q >= least])
     return splits, order, split_estimates(batch, cm, sizes, order) if splits else np.zeros(0)

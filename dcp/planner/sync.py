@@ -48,12 +48,15 @@ def _longest_last(plan: Plan) -> list[int | None]:
     """Stages 0-2: per group, its longest micro-batch if it is not already its last (else None).
     The reductions start under the last micro-batch's backward (each unit's once every rank's
     last backward has done it), so a long one there hides the most; the busy time stays."""
-    out: list[int | None] = []
-    for g in plan.groups:
-        times = [mb.time_s for mb in g.microbatches]
-        k = max(range(len(times)), key=lambda i: (times[i], i)) if times else None
-        out.append(k if k is not None and times[k] > times[-1] else None)
-    return out
+    return [_longest_of([mb.time_s for mb in g.microbatches]) for g in plan.groups]
+
+
+def _longest_of(times: Sequence[float]) -> int | None:
+    """The index of the longest of a group's micro-batch times if it is not the last (else None)."""
+    if not times:
+        return None
+    k = max(range(len(times)), key=lambda i: (times[i], i))
+    return k if times[k] > times[-1] else None
 
 
 def _moved(items: Sequence[T], k: int | None) -> list[T]:
@@ -112,9 +115,9 @@ def price_step(plan: Plan, cm: CostModel, *, spans: bool = False) -> StepPrice:
 
 def layout_step_s(cm: CostModel, layout: Layout, priced: PricedLayout, idle_ranks: bool) -> float:
     """The step of a priced layout (what `price_step` would give the plan assembled from it),
-    without assembling it: for the ILP's incumbent, which at ZeRO-3 keeps the fastest step."""
+    without assembling it: for the ILP's incumbent, which keeps the fastest step."""
     assert priced.pairs is not None
-    shapes, m = [], 0
+    shapes, times, m = [], [], 0
     for (_, p, _), count, sp_layout in zip(layout, priced.counts, priced.layouts, strict=True):
         mbs = [(float(priced.times_s[i]), MicroBatchShape(float(priced.tokens[i]), float(priced.pairs[i]),
                                                           int(priced.levels[i])))
@@ -122,18 +125,27 @@ def layout_step_s(cm: CostModel, layout: Layout, priced: PricedLayout, idle_rank
         if cm.training.zero_stage == 3:
             mbs.sort(key=lambda tm: -tm[0])  # as balance_slots orders them
         shapes.append(GroupShape(p, tuple(mb for _, mb in mbs), sp_layout))
+        times.append([t for t, _ in mbs])
         m += count
-    return cm.step_price(shapes, idle_ranks).step_time_s
-
+    busy = [float(b) for b in priced.busy_s]
+    step = cm.step_price(shapes, idle_ranks, busy_s=busy).step_time_s
+    if cm.training.zero_stage < 3:  # as price_step: each group's longest micro-batch last, if faster
+        moves = [_longest_of(t) for t in times]
+        if any(k is not None for k in moves):
+            step = min(step, cm.step_price(_moved_shapes(shapes, moves), idle_ranks, busy_s=busy).step_time_s)
+    return max(step, max(busy, default=0.0))
 
 
 def phased_step_s(plan: Plan, cm: CostModel, shapes: Sequence[GroupShape] | None = None) -> float:
     """A multi-phase plan's step at stages 0-2: every rank issues the world's reductions under the
-    backward of its last micro-batch of the step, in its group of its last phase, so the schedule
+    backward of its last micro-batch of the step, in its group of the last phase where it has
+    one (a later group without micro-batches runs nothing), so the schedule
     (`schedule_fast.independent_s`) runs on those groups, each ending where the phases' timeline
     ends it (`Plan.group_starts_s` + its busy time)."""
     last: dict[int, int] = {}
     for gi, g in enumerate(plan.groups):
+        if not g.microbatches:
+            continue
         for r in g.ranks:
             if r not in last or plan.groups[last[r]].phase < g.phase:
                 last[r] = gi

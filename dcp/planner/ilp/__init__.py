@@ -33,6 +33,7 @@ import warnings
 from collections.abc import Sequence
 
 from dcp.costmodel import CostModel
+from dcp.planner.bounds import step_floor
 from dcp.planner.common import assemble_indices
 from dcp.planner.feasibility import allowed_sp_sizes, check_feasible
 from dcp.planner.ilp.budget import Budget
@@ -80,11 +81,12 @@ def finish(search: Search) -> Plan:
     notes += [f"{what} skipped: {CUT_SHORT}" for what in budget.cut]
     notes += [f"{what} cut short: {CUT_SHORT}" for what in budget.stopped]
     notes += search.notes
-    fastest = search.incumbent.fastest_step  # ZeRO-3's lockstep slots: the fastest scheduled step
+    fastest = search.incumbent.fastest_step  # the fastest scheduled step, which may not be the least busy
     if fastest is not None and fastest[1] is not best:
         best = fastest[1]
-        notes[0] = f"best plan from: {best.source} (fastest ZeRO-3 step)"
-    bound_s = max(search.proven + search.sync, search.makespan_bound_s)
+        notes[0] = f"best plan from: {best.source} (fastest scheduled step)"
+    bound_s = max(step_floor(search.batch, search.cm, search.proven, search.sizes, (search.arrays.tokens, search.arrays.pairs)),
+                  search.makespan_bound_s)
     plan = assemble_indices("ilp", search.batch, search.cm, best.layout, best.priced.ckpt(), arrays=search.arrays,
                             solver_status=f"{search.options.solver}: {status}", lower_bound_s=0.0,
                             pricer=search.pricer, notes=notes)

@@ -7,10 +7,13 @@ layers) before it can become the incumbent; a group solution whose estimate (nev
 exact price) cannot beat the incumbent is not priced at all. Nothing is assembled into a `Plan`
 until the end (`finish`), so a candidate costs array operations, not objects.
 
-The search minimizes the busy time (the slowest group). Under ZeRO-3 the step is not the busy
-time plus a constant: its slots run in lockstep (dcp.costmodel.schedule), so the incumbent also
-keeps the candidate of the fastest scheduled step (`fastest_step`), which `finish` returns when
-it beats the busiest-time one; a candidate whose busy time is already above that step cannot.
+The search minimizes the busy time (the slowest group). The step is not the busy time plus a
+constant: under ZeRO-3 its slots run in lockstep, and at stages 0-2 how much of the gradient
+reductions the groups' last backward passes hide depends on the plan (dcp.costmodel.schedule;
+on 1024 GPUs every candidate of a wikipedia batch can share the busy time of its longest sample
+while their steps differ by 15%). So the incumbent also keeps the candidate of the fastest
+scheduled step (`fastest_step`), which `finish` returns when it beats the busiest-time one; a
+candidate whose busy time plus the least synchronization is already above that step cannot.
 """
 
 from __future__ import annotations
@@ -53,9 +56,10 @@ class Incumbent:
         self.cm, self.table, self.arrays, self.pricer = cm, table, arrays, pricer
         self.cap, self.budget = max_microbatches, budget
         self.best: Candidate | None = None
-        self.lockstep = cm.training.zero_stage == 3 and cm.cluster.num_gpus > 1
+        self.scheduled = cm.cluster.num_gpus > 1
+        self.least_sync_s = cm.grad_sync_s()
         self.fastest_step: tuple[float, Candidate] | None = None
-        """ZeRO-3: (scheduled step, candidate) of the fastest step offered."""
+        """(scheduled step, candidate) of the fastest step offered."""
 
     @property
     def busy_s(self) -> float:
@@ -76,7 +80,7 @@ class Incumbent:
         priced = price_layout(layout, self.arrays, self.pricer)
         if not np.isfinite(priced.makespan_s):
             return False
-        if self.lockstep:
+        if self.scheduled:
             self._offer_step(layout, priced, source, groups)
         if priced.makespan_s >= self.busy_s * (1 - _TOL):
             return False
@@ -87,8 +91,8 @@ class Incumbent:
         return True
 
     def _offer_step(self, layout: Layout, priced: PricedLayout, source: str, groups: Groups | None) -> None:
-        if self.fastest_step is not None and priced.makespan_s >= self.fastest_step[0]:
-            return  # the step is at least the busy time
+        if self.fastest_step is not None and priced.makespan_s + self.least_sync_s >= self.fastest_step[0]:
+            return  # the step is at least the busy time plus the least synchronization
         covered = sum(p for _, p, _ in layout)
         step = layout_step_s(self.cm, layout, priced, covered < self.cm.cluster.num_gpus)
         if self.fastest_step is None or step < self.fastest_step[0] * (1 - _TOL):

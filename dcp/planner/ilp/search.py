@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from dcp.costmodel import CostModel
-from dcp.planner.bounds import capacity_bound, single_layout_bound
+from dcp.planner.bounds import capacity_busy, single_layout_bound
 from dcp.planner.ilp.budget import Budget
 from dcp.planner.ilp.columns import column_bound, column_plan, shapes_of
 from dcp.planner.ilp.costs import CostTable, cost_table
@@ -73,7 +73,7 @@ class Search:
         # coefficients share: as the floor, the makespan bound flattens the program's objective
         # above its relaxation (any assignment meeting it is "optimal") and the spread plans got
         # worse (opensora:balanced, 64 GPUs: +0.2%). The plan reports `single_layout_bound` if larger.
-        self.proven = capacity_bound(batch, cm, sizes, bound_arrays) - self.sync
+        self.proven = capacity_busy(batch, cm, sizes, bound_arrays)
         self.makespan_bound_s = single_layout_bound(batch, cm, sizes, bound_arrays)
         self.incumbent = Incumbent(cm, self.table, self.arrays, self.pricer, options.max_microbatches, budget)
         self.notes: list[str] = []
