@@ -115,24 +115,30 @@ def price_step(plan: Plan, cm: CostModel, *, spans: bool = False) -> StepPrice:
 
 def layout_step_s(cm: CostModel, layout: Layout, priced: PricedLayout, idle_ranks: bool) -> float:
     """The step of a priced layout (what `price_step` would give the plan assembled from it),
-    without assembling it: for the ILP's incumbent, which keeps the fastest step."""
+    without assembling it: for the ILP's incumbent, which keeps the fastest step. At stages 0-2
+    the schedule reads only each group's busy time and last micro-batch (`independent_s`), so
+    only those are built: the last, or the longest when moving it last is faster."""
     assert priced.pairs is not None
-    shapes, times, m = [], [], 0
+    lockstep = cm.training.zero_stage == 3
+    last, longest, m = [], [], 0
     for (_, p, _), count, sp_layout in zip(layout, priced.counts, priced.layouts, strict=True):
-        mbs = [(float(priced.times_s[i]), MicroBatchShape(float(priced.tokens[i]), float(priced.pairs[i]),
-                                                          int(priced.levels[i])))
-               for i in range(m, m + count) if priced.tokens[i] > 0]
-        if cm.training.zero_stage == 3:
-            mbs.sort(key=lambda tm: -tm[0])  # as balance_slots orders them
-        shapes.append(GroupShape(p, tuple(mb for _, mb in mbs), sp_layout))
-        times.append([t for t, _ in mbs])
+        held = [i for i in range(m, m + count) if priced.tokens[i] > 0]
         m += count
+
+        def shape(i: int) -> MicroBatchShape:
+            return MicroBatchShape(float(priced.tokens[i]), float(priced.pairs[i]), int(priced.levels[i]))
+
+        if lockstep:  # every slot counts, longest first (as balance_slots orders them)
+            held.sort(key=lambda i: -float(priced.times_s[i]))
+            last.append(GroupShape(p, tuple(shape(i) for i in held), sp_layout))
+            continue
+        last.append(GroupShape(p, (shape(held[-1]),) if held else (), sp_layout))
+        k = _longest_of([float(priced.times_s[i]) for i in held])
+        longest.append(last[-1] if k is None else GroupShape(p, (shape(held[k]),), sp_layout))
     busy = [float(b) for b in priced.busy_s]
-    step = cm.step_price(shapes, idle_ranks, busy_s=busy).step_time_s
-    if cm.training.zero_stage < 3:  # as price_step: each group's longest micro-batch last, if faster
-        moves = [_longest_of(t) for t in times]
-        if any(k is not None for k in moves):
-            step = min(step, cm.step_price(_moved_shapes(shapes, moves), idle_ranks, busy_s=busy).step_time_s)
+    step = cm.step_price(last, idle_ranks, busy_s=busy).step_time_s
+    if longest and any(a is not b for a, b in zip(last, longest, strict=True)):
+        step = min(step, cm.step_price(longest, idle_ranks, busy_s=busy).step_time_s)
     return max(step, max(busy, default=0.0))
 
 
