@@ -89,7 +89,7 @@ def finish(search: Search) -> Plan:
                   search.makespan_bound_s)
     plan = assemble_indices("ilp", search.batch, search.cm, best.layout, best.priced.ckpt(), arrays=search.arrays,
                             solver_status=f"{search.options.solver}: {status}", lower_bound_s=0.0,
-                            pricer=search.pricer, notes=notes)
+                            pricer=search.pricer, notes=notes, validate=False)
     # The plan's step is its schedule's (assemble prices it): the bound and gap are against that.
     plan.lower_bound_s = min(bound_s, plan.step_time_s)
     plan.gap = max(0.0, (plan.step_time_s - plan.lower_bound_s) / plan.step_time_s) if plan.step_time_s > 0 else 0.0
