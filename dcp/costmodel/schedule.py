@@ -233,6 +233,20 @@ class _Step:
         return ops
 
 
+def _step_of(cm: CostModel) -> _Step:
+    """`cm`'s step builder for the closed form and the bounds (which only read it: its
+    collectives' seconds and the layer times it caches), kept per cost model."""
+    step = _STEPS.get(cm)
+    if step is None or len(step._times) > _MAX_CACHED_TIMES:
+        step = _STEPS[cm] = _Step(cm)
+    return step
+
+
+_STEPS: weakref.WeakKeyDictionary[CostModel, _Step] = weakref.WeakKeyDictionary()
+_MAX_CACHED_TIMES = 50_000
+"""Layer times a kept step builder caches at most before it is rebuilt."""
+
+
 def _use(ops: list[Op], order: list[int], n: int, overlap: bool) -> None:
     """Use gathered unit n of a slot: wait for its gather, then start the next one's (prefetch);
     without overlap, start it only now."""
@@ -252,7 +266,7 @@ def price_step(cm: CostModel, groups: Sequence[GroupShape], idle_ranks: bool = F
     without, the same time comes from the closed form of `schedule_fast`. `busy_s`: when each
     group's micro-batches end, when the caller has it: their summed `time_s` (a plan has them),
     plus, for the last groups of a multi-phase plan's ranks, the group's start."""
-    step = _Step(cm)
+    step = _Step(cm) if spans else _step_of(cm)  # replaying registers collectives: a fresh one
     per_group = list(busy_s) if busy_s is not None else [
         sum(cm.time_s(mb.tokens, mb.pairs, g.sp, mb.ckpt_layers, g.layout) for mb in g.microbatches) for g in groups]
     if len(per_group) != len(groups):
@@ -298,7 +312,7 @@ def least_exposed_s(cm: CostModel) -> float:
     bound of the step."""
     if cm.cluster.num_gpus == 1:
         return 0.0
-    step = _Step(cm)
+    step = _step_of(cm)
     least = step.reduce_s[step.root] + step.scalars_s
     if step.stage <= 2 and step.k:
         least += step.reduce_s[0]
@@ -315,7 +329,7 @@ def reduction_chain_s(cm: CostModel) -> np.ndarray | None:
     loss scalars' (+ the stage 1 and 2 all-gathers). None at stage 3 or on one GPU."""
     if cm.cluster.num_gpus == 1 or cm.training.zero_stage >= 3 or not cm.model.num_layers:
         return None
-    step = _Step(cm)
+    step = _step_of(cm)
     after = least_exposed_s(cm) - step.reduce_s[0]  # the root's, the scalars', stage 1-2 gathers
     return np.cumsum(step.reduce_s[:step.k]) + after
 
@@ -423,6 +437,6 @@ def least_link_s(cm: CostModel, slots: int) -> float:
     time, each once every rank joined). 0 at other stages."""
     if cm.training.zero_stage < 3 or cm.cluster.num_gpus == 1:
         return 0.0
-    step = _Step(cm)
+    step = _step_of(cm)
     per_slot = step.gather_s[step.root] + sum(step.gather_s[:step.k]) + sum(step.gather_s[:step.k - 1])
     return slots * (per_slot + sum(step.reduce_s)) + step.scalars_s
