@@ -1,6 +1,6 @@
 """Planner benchmark: the ILP's solve time and plan quality at scale, against every baseline.
 
-    .venv/bin/python benchmarks/planner.py                    # the grid: about 3 minutes on 2 cores
+    .venv/bin/python benchmarks/planner.py                    # the grid: about 6 minutes on 2 cores
     .venv/bin/python benchmarks/planner.py --quick --time-limit 0.2   # 64 GPUs x 512 samples
     .venv/bin/python benchmarks/planner.py --gpus 32 --batch 8192 --workloads wikipedia --steps 2
 
