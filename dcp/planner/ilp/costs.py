@@ -24,7 +24,7 @@ samples at once: tens of thousands of samples cost milliseconds.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -48,18 +48,55 @@ class CostTable:
     cap0: np.ndarray
     """max_tokens(p, 0): tokens a micro-batch may hold without checkpointing."""
     marg: np.ndarray
+    rings: dict[int, np.ndarray] = field(default_factory=dict)
+    """Per size index whose every layout has a ring: one row per layout, (K (c - 1), latency,
+    forward transfer - step compute per token, forward step compute per pair, the same two for
+    the backward): what `exposure` prices."""
 
-    def estimate_terms(self) -> tuple[np.ndarray, np.ndarray]:
-        """What `pack`'s group estimate adds per sample and size: the tokens of a sample that
-        needs no checkpointing (it shares micro-batches), and its time besides them (its
-        marginal cost; a checkpointing sample's solo time). Computed once per table."""
+    def estimate_terms(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """What `pack`'s group estimate adds per sample and size: the tokens and the pairs of a
+        sample that needs no checkpointing (it shares micro-batches), and its time besides them
+        (its marginal cost; a checkpointing sample's solo time). Computed once per table."""
         if not hasattr(self, "_terms"):
             short = self.ckpt == 0
             short_tok = np.where(short, self.tokens[:, None], 0).astype(np.float64)
+            short_pairs = np.where(short, self.pairs[:, None], 0).astype(np.float64)
             marg = np.where(short, self.add - self.fixed0[None, :] * self.tokens[:, None]
                             / np.maximum(self.cap0, 1)[None, :], self.solo)
-            self._terms = (short_tok, marg)
+            self._terms = (short_tok, short_pairs, marg)
         return self._terms
+
+    def exposure(self, tokens: np.ndarray, pairs: np.ndarray, j: np.ndarray | int) -> np.ndarray:
+        """A lower bound on the ring transfers the attention does not hide in a group at size
+        index j whose samples that need no checkpointing hold these tokens and pairs (0 at sizes
+        with a ring-free layout), elementwise (broadcasting): in the group's layout each of its
+        micro-batches adds at least K (c - 1) (max(0, latency + transfer T - step compute)
+        forward and backward), and that sum over micro-batches is at least its value at their
+        totals (max(0, .) is subadditive); the least over the size's layouts. The linear costs
+        (`marg`, `fixed0`) are the least over layouts too, so the estimate stays below every
+        layout's exact time."""
+        tokens, pairs, j = np.broadcast_arrays(tokens, pairs, j)
+        out = np.zeros(tokens.shape)
+        ring = self._ring_sizes[j] & (tokens > 0)
+        if not ring.any():
+            return out
+        t, a, jj = tokens[ring], pairs[ring], j[ring]
+        least = np.full(t.shape, np.inf)
+        for size, rows in self.rings.items():
+            at = jj == size
+            for steps, latency, fwd_tok, fwd_pair, bwd_tok, bwd_pair in rows:
+                fwd = np.maximum(0.0, latency + fwd_tok * t - fwd_pair * a)
+                bwd = np.maximum(0.0, latency + bwd_tok * t - bwd_pair * a)
+                least = np.where(at, np.minimum(least, steps * (fwd + bwd)), least)
+        out[ring] = least
+        return out
+
+    @property
+    def _ring_sizes(self) -> np.ndarray:
+        """Per size index: whether every layout of the size has a ring (`rings`)."""
+        if not hasattr(self, "_ring_mask"):
+            self._ring_mask = np.array([j in self.rings for j in range(len(self.sizes))])
+        return self._ring_mask
 
 
 def cost_table(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], pricer: Pricer | None = None) -> CostTable:
@@ -99,6 +136,12 @@ def cost_table(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], pricer:
         table.add[:, j] = np.where(fits, np.where(rr == 0, share, solo), np.inf)
         table.load[:, j] = np.where(fits, load, np.inf)
         table.marg[:, j] = np.where(fits, marginal, np.inf)
+        layouts = cm.layouts(p)
+        if all(o.ring > 1 for o in layouts):
+            terms = [cm.ring_terms(o) for o in layouts]
+            table.rings[j] = np.array([[k * (c.steps - 1), c.step_latency_s, c.fwd_transfer_token_s - c.fwd_step_token_s,
+                                        c.fwd_step_pair_s, c.bwd_transfer_token_s - c.bwd_step_token_s,
+                                        c.bwd_step_pair_s] for c in terms])
     return table
 
 

@@ -50,7 +50,7 @@ class _Loads:
 
     def __init__(self, groups: Groups, table: CostTable) -> None:
         self.t = table
-        self.short_tok, self.marg = table.estimate_terms()
+        self.short_tok, self.short_pairs, self.marg = table.estimate_terms()
         self.gj = np.array([j for j, _ in groups], dtype=np.int64)
         self.where = np.full(len(table.tokens), -1, dtype=np.int64)
         for g, (_, ids) in enumerate(groups):
@@ -59,6 +59,7 @@ class _Loads:
         cols = self.gj[self.where[placed]]
         self.base = np.bincount(self.where[placed], weights=self.marg[placed, cols], minlength=len(groups))
         self.tok = np.bincount(self.where[placed], weights=self.short_tok[placed, cols], minlength=len(groups))
+        self.pairs = np.bincount(self.where[placed], weights=self.short_pairs[placed, cols], minlength=len(groups))
         self.count = np.bincount(self.where[placed], minlength=len(groups))
         self._held: list[np.ndarray] | None = None
 
@@ -70,20 +71,24 @@ class _Loads:
             self._held = [order[cuts[k + 1]:cuts[k + 2]] for k in range(len(self.gj))]
         return self._held[g]
 
-    def est(self, base: np.ndarray, tok: np.ndarray, gj: np.ndarray | int) -> np.ndarray:
-        """base + fixed(p, 0) * ceil(tokens / max_tokens(p, 0)), elementwise (broadcasting)."""
+    def est(self, base: np.ndarray, tok: np.ndarray, pairs: np.ndarray, gj: np.ndarray | int) -> np.ndarray:
+        """base + fixed(p, 0) * ceil(tokens / max_tokens(p, 0)) + the ring transfers the shared
+        micro-batches leave exposed at least (`CostTable.exposure`), elementwise (broadcasting)."""
         cap = np.maximum(self.t.cap0[gj], 1)
-        return base + self.t.fixed0[gj] * np.ceil(tok / cap - 1e-12)
+        out = base + self.t.fixed0[gj] * np.ceil(tok / cap - 1e-12)
+        return out + self.t.exposure(tok, pairs, gj) if self.t.rings else out
 
     def loads(self) -> np.ndarray:
-        return self.est(self.base, self.tok, self.gj)
+        return self.est(self.base, self.tok, self.pairs, self.gj)
 
     def move(self, s: int, h: int) -> None:
         g = self.where[s]
         self.base[g] -= self.marg[s, self.gj[g]]
         self.tok[g] -= self.short_tok[s, self.gj[g]]
+        self.pairs[g] -= self.short_pairs[s, self.gj[g]]
         self.base[h] += self.marg[s, self.gj[h]]
         self.tok[h] += self.short_tok[s, self.gj[h]]
+        self.pairs[h] += self.short_pairs[s, self.gj[h]]
         self.where[s] = h
         self.count[g] -= 1
         self.count[h] += 1
@@ -117,10 +122,12 @@ def improve(groups: Groups, table: CostTable, deadline: float | Deadline, max_it
         members = st.held(c)
         base_c = st.base[c] - st.marg[members, jc]
         tok_c = st.tok[c] - st.short_tok[members, jc]
-        new_c = st.est(base_c, tok_c, jc)
+        pairs_c = st.pairs[c] - st.short_pairs[members, jc]
+        new_c = st.est(base_c, tok_c, pairs_c, jc)
         # moves: member s to group h
         new_h = st.est(st.base[None, :] + st.marg[members][:, st.gj],
-                       st.tok[None, :] + st.short_tok[members][:, st.gj], st.gj[None, :])
+                       st.tok[None, :] + st.short_tok[members][:, st.gj],
+                       st.pairs[None, :] + st.short_pairs[members][:, st.gj], st.gj[None, :])
         new_h[:, c] = math.inf
         val = np.maximum(new_h, new_c[:, None])
         k = int(np.argmin(val))
@@ -141,10 +148,13 @@ def improve(groups: Groups, table: CostTable, deadline: float | Deadline, max_it
             s_idx, og = members[top], st.where[others]
             oj = st.gj[og]
             nc = st.est(base_c[top][:, None] + st.marg[others, jc][None, :],
-                        tok_c[top][:, None] + st.short_tok[others, jc][None, :], jc)
+                        tok_c[top][:, None] + st.short_tok[others, jc][None, :],
+                        pairs_c[top][:, None] + st.short_pairs[others, jc][None, :], jc)
             nh = st.est(st.base[og][None, :] - st.marg[others, oj][None, :] + st.marg[s_idx[:, None], oj[None, :]],
                         st.tok[og][None, :] - st.short_tok[others, oj][None, :]
-                        + st.short_tok[s_idx[:, None], oj[None, :]], oj[None, :])
+                        + st.short_tok[s_idx[:, None], oj[None, :]],
+                        st.pairs[og][None, :] - st.short_pairs[others, oj][None, :]
+                        + st.short_pairs[s_idx[:, None], oj[None, :]], oj[None, :])
             val = np.maximum(nc, nh)
             k = int(np.argmin(val))
             if val.flat[k] < best_val:
