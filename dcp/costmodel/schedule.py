@@ -111,16 +111,8 @@ class _Step:
 
     def __init__(self, cm: CostModel) -> None:
         self.cm, self.k = cm, cm.model.num_layers
-        n, g, recipe = cm.cluster.num_gpus, cm.cluster.gpus_per_node, cm.training.recipe
         self.stage = cm.training.zero_stage
-        sizes = [padded(u, n) for u in unit_params(cm.model)]
-
-        def priced(op: str, bytes_per_element: int) -> list[float]:
-            return [cm.hardware.collective_time_s(op, s * bytes_per_element, n, g) for s in sizes]
-
-        self.gather_s = priced("all_gather", recipe.param_bytes)
-        self.reduce_s = priced("reduce_scatter" if self.stage >= 2 else "all_reduce", recipe.reduce_bytes)
-        self.scalars_s = cm.hardware.collective_time_s("all_reduce", LOSS_SCALARS_BYTES, n, g)
+        self.gather_s, self.reduce_s, self.scalars_s = _collective_seconds(cm)
         self.coll = _Collectives()
         self.root = self.k
         self._times: dict[tuple[MicroBatchShape, int, SPLayout], LayerTimes] = {}
@@ -233,18 +225,25 @@ class _Step:
         return ops
 
 
-def _step_of(cm: CostModel) -> _Step:
-    """`cm`'s step builder for the closed form and the bounds (which only read it: its
-    collectives' seconds and the layer times it caches), kept per cost model."""
-    step = _STEPS.get(cm)
-    if step is None or len(step._times) > _MAX_CACHED_TIMES:
-        step = _STEPS[cm] = _Step(cm)
-    return step
+def _collective_seconds(cm: CostModel) -> tuple[list[float], list[float], float]:
+    """Each unit's all-gather and reduction seconds and the loss scalars' all-reduce, kept per
+    cost model (a pure function of it, priced on every step the planners price)."""
+    if cm not in _SECONDS:
+        n, g, recipe = cm.cluster.num_gpus, cm.cluster.gpus_per_node, cm.training.recipe
+        sizes = [padded(u, n) for u in unit_params(cm.model)]
+
+        def priced(op: str, bytes_per_element: int) -> list[float]:
+            return [cm.hardware.collective_time_s(op, s * bytes_per_element, n, g) for s in sizes]
+
+        reduce_op = "reduce_scatter" if cm.training.zero_stage >= 2 else "all_reduce"
+        _SECONDS[cm] = (priced("all_gather", recipe.param_bytes), priced(reduce_op, recipe.reduce_bytes),
+                        cm.hardware.collective_time_s("all_reduce", LOSS_SCALARS_BYTES, n, g))
+    gather, reduce, scalars = _SECONDS[cm]
+    return list(gather), list(reduce), scalars
 
 
-_STEPS: weakref.WeakKeyDictionary[CostModel, _Step] = weakref.WeakKeyDictionary()
-_MAX_CACHED_TIMES = 50_000
-"""Layer times a kept step builder caches at most before it is rebuilt."""
+_SECONDS: weakref.WeakKeyDictionary[CostModel, tuple[list[float], list[float], float]] = weakref.WeakKeyDictionary()
+"""`_collective_seconds` per cost model; the values hold no reference to it, so it still dies."""
 
 
 def _use(ops: list[Op], order: list[int], n: int, overlap: bool) -> None:
@@ -266,7 +265,7 @@ def price_step(cm: CostModel, groups: Sequence[GroupShape], idle_ranks: bool = F
     without, the same time comes from the closed form of `schedule_fast`. `busy_s`: when each
     group's micro-batches end, when the caller has it: their summed `time_s` (a plan has them),
     plus, for the last groups of a multi-phase plan's ranks, the group's start."""
-    step = _Step(cm) if spans else _step_of(cm)  # replaying registers collectives: a fresh one
+    step = _Step(cm)
     per_group = list(busy_s) if busy_s is not None else [
         sum(cm.time_s(mb.tokens, mb.pairs, g.sp, mb.ckpt_layers, g.layout) for mb in g.microbatches) for g in groups]
     if len(per_group) != len(groups):
@@ -312,7 +311,7 @@ def least_exposed_s(cm: CostModel) -> float:
     bound of the step."""
     if cm.cluster.num_gpus == 1:
         return 0.0
-    step = _step_of(cm)
+    step = _Step(cm)
     least = step.reduce_s[step.root] + step.scalars_s
     if step.stage <= 2 and step.k:
         least += step.reduce_s[0]
@@ -329,7 +328,7 @@ def reduction_chain_s(cm: CostModel) -> np.ndarray | None:
     loss scalars' (+ the stage 1 and 2 all-gathers). None at stage 3 or on one GPU."""
     if cm.cluster.num_gpus == 1 or cm.training.zero_stage >= 3 or not cm.model.num_layers:
         return None
-    step = _step_of(cm)
+    step = _Step(cm)
     after = least_exposed_s(cm) - step.reduce_s[0]  # the root's, the scalars', stage 1-2 gathers
     return np.cumsum(step.reduce_s[:step.k]) + after
 
@@ -437,6 +436,6 @@ def least_link_s(cm: CostModel, slots: int) -> float:
     time, each once every rank joined). 0 at other stages."""
     if cm.training.zero_stage < 3 or cm.cluster.num_gpus == 1:
         return 0.0
-    step = _step_of(cm)
+    step = _Step(cm)
     per_slot = step.gather_s[step.root] + sum(step.gather_s[:step.k]) + sum(step.gather_s[:step.k - 1])
     return slots * (per_slot + sum(step.reduce_s)) + step.scalars_s

@@ -98,9 +98,20 @@ class Incumbent:
         if self.fastest_step is None or step < self.fastest_step[0] * (1 - _TOL):
             self.fastest_step = (step, Candidate(source, layout, priced, groups))
 
+    def _may_step_faster(self, busy_floor_s: float) -> bool:
+        """Whether a candidate whose busy time is at least this could still schedule a faster
+        step than the fastest so far (it cannot beat the incumbent's busy time, but where the
+        reductions the last backward passes hide decide the step, one of the same busy time can
+        beat its step)."""
+        return (self.scheduled and self.fastest_step is not None
+                and busy_floor_s + self.least_sync_s < self.fastest_step[0] * (1 - _TOL))
+
     def offer_groups(self, groups: Groups | None, source: str) -> bool:
         """Canonical micro-batches for the search's groups, priced; True if the new incumbent."""
-        if groups is None or estimate(groups, self.table) >= self.busy_s * (1 - _TOL):
+        if groups is None:
+            return False
+        est = estimate(groups, self.table)  # never above the exact busy time
+        if est >= self.busy_s * (1 - _TOL) and not self._may_step_faster(est):
             return False
         t0 = time.perf_counter()
         layout = to_layout(groups, self.cm, self.table, self.cap)
