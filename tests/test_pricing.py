@@ -13,7 +13,7 @@ from dcp.planner import STRATEGIES, solve
 from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.pricing import BatchArrays, Pricer, group_layout, price_layout
 from dcp.planner.run import resolve_options
-from tests.conftest import cost_model, heavy_cost_model
+from tests.conftest import cost_model, heavy_cost_model, make_batch
 
 
 def _cost_models() -> list[CostModel]:
@@ -90,3 +90,22 @@ def test_every_strategys_plan_carries_the_cost_models_numbers(which: int) -> Non
                 assert mb.memory_bytes <= cm.memory_bytes(t, g.sp, mb.ckpt_layers) <= cm.cluster.memory_bytes
                 assert mb.time_s == pytest.approx(cm.time_s(t, a, g.sp, mb.ckpt_layers, sp), rel=1e-12), name
                 assert mb.time_s >= cm.time_s(t, a, g.sp, mb.ckpt_layers) * (1 - 1e-12), name
+
+
+def test_short_microbatches_after_a_billion_token_sample_price_exactly() -> None:
+    """Each micro-batch's tokens and pairs are summed on their own: with a 1.27e9-token sample
+    (pairs ~8e17) first in the layout, the 40 short micro-batches after it price exactly as
+    `CostModel.time_s` does (differences of one running sum were off by ~1e-6 relative, and
+    `simulate` refused the plan)."""
+    from dcp.planner.common import assemble
+    from dcp.planner.simulate import simulate
+
+    cm = cost_model(model="tiny-llama", gpus=256, gpus_per_node=4, zero_stage=2)
+    batch = make_batch([1_266_266_364] + [300 + 37 * i for i in range(40)])
+    plan = assemble("x", batch, cm, [(0, 128, [[0]]), (128, 1, [[i] for i in range(1, 41)])], lower_bound_s=0.0)
+    short = plan.groups[1]
+    for mb in short.microbatches:
+        s = batch[mb.samples[0]]
+        assert mb.time_s == pytest.approx(cm.time_s(s.tokens, s.attn_pairs, 1, mb.ckpt_layers, group_layout(short)),
+                                          rel=1e-12)
+    assert simulate(plan, cm).step_time_s == pytest.approx(plan.step_time_s)

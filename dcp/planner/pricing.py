@@ -188,11 +188,14 @@ def price_layout(layout: Layout, arrays: BatchArrays, pricer: Pricer,
     lengths = [len(mb) for _, _, mbs in layout for mb in mbs]
     n_mb = len(lengths)
     idx = np.fromiter((i for _, _, mbs in layout for mb in mbs for i in mb), dtype=np.int64)
-    bounds = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    csum_t = np.concatenate([[0.0], np.cumsum(arrays.tokens[idx])])
-    csum_a = np.concatenate([[0.0], np.cumsum(arrays.pairs[idx])])
-    tokens = csum_t[bounds[1:]] - csum_t[bounds[:-1]]
-    pairs = csum_a[bounds[1:]] - csum_a[bounds[:-1]]
+    # Each micro-batch summed on its own: differences of one running sum over the layout lose
+    # the short micro-batches' pairs to rounding after a long sample's (~1e18 at 1e9 tokens).
+    sizes_mb = np.asarray(lengths, dtype=np.int64)
+    starts = (np.cumsum(sizes_mb) - sizes_mb)[sizes_mb > 0]
+    tokens, pairs = np.zeros(n_mb), np.zeros(n_mb)
+    if len(starts):
+        tokens[sizes_mb > 0] = np.add.reduceat(arrays.tokens[idx], starts)
+        pairs[sizes_mb > 0] = np.add.reduceat(arrays.pairs[idx], starts)
     size_arr = np.repeat([p for _, p, _ in layout], counts)
     given = np.fromiter((r for rs in ckpt for r in rs), dtype=np.int64, count=n_mb) if ckpt is not None else None
     times, levels = np.zeros(n_mb), np.zeros(n_mb, dtype=np.int64)
