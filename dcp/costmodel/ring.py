@@ -34,6 +34,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from dcp.costmodel.spec import CostModelError, ModelSpec
 
 RING_ATTENTION_KINDS = ("causal", "full")
@@ -141,13 +143,18 @@ class RingCoefficients:
     def exposed_s(self, tokens: float, pairs: float) -> tuple[float, float]:
         """(forward, backward) transfer time per layer not hidden behind the steps' attention:
         (c - 1) max(0, y - x)."""
+        fwd, bwd = self.exposed(np.asarray(tokens, dtype=np.float64), np.asarray(pairs, dtype=np.float64))
+        return float(fwd), float(bwd)
+
+    def exposed(self, tokens: np.ndarray, pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`exposed_s` elementwise, for arrays of micro-batches."""
         if self.steps == 1:
-            return 0.0, 0.0
+            return np.zeros_like(tokens), np.zeros_like(tokens)
         x_f = self.fwd_step_pair_s * pairs + self.fwd_step_token_s * tokens
         x_b = self.bwd_step_pair_s * pairs + self.bwd_step_token_s * tokens
         y_f = self.step_latency_s + self.fwd_transfer_token_s * tokens
         y_b = self.step_latency_s + self.bwd_transfer_token_s * tokens
-        return (self.steps - 1) * max(0.0, y_f - x_f), (self.steps - 1) * max(0.0, y_b - x_b)
+        return (self.steps - 1) * np.maximum(0.0, y_f - x_f), (self.steps - 1) * np.maximum(0.0, y_b - x_b)
 
 
 def ring_coefficients(model: ModelSpec, layout: SPLayout, *, fwd_pair_s: float, bwd_pair_s: float,

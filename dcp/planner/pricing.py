@@ -76,14 +76,9 @@ class _Level:
         t = self.fixed[i][r] + self.per_token[i][r] * tokens + self.per_pair[i][r] * pairs
         ring = self.terms[i]
         if ring.steps > 1:
-            x_f = ring.fwd_step_pair_s * pairs + ring.fwd_step_token_s * tokens
-            x_b = ring.bwd_step_pair_s * pairs + ring.bwd_step_token_s * tokens
-            y_f = ring.step_latency_s + ring.fwd_transfer_token_s * tokens
-            y_b = ring.step_latency_s + ring.bwd_transfer_token_s * tokens
-            k, c = self.num_layers, ring.steps
-            exposed = ((k + np.minimum(r, k)) * ((c - 1) * np.maximum(0.0, y_f - x_f))
-                       + k * ((c - 1) * np.maximum(0.0, y_b - x_b)))
-            t = t + np.where(r <= k, exposed, 0.0)
+            k = self.num_layers
+            fwd, bwd = ring.exposed(tokens, pairs)
+            t = t + np.where(r <= k, (k + np.minimum(r, k)) * fwd + k * bwd, 0.0)
         return t
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dcp.costmodel import CostModel
+from dcp.costmodel.ring import RingCoefficients
 from dcp.planner.pricing import BatchArrays, Pricer
 
 
@@ -48,10 +49,9 @@ class CostTable:
     cap0: np.ndarray
     """max_tokens(p, 0): tokens a micro-batch may hold without checkpointing."""
     marg: np.ndarray
-    rings: dict[int, np.ndarray] = field(default_factory=dict)
-    """Per size index whose every layout has a ring: one row per layout, (K (c - 1), latency,
-    forward transfer - step compute per token, forward step compute per pair, the same two for
-    the backward): what `exposure` prices."""
+    rings: dict[int, list[RingCoefficients]] = field(default_factory=dict)
+    """Per size index whose every layout has a ring: the layouts' ring terms (`exposure`)."""
+    num_layers: int = 0
 
     def estimate_terms(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """What `pack`'s group estimate adds per sample and size: the tokens and the pairs of a
@@ -82,12 +82,11 @@ class CostTable:
             return out
         t, a, jj = tokens[ring], pairs[ring], j[ring]
         least = np.full(t.shape, np.inf)
-        for size, rows in self.rings.items():
+        for size, terms in self.rings.items():
             at = jj == size
-            for steps, latency, fwd_tok, fwd_pair, bwd_tok, bwd_pair in rows:
-                fwd = np.maximum(0.0, latency + fwd_tok * t - fwd_pair * a)
-                bwd = np.maximum(0.0, latency + bwd_tok * t - bwd_pair * a)
-                least = np.where(at, np.minimum(least, steps * (fwd + bwd)), least)
+            for layout in terms:
+                fwd, bwd = layout.exposed(t, a)
+                least = np.where(at, np.minimum(least, self.num_layers * (fwd + bwd)), least)
         out[ring] = least
         return out
 
@@ -111,7 +110,7 @@ def cost_table(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], pricer:
     tokens, pairs = arrays.tokens, arrays.pairs
     table = CostTable(list(sizes), tokens.astype(np.int64), pairs, np.full((n, m), -1, dtype=np.int64),
                       np.full((n, m), np.inf), np.full((n, m), np.inf), np.full((n, m), np.inf),
-                      np.zeros(m), np.zeros(m), np.full((n, m), np.inf))
+                      np.zeros(m), np.zeros(m), np.full((n, m), np.inf), num_layers=k)
     for j, p in enumerate(sizes):
         lin = [cm.linear_time(p, r) for r in range(k + 1)]
         fixed = np.array([c.fixed for c in lin])
@@ -138,10 +137,7 @@ def cost_table(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], pricer:
         table.marg[:, j] = np.where(fits, marginal, np.inf)
         layouts = cm.layouts(p)
         if all(o.ring > 1 for o in layouts):
-            terms = [cm.ring_terms(o) for o in layouts]
-            table.rings[j] = np.array([[k * (c.steps - 1), c.step_latency_s, c.fwd_transfer_token_s - c.fwd_step_token_s,
-                                        c.fwd_step_pair_s, c.bwd_transfer_token_s - c.bwd_step_token_s,
-                                        c.bwd_step_pair_s] for c in terms])
+            table.rings[j] = [cm.ring_terms(o) for o in layouts]
     return table
 
 
