@@ -64,6 +64,21 @@ class LayerTimes:
     ring_bwd_s: float = 0.0
     """Ring transfers of the backward not hidden, the last gradient block's return included."""
 
+    @property
+    def forward_s(self) -> float:
+        """The whole forward of the layer: compute, all-to-alls, unhidden ring transfers."""
+        return self.fwd_compute_s + self.comm_s + self.ring_fwd_s
+
+    @property
+    def backward_s(self) -> float:
+        """The whole backward of the layer (its recompute apart)."""
+        return self.bwd_compute_s + self.comm_s + self.ring_bwd_s
+
+    @property
+    def recompute_s(self) -> float:
+        """The whole recompute of a checkpointed layer (a forward's compute and transfers again)."""
+        return self.rec_compute_s + self.comm_s + self.ring_fwd_s
+
 
 class CostModel(LayoutQueries):
     """Time and memory of a micro-batch for one model, hardware and training setup; the layout
@@ -149,6 +164,11 @@ class CostModel(LayoutQueries):
                           self._comm_linear(layout.ulysses, sp_size)(tokens, 0.0), rec(tokens, pairs) + extra_f,
                           exposed_f, exposed_b + home)
 
+    def head_s(self, tokens: float, sp_size: int) -> float:
+        """The LM head and loss (forward and backward, per token) and the per-micro-batch fixed
+        cost: what a micro-batch runs besides its layers."""
+        return self.fit.head_per_token_s * tokens / sp_size + self.fit.microbatch_fixed_s
+
     def _compute_linear(self, p: int) -> tuple[LinearCost, LinearCost, LinearCost]:
         """Forward, backward and recompute compute of one layer at SP size p (SP divides tokens
         and pairs); recompute is measured apart when the profile has it, else the forward's."""
@@ -192,24 +212,31 @@ class CostModel(LayoutQueries):
         transfers hidden with one (their compute-bound form)."""
         key = (layout, ckpt_layers)
         if key not in self._layout_linear:
-            p = layout.size
-            fwd, bwd, rec = self._compute_linear(p)
-            ring = self._ring(layout)
-            # Forward and backward each run the layer's all-to-alls; a recompute re-runs the
-            # forward's (DeepSpeed-Ulysses, arXiv 2309.14509), and the forward's ring steps.
-            comm = self._comm_linear(layout.ulysses, p)
-            home = (ring.step_latency_s, ring.grad_return_token_s) if layout.ring > 1 else (0.0, 0.0)
+            fwd, bwd, rec = self.layer_linear(layout)
             k, r = self.model.num_layers, ckpt_layers
-            head = self.fit.head_per_token_s / p
             self._layout_linear[key] = LinearCost(
-                k * (fwd.fixed + bwd.fixed + 2 * comm.fixed + 2 * ring.extra_fixed_s + home[0])
-                + r * (rec.fixed + comm.fixed + ring.extra_fixed_s) + self.fit.microbatch_fixed_s,
-                k * (fwd.per_token + bwd.per_token + 2 * comm.per_token + ring.fwd_extra_token_s
-                     + ring.bwd_extra_token_s + home[1])
-                + r * (rec.per_token + comm.per_token + ring.fwd_extra_token_s) + head,
+                k * (fwd.fixed + bwd.fixed) + r * rec.fixed + self.fit.microbatch_fixed_s,
+                k * (fwd.per_token + bwd.per_token) + r * rec.per_token + self.fit.head_per_token_s / layout.size,
                 k * (fwd.per_pair + bwd.per_pair) + r * rec.per_pair,
             )
         return self._layout_linear[key]
+
+    def layer_linear(self, layout: SPLayout) -> tuple[LinearCost, LinearCost, LinearCost]:
+        """One layer's forward, backward and recompute in `layout` as linear functions of the
+        micro-batch's (T, A), the ring's transfers hidden (what `layer_times` adds to them
+        beyond is the exposed part): compute, the all-to-alls (forward and backward each run the
+        layer's; a recompute re-runs the forward's, DeepSpeed-Ulysses, arXiv 2309.14509), the
+        ring's extra steps, and in the backward the last gradient block's return."""
+        p = layout.size
+        fwd, bwd, rec = self._compute_linear(p)
+        ring, comm = self._ring(layout), self._comm_linear(layout.ulysses, p)
+        home = (ring.step_latency_s, ring.grad_return_token_s) if layout.ring > 1 else (0.0, 0.0)
+        return (LinearCost(fwd.fixed + comm.fixed + ring.extra_fixed_s,
+                           fwd.per_token + comm.per_token + ring.fwd_extra_token_s, fwd.per_pair),
+                LinearCost(bwd.fixed + comm.fixed + ring.extra_fixed_s + home[0],
+                           bwd.per_token + comm.per_token + ring.bwd_extra_token_s + home[1], bwd.per_pair),
+                LinearCost(rec.fixed + comm.fixed + ring.extra_fixed_s,
+                           rec.per_token + comm.per_token + ring.fwd_extra_token_s, rec.per_pair))
 
     def activation_bytes_per_token(self, sp_size: int, ckpt_layers: int, layout: SPLayout | None = None) -> float:
         """Activation bytes per token of the micro-batch on each GPU of its group: what the layers

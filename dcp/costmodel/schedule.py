@@ -128,8 +128,7 @@ class _Step:
     def forward(self, mb: MicroBatchShape, group: GroupShape, i: int) -> tuple[list[Op], Op]:
         """One layer's forward ops (the ring transfers its attention does not hide included) and
         the head (forward and backward, lumped as `microbatch_phases` does)."""
-        lt, f = self.layer_times(mb, group), self.cm.fit
-        head = f.head_per_token_s * mb.tokens / group.sp + f.microbatch_fixed_s
+        lt, head = self.layer_times(mb, group), self.cm.head_s(mb.tokens, group.sp)
         return ([("compute", lt.fwd_compute_s, "forward", i), ("compute", lt.comm_s, "all_to_all", i),
                  ("compute", lt.ring_fwd_s, "ring", i)],
                 ("compute", head, "forward", i))
@@ -368,8 +367,8 @@ class _BackwardShares:
     micro-batch's time and of below(u), its backward and recompute of layers u-1..0 (u =
     0..K-1), as fixed + per token T + per pair A + e, e being the ring's exposed transfers.
 
-    Time is its linear form (`CostModel._linear_in`: K forwards and backwards, r recomputes,
-    the head) plus e = (K + r) exposed_f + K exposed_b. below(u) = u backwards and min(u, r)
+    Time is its linear form (`CostModel.layer_linear`: K forwards and backwards, r recomputes,
+    and the head) plus e = (K + r) exposed_f + K exposed_b. below(u) = u backwards and min(u, r)
     recomputes (the checkpointed layers are 0..r-1), the same parts, and at most u / K of e.
     Each exposed transfer is (c - 1) max(0, latency + transfer T - step compute) <= (c - 1)
     (latency + max(0, transfer - step compute per token) T), so e <= e0 + e1 T."""
@@ -378,23 +377,17 @@ class _BackwardShares:
         k, fit = cm.model.num_layers, cm.fit
         u = np.arange(k, dtype=np.float64)[:, None]
         r = np.arange(k + 1, dtype=np.float64)[None, :]
+        shape = (k, k + 1)
         rows: list[tuple[np.ndarray, ...]] = []
         for p in sizes:
-            fwd, bwd, rec = cm._compute_linear(p)
             for layout in cm.layouts(p):
-                ring, comm, c = cm._ring(layout), cm._comm_linear(layout.ulysses, p), layout.ring
-                home = (ring.step_latency_s, ring.grad_return_token_s) if c > 1 else (0.0, 0.0)
-                f = [fwd.fixed + ring.extra_fixed_s + comm.fixed,
-                     fwd.per_token + ring.fwd_extra_token_s + comm.per_token, fwd.per_pair]
-                b = [bwd.fixed + ring.extra_fixed_s + comm.fixed + home[0],
-                     bwd.per_token + ring.bwd_extra_token_s + comm.per_token + home[1], bwd.per_pair]
-                rc = [rec.fixed + ring.extra_fixed_s + comm.fixed,
-                      rec.per_token + ring.fwd_extra_token_s + comm.per_token, rec.per_pair]
+                ring, c = cm.ring_terms(layout), layout.ring
+                f, b, rc = ([x.fixed, x.per_token, x.per_pair] for x in cm.layer_linear(layout))
                 head = [fit.microbatch_fixed_s, fit.head_per_token_s / p, 0.0]
                 # (u, r) arrays per part: below(u)'s and the time's
                 below = [u * b[j] + np.minimum(u, r) * rc[j] for j in range(3)]
-                time = [k * (f[j] + b[j]) + r * rc[j] + head[j] + 0 * u for j in range(3)]
-                e0 = e1 = 0 * u + 0 * r
+                time = [np.broadcast_to(k * (f[j] + b[j]) + r * rc[j] + head[j], shape) for j in range(3)]
+                e0 = e1 = np.zeros(shape)
                 if c > 1:
                     ef = (c - 1) * max(0.0, ring.fwd_transfer_token_s - ring.fwd_step_token_s)
                     eb = (c - 1) * max(0.0, ring.bwd_transfer_token_s - ring.bwd_step_token_s)

@@ -31,10 +31,8 @@ if TYPE_CHECKING:
 def _layer_costs(step: _Step, mb: MicroBatchShape, group: GroupShape) -> tuple[float, float, float, float]:
     """(one layer's forward, the head, one layer's backward, its recompute) of a micro-batch,
     all-to-alls and unhidden ring transfers included."""
-    lt, f = step.layer_times(mb, group), step.cm.fit
-    head = f.head_per_token_s * mb.tokens / group.sp + f.microbatch_fixed_s
-    return (lt.fwd_compute_s + lt.comm_s + lt.ring_fwd_s, head, lt.bwd_compute_s + lt.comm_s + lt.ring_bwd_s,
-            lt.rec_compute_s + lt.comm_s + lt.ring_fwd_s)
+    lt = step.layer_times(mb, group)
+    return lt.forward_s, step.cm.head_s(mb.tokens, group.sp), lt.backward_s, lt.recompute_s
 
 
 def independent_s(step: _Step, groups: Sequence[GroupShape], busy: Sequence[float], overlap: bool) -> float:

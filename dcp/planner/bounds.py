@@ -131,7 +131,7 @@ def _released(cm: CostModel, sizes: Sequence[int], tokens: np.ndarray, pairs: np
     and in a multi-phase plan, the ranks' last groups start after i's group ends."""
     if cm.training.zero_stage >= 3 or cm.cluster.num_gpus == 1 or not len(tokens) or not cm.model.num_layers:
         return None
-    k, f = cm.model.num_layers, cm.fit
+    k = cm.model.num_layers
     u = np.arange(k, dtype=np.float64)
     memory = cm.cluster.memory_bytes * (1 + _MEMORY_RTOL)
     out = np.zeros(k)
@@ -145,10 +145,7 @@ def _released(cm: CostModel, sizes: Sequence[int], tokens: np.ndarray, pairs: np
                 if cm.memory_bytes(t, p, k, layout) > memory:  # not even with every layer checkpointed
                     continue
                 lt = cm.layer_times(t, a, p, layout)
-                fwd = lt.fwd_compute_s + lt.comm_s + lt.ring_fwd_s
-                bwd = lt.bwd_compute_s + lt.comm_s + lt.ring_bwd_s
-                head = f.head_per_token_s * t / p + f.microbatch_fixed_s
-                least = np.minimum(least, k * fwd + head + (k - u) * bwd)
+                least = np.minimum(least, k * lt.forward_s + cm.head_s(t, p) + (k - u) * lt.backward_s)
         out = np.maximum(out, np.where(np.isfinite(least), least, 0.0))
     return out
 

@@ -123,10 +123,10 @@ def microbatch_phases(cm: CostModel, tokens: int, pairs: int, sp_size: int,
     (per token) and the per-micro-batch fixed cost have no per-layer split and are lumped as
     forward compute. (ZeRO's collectives are the step's, not the micro-batch's: `simulate` places
     them, stage 3's parameter gathers included.)"""
-    k, r, p, f = cm.model.num_layers, ckpt_layers, sp_size, cm.fit
+    k, r, p = cm.model.num_layers, ckpt_layers, sp_size
     layout = layout or cm.best_layout([(tokens, pairs, r)], p)
     lt = cm.layer_times(tokens, pairs, p, layout)
-    head = f.head_per_token_s * tokens / p + f.microbatch_fixed_s
+    head = cm.head_s(tokens, p)
     phases: list[tuple[EventKind, float]] = [
         ("forward", k * lt.fwd_compute_s + head), ("all_to_all", k * lt.comm_s), ("ring", k * lt.ring_fwd_s),
         ("recompute", r * lt.rec_compute_s), ("all_to_all", r * lt.comm_s), ("ring", r * lt.ring_fwd_s),
