@@ -310,15 +310,18 @@ def least_exposed_s(cm: CostModel) -> float:
     bound of the step."""
     if cm.cluster.num_gpus == 1:
         return 0.0
-    step = _Step(cm)
-    least = step.reduce_s[step.root] + step.scalars_s
-    if step.stage <= 2 and step.k:
-        least += step.reduce_s[0]
-    if step.stage in (1, 2):
-        least += sum(step.gather_s)
-    if step.stage >= 3:
-        least += step.gather_s[step.root] + (step.gather_s[0] if step.k else 0.0)
-    return least
+    gather, reduce, _ = _collective_seconds(cm)
+    k = cm.model.num_layers
+    if cm.training.zero_stage >= 3:
+        return _after_layers_s(cm) + gather[k] + (gather[0] if k else 0.0)
+    return _after_layers_s(cm) + (reduce[0] if k else 0.0)
+
+
+def _after_layers_s(cm: CostModel) -> float:
+    """What follows every layer's reduction on the link: the root's reduction, the loss scalars'
+    all-reduce and, at stages 1 and 2, the all-gathers of the updated parameters."""
+    gather, reduce, scalars = _collective_seconds(cm)
+    return reduce[cm.model.num_layers] + scalars + (sum(gather) if cm.training.zero_stage in (1, 2) else 0.0)
 
 
 def reduction_chain_s(cm: CostModel) -> np.ndarray | None:
@@ -327,9 +330,8 @@ def reduction_chain_s(cm: CostModel) -> np.ndarray | None:
     loss scalars' (+ the stage 1 and 2 all-gathers). None at stage 3 or on one GPU."""
     if cm.cluster.num_gpus == 1 or cm.training.zero_stage >= 3 or not cm.model.num_layers:
         return None
-    step = _Step(cm)
-    after = least_exposed_s(cm) - step.reduce_s[0]  # the root's, the scalars', stage 1-2 gathers
-    return np.cumsum(step.reduce_s[:step.k]) + after
+    reduce = _collective_seconds(cm)[1]
+    return np.cumsum(reduce[:cm.model.num_layers]) + _after_layers_s(cm)
 
 
 def least_step_s(cm: CostModel, busy_s: float, sizes: Sequence[int], released: np.ndarray | None = None) -> float:
@@ -429,6 +431,7 @@ def least_link_s(cm: CostModel, slots: int) -> float:
     time, each once every rank joined). 0 at other stages."""
     if cm.training.zero_stage < 3 or cm.cluster.num_gpus == 1:
         return 0.0
-    step = _Step(cm)
-    per_slot = step.gather_s[step.root] + sum(step.gather_s[:step.k]) + sum(step.gather_s[:step.k - 1])
-    return slots * (per_slot + sum(step.reduce_s)) + step.scalars_s
+    gather, reduce, scalars = _collective_seconds(cm)
+    k = cm.model.num_layers
+    per_slot = gather[k] + sum(gather[:k]) + sum(gather[:k - 1])
+    return slots * (per_slot + sum(reduce)) + scalars

@@ -84,38 +84,32 @@ def price_step(plan: Plan, cm: CostModel, *, spans: bool = False) -> StepPrice:
     stage 3 after `balance_slots`); returns the priced step (with every rank's spans if asked).
     A multi-phase plan (stages 0-2) is priced by `phased_step_s`, without spans (`simulate` lays
     its phases out)."""
-    if plan.num_phases > 1:
-        if cm.training.zero_stage == 3:
-            raise PlanError("ZeRO stage 3 runs one layout (lockstep slots): no multi-phase plans")
-        busy = plan.busy_s()
-        step = phased_step_s(plan, cm, group_shapes(plan, ends_only=True)[0])
-        moves = _longest_last(plan)
-        if any(k is not None for k in moves):
-            other = phased_step_s(plan, cm, group_shapes(plan, ends_only=True, moves=moves)[0])
-            if other < step:
-                _apply(plan, moves)
-                step = other
-        plan.step_time_s = max(step, busy)
-        plan.grad_sync_s = plan.step_time_s - busy
-        plan.zero_stage = cm.training.zero_stage
-        return StepPrice(plan.step_time_s, busy, None)
-    if cm.training.zero_stage == 3:
+    stage, phased = cm.training.zero_stage, plan.num_phases > 1
+    if phased and stage == 3:
+        raise PlanError("ZeRO stage 3 runs one layout (lockstep slots): no multi-phase plans")
+    if stage == 3:
         balance_slots(plan)
-    ends_only = cm.training.zero_stage < 3 and not spans  # the closed form reads only the last micro-batches
-    shapes, idle = group_shapes(plan, ends_only=ends_only)
+    ends_only = stage < 3 and (phased or not spans)  # the closed form reads only the last micro-batches
     busy_s = [g.busy_s for g in plan.groups]
-    price = cm.step_price(shapes, idle, spans=spans, busy_s=busy_s)
-    moves = _longest_last(plan) if cm.training.zero_stage < 3 else []
+
+    def priced(moves: Sequence[int | None] | None) -> StepPrice:
+        shapes, idle = group_shapes(plan, ends_only=ends_only, moves=moves)
+        if phased:
+            return StepPrice(phased_step_s(plan, cm, shapes), plan.busy_s(), None)
+        return cm.step_price(shapes, idle, spans=spans, busy_s=busy_s)
+
+    price = priced(None)
+    moves = _longest_last(plan) if stage < 3 else []
     if any(k is not None for k in moves):
-        other = cm.step_price(group_shapes(plan, ends_only=ends_only, moves=moves)[0], idle, spans=spans, busy_s=busy_s)
+        other = priced(moves)
         if other.step_time_s < price.step_time_s:
             _apply(plan, moves)
             price = other
     busy = plan.busy_s()
     plan.step_time_s = max(price.step_time_s, busy)
     plan.grad_sync_s = plan.step_time_s - busy
-    plan.zero_stage = cm.training.zero_stage
-    return price
+    plan.zero_stage = stage
+    return StepPrice(plan.step_time_s, busy, None) if phased else price
 
 
 def layout_step_s(cm: CostModel, layout: Layout, priced: PricedLayout, idle_ranks: bool) -> float:
