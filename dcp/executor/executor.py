@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dcp.costmodel.precision import PrecisionRecipe, get_recipe
+from dcp.costmodel.zero import ZERO_STAGES
 from dcp.data.local import local_samples
 from dcp.executor.batch import PackedBatch, SampleTensors, check_sample_tensors, pack_microbatch
 from dcp.executor.checkpoint import CheckpointSwitches
@@ -34,7 +35,7 @@ from dcp.executor.comm import broadcast_params
 from dcp.executor.parallel_state import ParallelState
 from dcp.executor.plan_check import ExecutorError, agree_on_plan, check_plan
 from dcp.executor.ring_comm import ring_peers
-from dcp.executor.sharding import ZERO_STAGES, ZeroSchedule
+from dcp.executor.sharding import ZeroSchedule
 from dcp.executor.ulysses import SPContext, install_ulysses
 from dcp.models.losses import IGNORE_INDEX
 from dcp.models.precision import check_param_dtypes, forward_autocast, recipe_for_model

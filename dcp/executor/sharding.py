@@ -27,13 +27,12 @@ import torch.distributed as dist
 from torch import nn
 
 from dcp.costmodel.precision import PrecisionRecipe
+from dcp.costmodel.zero import ZERO_STAGES
 from dcp.executor.gathers import Gathers
 from dcp.executor.parallel_state import ParallelState
 from dcp.executor.units import Unit, build_units
 from dcp.models.precision import torch_dtype
 from dcp.planner.plan import Group, Plan
-
-ZERO_STAGES = (0, 1, 2, 3)
 
 
 class ZeroSchedule:
@@ -119,11 +118,15 @@ class ZeroSchedule:
 
     # -- a step ------------------------------------------------------------------------------------
     def _step_state(self) -> None:
+        self._reduction_state(counting=False)
+        self.works: list[Any] = []
+
+    def _reduction_state(self, counting: bool) -> None:
+        """No unit reduced yet (in a step at stages 0-2, in a slot at stage 3)."""
         self.ready = [False] * len(self.units)
         self.count = [0] * len(self.units)
         self.next = 0  # position in self.order of the next unit to reduce
-        self.counting = False
-        self.works: list[Any] = []
+        self.counting = counting
 
     def begin_step(self) -> None:
         """Zeroed gradient buffers; parameters held in the gradient dtype get `.grad` views of them."""
@@ -155,7 +158,7 @@ class ZeroSchedule:
         """Run one micro-batch's forward and backward inside: stages 0-2 start reductions as the
         last micro-batch's units finish; stage 3 gathers and reduce-scatters the slot's units."""
         if self.gathers is not None:
-            self._step_state_slot()
+            self._reduction_state(counting=True)
             with self.gathers.slot():
                 yield
                 self._reduce_rest()
@@ -169,7 +172,7 @@ class ZeroSchedule:
     def empty_pass(self) -> None:
         """Stage 3, a slot without a micro-batch on this rank: the slot's gathers and zero reductions."""
         assert self.gathers is not None
-        self._step_state_slot()
+        self._reduction_state(counting=True)
         self.gathers.empty_slot()
 
     def finish(self, loss_sum: torch.Tensor, loss_tokens: torch.Tensor) -> tuple[float, float]:
@@ -207,12 +210,6 @@ class ZeroSchedule:
         return total_loss, total_tokens
 
     # -- reductions ------------------------------------------------------------------------------
-    def _step_state_slot(self) -> None:
-        self.ready = [False] * len(self.units)
-        self.count = [0] * len(self.units)
-        self.next = 0
-        self.counting = True
-
     def _on_grad(self, p: torch.Tensor) -> None:
         """A parameter's gradient of this backward is in: move it into its unit's buffer (unless
         it is a view of it already), and reduce the unit once all of it is in."""
