@@ -195,6 +195,18 @@ def brute_force_phases(batch: list, cm: CostModel, max_phases: int = 3) -> float
     return best + cm.grad_sync_s()
 
 
+def fitting_tiny_case(lengths: list[int], cap: int, zero_stage: int,
+                      cluster: tuple[int, int]) -> tuple[CostModel, list] | None:
+    """`tiny_cm` on a (GPUs, per node) cluster and a batch of `lengths`, or None when some sample
+    fits nowhere (nothing to bound): what the random tiny-batch bound tests draw."""
+    from tests.conftest import make_batch
+
+    cm = tiny_cm(*cluster, cap, zero_stage=zero_stage)
+    if any(cm.min_ckpt_layers(t, max(allowed_sp_sizes(cm))) is None for t in lengths):
+        return None
+    return cm, make_batch(lengths)
+
+
 def random_plans(batch: list, cm: CostModel, seed: int, count: int = 40) -> list:
     """Valid plans of random layouts, assignments and micro-batch splits, priced by `assemble`."""
     import random
