@@ -45,11 +45,14 @@ def test_bound_never_exceeds_the_optimum(lengths: list[int], gpus: int, per_node
     tokens, pairs = sample_arrays(batch)
     makespan = _makespan_bound(_Work(*distinct_samples(tokens, pairs), cm, sizes), gpus) + cm.grad_sync_s()
     link = _link_bound(float(tokens.sum()), cm, sizes)
-    assert bound == max(makespan, link)
+    # The reductions no plan hides (`schedule.least_step_s`) may raise it above both parts.
+    assert bound >= max(makespan, link) * (1 - 1e-12)
     assert makespan <= best * (1 + 1e-9)
-    # The link part (stage 3) against every plan's priced step: random plans of every slot count.
+    # The link part (stage 3) and the whole bound against every plan's priced step: random plans
+    # of every slot count.
     for plan in random_plans(batch, cm, seed=gpus + len(lengths)):
         assert link <= plan.step_time_s * (1 + 1e-9)
+        assert bound <= plan.step_time_s * (1 + 1e-9)
     # Never below the capacity bound (the ILP search's floor), itself valid.
     assert capacity_bound(batch, cm) * (1 - 1e-9) <= bound
 

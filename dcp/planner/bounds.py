@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dcp.costmodel import CostModel
+from dcp.costmodel.ring import SPLayout
 from dcp.costmodel.schedule import least_link_s, least_step_s
 from dcp.planner.bound_group import group_bound
 from dcp.planner.feasibility import allowed_sp_sizes
@@ -93,6 +94,9 @@ def _bounds(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | No
         work = _Work(*distinct_samples(tokens, pairs), cm, sizes)
         makespan = _makespan_bound(work, cm.cluster.num_gpus)
         released = _released(cm, sizes, tokens, pairs)
+        spread = _spread_release(cm, sizes, work.tokens, work.pairs, work.weight)
+        if released is not None and spread is not None:
+            released = np.maximum(released, spread)
         link = _link_bound(float(tokens.sum()), cm, sizes)
         memo[key] = _Floors(max(least_step_s(cm, makespan, sizes, released), link),
                             max(least_step_s(cm, group_bound(work, cm, sizes, makespan), sizes, released), link),
@@ -148,6 +152,73 @@ def _released(cm: CostModel, sizes: Sequence[int], tokens: np.ndarray, pairs: np
                 least = np.minimum(least, k * lt.forward_s + cm.head_s(t, p) + (k - u) * lt.backward_s)
         out = np.maximum(out, np.where(np.isfinite(least), least, 0.0))
     return out
+
+
+_SPREAD_LAYERS = 6
+"""How many layers u `_spread_release` prices (K-1, K-2, K-4, ...); the rest take the next one
+above, which is no larger (releases only grow towards layer 0)."""
+
+
+def _spread_release(cm: CostModel, sizes: Sequence[int], tokens: np.ndarray, pairs: np.ndarray,
+                    weight: np.ndarray) -> np.ndarray | None:
+    """Stages 0-2, per layer u: a time before which not every rank has issued layer u's gradient
+    reduction, from the whole batch's work (None where `_released` is None): the average over
+    the N ranks of what each must run before it issues u, plus one micro-batch's fixed part.
+
+    Why it holds: rank c issues u when its last micro-batch has run K forwards, the head and
+    the backwards of layers K-1..u, after all its earlier micro-batches (`schedule`), so its
+    release is at least the sum of its micro-batches' times less the last one's backward and
+    recompute of layers u-1..0. That leaves, of every micro-batch, at least its forwards, head
+    and K - u backwards (compute, all-to-alls and the ring's extra steps: the linear form of
+    `CostModel.layer_linear`, unhidden transfers and recomputes dropped), whose per-token and
+    per-pair parts are sums over its samples. Summed over the ranks, a micro-batch of p ranks
+    counts p times: so the releases sum to at least the batch's samples' parts, each at the
+    fewest GPU-seconds over the layouts where it fits memory, and the last rank's release is at
+    least their average over N, plus the fixed part of its own last micro-batch (the average
+    over ranks that run micro-batches is at least that over N). A rank may change groups
+    between micro-batches without changing this: it holds for multi-phase plans too."""
+    if cm.training.zero_stage >= 3 or cm.cluster.num_gpus == 1 or not len(tokens) or not cm.model.num_layers:
+        return None
+    k = cm.model.num_layers
+    us = sorted({max(k - 2 ** j, 0) for j in range(_SPREAD_LAYERS)} | {k - 1}, reverse=True)
+    least = np.full((len(us), len(tokens)), math.inf)
+    fixed = np.full(len(us), math.inf)
+    u = np.array(us, dtype=np.float64)[:, None]
+    for p in sizes:
+        for layout in cm.layouts(p):
+            f, b, _ = cm.layer_linear(layout)
+            fixed = np.minimum(fixed, k * f.fixed + cm.fit.microbatch_fixed_s + (k - u[:, 0]) * b.fixed)
+            per_token = p * (k * f.per_token + (k - u) * b.per_token) + cm.fit.head_per_token_s
+            per_pair = p * (k * f.per_pair + (k - u) * b.per_pair)
+            fits = tokens <= _layout_capacity(cm, layout)
+            least = np.where(fits, np.minimum(least, per_token * tokens + per_pair * pairs), least)
+    spread = np.where(np.isfinite(least), least, 0.0) @ weight / cm.cluster.num_gpus + fixed
+    out = np.zeros(k)
+    for v, value in zip(us, spread, strict=True):  # us descending: each fills down to the next
+        out[:v + 1] = value
+    return out
+
+
+def _layout_capacity(cm: CostModel, layout: SPLayout) -> float:
+    """The most tokens a micro-batch in `layout` can hold: what fits memory with every layer
+    checkpointed, within what the profile can price (by bisection: memory grows with tokens)."""
+    p, k = layout.size, cm.model.num_layers
+    memory = cm.cluster.memory_bytes * (1 + _MEMORY_RTOL)
+    top = cm.priceable_tokens(p)
+    top = math.floor(top) if math.isfinite(top) else math.inf
+
+    def fits(tokens: int) -> bool:
+        return tokens <= top and cm.memory_bytes(tokens, p, k, layout) <= memory
+
+    if not fits(1):
+        return 0.0
+    lo, hi = 1, 2
+    while fits(hi):  # memory grows with tokens, so this ends
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1:  # fits(lo), not fits(hi)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return float(lo)
 
 
 def single_layout_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | None = None,
