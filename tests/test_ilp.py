@@ -21,7 +21,7 @@ from dcp.planner.ilp import solve_ilp
 from dcp.planner.ilp.costs import cost_table
 from dcp.planner.ilp.patterns import solve_patterns
 from dcp.planner.ilp.warm import baseline_plans
-from dcp.planner.pricing import BatchArrays
+from dcp.planner.pricing import BatchArrays, Pricer
 from tests.brute_helpers import TINY_CASES, brute_force, tiny_cm
 from tests.conftest import cost_model, make_batch
 
@@ -210,7 +210,7 @@ def test_group_estimate_with_ring_exposure_stays_below_the_exact_price() -> None
     import numpy as np
 
     from dcp.planner.ilp.pack import _Loads, to_layout
-    from dcp.planner.pricing import Pricer, price_layout
+    from dcp.planner.pricing import price_layout
 
     cm = cost_model(gpus=256)
     sizes = allowed_sp_sizes(cm)
@@ -237,3 +237,39 @@ def test_group_estimate_with_ring_exposure_stays_below_the_exact_price() -> None
         exposed += extra > 0
         tight += extra > 0 and est >= exact * 0.98
     assert exposed >= 10 and tight >= 5
+
+
+def test_rebalance_spreads_small_samples_across_classes() -> None:
+    """`pack.rebalance` on groups whose short samples were spread class by class (all on the
+    SP-1 groups, while the SP-4 groups hold one long sample each and idle after it): every
+    sample stays placed exactly once, the long ones and those that checkpoint where they were,
+    and the slowest group's estimate drops to within one small sample of the GPU-weighted mean;
+    local search (`improve`) starting from the same groups ends no slower than it."""
+    import numpy as np
+
+    from dcp.planner.ilp.pack import _Loads, estimate, improve, rebalance
+
+    cm = cost_model(gpus=32)
+    sizes = allowed_sp_sizes(cm)
+    rng = np.random.default_rng(5)
+    lengths = [40_000] * 4 + rng.integers(200, 3000, 400).tolist()
+    batch = make_batch(lengths)
+    arrays, pricer = BatchArrays.of(batch), Pricer(cm, sizes)
+    table = cost_table(arrays, cm, sizes, pricer)
+    j1, j4 = sizes.index(1), sizes.index(4)
+    short = list(range(4, len(batch)))
+    groups = [(j4, [i]) for i in range(4)] + [(j1, short[g::16]) for g in range(16)]
+    before = estimate(groups, table)
+    out = rebalance(groups, table)
+    placed = sorted(i for _, ids in out for i in ids)
+    assert placed == list(range(len(batch)))
+    for i in range(4):  # the long samples are not small: each stays alone in its SP-4 group
+        assert (j4, [i]) in out or any(j == j4 and i in ids for j, ids in out)
+    loads = _Loads(out, table).loads()
+    p = np.array([table.sizes[j] for j, _ in out], dtype=np.float64)
+    mean = float(p @ loads) / float(p.sum())
+    small = float(table.add[short][:, [j1, j4]].max())
+    after = estimate(out, table)
+    assert after < before * 0.9
+    assert after <= mean + small
+    assert estimate(improve(groups, table, float("inf"), 300, cm.cluster.num_gpus), table) <= after * (1 + 1e-9)
