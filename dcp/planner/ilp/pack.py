@@ -121,9 +121,10 @@ def improve(groups: Groups, table: CostTable, deadline: float | Deadline, max_it
     # it balances what moves off the slowest group one at a time cannot), then the rest.
     half = Deadline(min(deadline.at, time.perf_counter() + deadline.left() / 2))
     groups, left = _search(groups, table, half, max_iter // 2)
-    balanced = rebalance(groups, table)
-    if estimate(balanced, table) <= estimate(groups, table):  # the same slowest group may be left, alone
-        groups = with_free_groups(balanced, table, num_gpus) if num_gpus is not None else balanced
+    if not deadline.passed():
+        balanced = rebalance(groups, table, deadline=deadline)
+        if estimate(balanced, table) <= estimate(groups, table):  # the same slowest group may be left, alone
+            groups = with_free_groups(balanced, table, num_gpus) if num_gpus is not None else balanced
     groups, _ = _search(groups, table, deadline, max_iter - max_iter // 2 + left)
     return [g for g in groups if g[1]]
 
@@ -194,14 +195,15 @@ FILL_MAX = 6000
 """...the largest this many of them (each costs a heap step in Python)."""
 
 
-def rebalance(groups: Groups, table: CostTable, num_gpus: int | None = None, share: float = FILL_SHARE) -> Groups:
+def rebalance(groups: Groups, table: CostTable, num_gpus: int | None = None, share: float = FILL_SHARE,
+              deadline: float | Deadline = math.inf) -> Groups:
     """The small samples (those sharing micro-batches, each below `share` of the mean group
     load) taken out of every group and put back, longest first, each where the group's estimate
     after it is least (the least-loaded group of every size that can share it, ties to the lower
     index): across classes, which spreading class by class cannot balance, at a heap step per
     sample. Groups on rings keep theirs (their estimate is not additive). With `num_gpus`, idle
     GPUs join as empty groups of the smallest size first (`with_free_groups`); groups left
-    empty are dropped."""
+    empty are dropped. At `deadline` the samples not yet placed stay where they were."""
     if num_gpus is not None:
         groups = with_free_groups(groups, table, num_gpus)
     if len(groups) < 2:
@@ -242,7 +244,10 @@ def rebalance(groups: Groups, table: CostTable, num_gpus: int | None = None, sha
     marg, short_tok = st.marg[fill][:, cols].tolist(), st.short_tok[fill][:, cols].tolist()
     where = st.where.copy()
     order = np.lexsort((fill, -np.where(shares, gpu_s, np.inf).min(axis=1)))
-    for k in order.tolist():
+    deadline = Deadline.of(deadline)
+    for step, k in enumerate(order.tolist()):
+        if step % 256 == 255 and deadline.passed():
+            break
         best, pick = math.inf, -1
         for c, j in enumerate(sizes):
             if not shares[k, c]:
