@@ -273,3 +273,21 @@ def test_rebalance_spreads_small_samples_across_classes() -> None:
     assert after < before * 0.9
     assert after <= mean + small
     assert estimate(improve(groups, table, float("inf"), 300, cm.cluster.num_gpus), table) <= after * (1 + 1e-9)
+
+
+def test_local_search_merges_two_groups_when_no_move_helps() -> None:
+    """Two SP-4 groups, each of one long sample that alone runs longer than the other's: no
+    move or swap of samples shortens the slowest (each holds one sample), so `improve` merges
+    the slowest with the other into one SP-8 group, whose estimate is below the slowest's."""
+    from dcp.planner.ilp.pack import estimate, improve
+
+    cm = cost_model(gpus=8)
+    sizes = allowed_sp_sizes(cm)
+    batch = make_batch([60_000, 30_000])
+    arrays = BatchArrays.of(batch)
+    table = cost_table(arrays, cm, sizes, Pricer(cm, sizes))
+    j4, j8 = sizes.index(4), sizes.index(8)
+    groups = [(j4, [0]), (j4, [1])]
+    out = improve(groups, table, float("inf"), 50)
+    assert out == [(j8, [0, 1])]
+    assert estimate(out, table) < estimate(groups, table) * 0.95

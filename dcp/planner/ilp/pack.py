@@ -110,7 +110,8 @@ def improve(groups: Groups, table: CostTable, deadline: float | Deadline, max_it
     Halfway (in steps and in time) the small samples are re-spread (`rebalance`), kept unless
     that raises the slowest group: one move at a time off the slowest group cannot lower a
     level that hundreds of groups share (wikipedia, 2,048 samples on 1,024 GPUs: 141 groups
-    within 1% of it). Deterministic (ties go to the lowest index) unless `deadline` stops it, which it
+    within 1% of it). When no move or swap helps, the slowest group and the least-loaded one
+    of its size become one group of twice the size if that is faster (`_merge`). Deterministic (ties go to the lowest index) unless `deadline` stops it, which it
     then records."""
     if num_gpus is not None:
         groups = with_free_groups(groups, table, num_gpus)
@@ -181,7 +182,11 @@ def _search(groups: Groups, table: CostTable, deadline: Deadline, max_iter: int)
                 r, q = divmod(k, val.shape[1])
                 best_val, best = float(val.flat[k]), (int(s_idx[r]), int(og[q]), int(others[q]))
         if best is None:
-            return _groups_of(st.where, st.gj), max_iter - it
+            merged = _merge(_groups_of(st.where, st.gj), c, loads, table)
+            if merged is None:
+                return _groups_of(st.where, st.gj), max_iter - it
+            st = _Loads(merged, table)
+            continue
         s, h, u = best
         if u >= 0:
             st.move(u, c)
@@ -263,6 +268,25 @@ def rebalance(groups: Groups, table: CostTable, num_gpus: int | None = None, sha
         heapq.heapreplace(heaps[j], (best, g))
         where[fill[k]] = g
     return [g for g in _groups_of(where, st.gj) if g[1]]
+
+
+def _merge(groups: Groups, c: int, loads: np.ndarray, table: CostTable) -> Groups | None:
+    """The slowest group c and the least-loaded other group of its size as one group of twice
+    the size (every sample runs there: memory per GPU only shrinks), when its estimate is below
+    c's: what no move or swap can do when c's time is one large sample's. None otherwise."""
+    j = groups[c][0]
+    p = table.sizes[j]
+    if 2 * p not in table.sizes:
+        return None
+    same = [h for h, (jh, _) in enumerate(groups) if jh == j and h != c]
+    if not same:
+        return None
+    h = min(same, key=lambda q: (loads[q], q))
+    j2 = table.sizes.index(2 * p)
+    ids = sorted(groups[c][1] + groups[h][1])
+    if not np.all(table.ckpt[ids, j2] >= 0) or estimate([(j2, ids)], table) >= loads[c] * (1 - _TOL):
+        return None
+    return [g for q, g in enumerate(groups) if q not in (c, h)] + [(j2, ids)]
 
 
 def with_free_groups(groups: Groups, table: CostTable, num_gpus: int) -> Groups:
