@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dcp.costmodel import CostModel
+from dcp.costmodel import CostModel, LinearCost
 from dcp.costmodel.ring import RingCoefficients
 from dcp.planner.pricing import BatchArrays, Pricer
 
@@ -49,9 +49,13 @@ class CostTable:
     cap0: np.ndarray
     """max_tokens(p, 0): tokens a micro-batch may hold without checkpointing."""
     marg: np.ndarray
-    rings: dict[int, list[RingCoefficients]] = field(default_factory=dict)
-    """Per size index whose every layout has a ring: the layouts' ring terms (`exposure`)."""
+    rings: dict[int, list[tuple[LinearCost, RingCoefficients]]] = field(default_factory=dict)
+    """Per size index whose every layout has a ring: each layout's linear time without
+    checkpointing and its ring terms (`exposure`)."""
     num_layers: int = 0
+    line0_token: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """Per size: the per-token and per-pair coefficients of `marg` without checkpointing."""
+    line0_pair: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def estimate_terms(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """What `pack`'s group estimate adds per sample and size: the tokens and the pairs of a
@@ -66,28 +70,34 @@ class CostTable:
             self._terms = (short_tok, short_pairs, marg)
         return self._terms
 
-    def exposure(self, tokens: np.ndarray, pairs: np.ndarray, j: np.ndarray | int) -> np.ndarray:
-        """A lower bound on the ring transfers the attention does not hide in a group at size
-        index j whose samples that need no checkpointing hold these tokens and pairs (0 at sizes
-        with a ring-free layout), elementwise (broadcasting): in the group's layout each of its
-        micro-batches adds at least K (c - 1) (max(0, latency + transfer T - step compute)
-        forward and backward), and that sum over micro-batches is at least its value at their
-        totals (max(0, .) is subadditive); the least over the size's layouts. The linear costs
-        (`marg`, `fixed0`) are the least over layouts too, so the estimate stays below every
-        layout's exact time."""
-        tokens, pairs, j = np.broadcast_arrays(tokens, pairs, j)
+    def exposure(self, tokens: np.ndarray, pairs: np.ndarray, j: np.ndarray | int,
+                 microbatches: np.ndarray | int = 1) -> np.ndarray:
+        """What a group at size index j whose samples that need no checkpointing hold these
+        tokens and pairs in this many micro-batches runs at least beyond the estimate's linear
+        part (fixed(p, 0) per micro-batch and the per-token and per-pair `marg`, each the least
+        over the size's layouts), elementwise (broadcasting); 0 at sizes with a ring-free layout.
+        In the group's layout its micro-batches run at least that layout's own linear form at
+        their totals plus K (c - 1) (max(0, latency + transfer T - step compute) forward and
+        backward) each, whose sum is at least its value at the totals (max(0, .) is
+        subadditive); the least over the layouts, less the linear part. So the estimate stays
+        below every layout's exact time."""
+        tokens, pairs, j, microbatches = np.broadcast_arrays(tokens, pairs, j, microbatches)
         out = np.zeros(tokens.shape)
         ring = self._ring_sizes[j] & (tokens > 0)
         if not ring.any():
             return out
-        t, a, jj = tokens[ring], pairs[ring], j[ring]
+        t, a, jj, n = tokens[ring], pairs[ring], j[ring], microbatches[ring]
         least = np.full(t.shape, np.inf)
-        for size, terms in self.rings.items():
+        for size, layouts in self.rings.items():
             at = jj == size
-            for layout in terms:
-                fwd, bwd = layout.exposed(t, a)
-                least = np.where(at, np.minimum(least, self.num_layers * (fwd + bwd)), least)
-        out[ring] = least
+            if not at.any():
+                continue
+            for line, terms in layouts:
+                fwd, bwd = terms.exposed(t, a)
+                own = line.fixed * n + line.per_token * t + line.per_pair * a + self.num_layers * (fwd + bwd)
+                least = np.where(at, np.minimum(least, own), least)
+        common = self.fixed0[jj] * n + self.line0_token[jj] * t + self.line0_pair[jj] * a
+        out[ring] = np.maximum(least - common, 0.0)
         return out
 
     @property
@@ -110,7 +120,8 @@ def cost_table(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], pricer:
     tokens, pairs = arrays.tokens, arrays.pairs
     table = CostTable(list(sizes), tokens.astype(np.int64), pairs, np.full((n, m), -1, dtype=np.int64),
                       np.full((n, m), np.inf), np.full((n, m), np.inf), np.full((n, m), np.inf),
-                      np.zeros(m), np.zeros(m), np.full((n, m), np.inf), num_layers=k)
+                      np.zeros(m), np.zeros(m), np.full((n, m), np.inf), num_layers=k,
+                      line0_token=np.zeros(m), line0_pair=np.zeros(m))
     for j, p in enumerate(sizes):
         lin = [cm.linear_time(p, r) for r in range(k + 1)]
         fixed = np.array([c.fixed for c in lin])
@@ -135,9 +146,10 @@ def cost_table(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], pricer:
         table.add[:, j] = np.where(fits, np.where(rr == 0, share, solo), np.inf)
         table.load[:, j] = np.where(fits, load, np.inf)
         table.marg[:, j] = np.where(fits, marginal, np.inf)
+        table.line0_token[j], table.line0_pair[j] = per_token[0], per_pair[0]
         layouts = cm.layouts(p)
         if all(o.ring > 1 for o in layouts):
-            table.rings[j] = [cm.ring_terms(o) for o in layouts]
+            table.rings[j] = [(cm.layout_linear_time(o, 0), cm.ring_terms(o)) for o in layouts]
     return table
 
 

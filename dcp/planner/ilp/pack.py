@@ -77,8 +77,9 @@ class _Loads:
         """base + fixed(p, 0) * ceil(tokens / max_tokens(p, 0)) + the ring transfers the shared
         micro-batches leave exposed at least (`CostTable.exposure`), elementwise (broadcasting)."""
         cap = np.maximum(self.t.cap0[gj], 1)
-        out = base + self.t.fixed0[gj] * np.ceil(tok / cap - 1e-12)
-        return out + self.t.exposure(tok, pairs, gj) if self.t.rings else out
+        microbatches = np.ceil(tok / cap - 1e-12)
+        out = base + self.t.fixed0[gj] * microbatches
+        return out + self.t.exposure(tok, pairs, gj, np.maximum(microbatches, 1)) if self.t.rings else out
 
     def loads(self) -> np.ndarray:
         return self.est(self.base, self.tok, self.pairs, self.gj)
