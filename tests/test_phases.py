@@ -334,3 +334,40 @@ def test_multi_phase_sync_hides_under_the_last_phase() -> None:
     whole = cm.step_price([], idle_ranks=True, overlap=False).step_time_s
     assert cm.grad_sync_s() - 1e-12 <= plan.step_time_s - plan.busy_s() <= whole + 1e-12
     assert simulate(plan, cm).step_time_s == pytest.approx(plan.step_time_s)
+
+
+def test_sub_cluster_keeps_the_room_of_the_cluster() -> None:
+    """`phases.sub_cluster` plans part of the cluster with the room each GPU has above the
+    static bytes on the whole cluster (ZeRO shards over all of it): the same tokens fit."""
+    from dcp.planner.phases import sub_cluster
+
+    cm = cost_model(gpus=64)
+    part = sub_cluster(cm, 16)
+    assert part.cluster.num_gpus == 16
+    assert part.cluster.memory_bytes - part.static_bytes == pytest.approx(cm.cluster.memory_bytes - cm.static_bytes)
+    assert [part.max_tokens(p, r) for p in (1, 4, 16) for r in (0, 32)] == \
+        [cm.max_tokens(p, r) for p in (1, 4, 16) for r in (0, 32)]
+
+
+def test_longest_sample_beside_the_rest_beats_every_single_layout() -> None:
+    """Wikipedia's first batch of 512 on 32 GPUs: its longest sample needs 16 GPUs. Run on
+    them while the other 16 start on the rest (part A), the 16 joining once it is done (part
+    B, phase 1), the step is below the single-layout bound, so faster than any single layout
+    (a single layout runs the rest of that group's step at SP 16)."""
+    from dcp.data.batches import make_batches
+    from dcp.planner.bounds import single_layout_bound
+    from dcp.planner.phases import _plan_beside
+
+    cm = cost_model(gpus=32)
+    batch = make_batches("wikipedia", cm, global_batch=512, steps=1, seed=0)[0]
+    sizes = allowed_sp_sizes(cm)
+    order, need = split_order(batch, cm, sizes, multi_phase_busy(batch, cm))
+    assert int(need[0]) == 16 and int(need[1]) < 16
+    plan = _plan_beside(batch, cm, IlpOptions(), order, 1, 16, 2.0, multi_phase_bound(batch, cm))
+    assert plan is not None and plan.num_phases == 2
+    longest = batch[int(order[0])].id
+    first = [g for g in plan.groups if any(longest in mb.samples for mb in g.microbatches)]
+    assert len(first) == 1 and first[0].phase == 0 and max(first[0].ranks) < 16
+    assert all(min(g.ranks) >= 16 for g in plan.groups if g.phase == 0 and g is not first[0])
+    assert all(max(g.ranks) < 16 for g in plan.groups if g.phase == 1)
+    assert plan.step_time_s < single_layout_bound(batch, cm)

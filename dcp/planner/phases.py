@@ -20,7 +20,9 @@ The search (`solve_phased`), within the ILP's one deadline `time_limit_s`:
    splits planned for real, phase 1 (few samples) first, phase 2 with the time left, each by the
    ILP on its part of the batch on all the GPUs (phase 2 recursively by this search when
    `max_phases` > 2), the second phase laid out as it is or mirrored (last ranks first), so that
-   its biggest groups start on the ranks the first phase frees first;
+   its biggest groups start on the ranks the first phase frees first; and, when the k need
+   fewer GPUs than the cluster's, the k on their own GPUs with the rest beside them
+   (`_plan_beside`: part of it on the other GPUs meanwhile, the rest on theirs after);
 3. the fastest plan found, its bound `bounds.multi_phase_bound` and the gap to it; a note names
    the single-layout bound when the ILP proved a higher one (it holds only for single layouts).
 """
@@ -33,7 +35,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dcp.costmodel import CostModel
+from dcp.costmodel import Cluster, CostModel
 from dcp.planner.bounds import multi_phase_bound, multi_phase_busy, sample_arrays, sample_floors
 from dcp.planner.feasibility import allowed_sp_sizes, check_feasible
 from dcp.planner.ilp.budget import final_pricing_s
@@ -74,6 +76,9 @@ FIRST_SHARE = 0.85
 groups)."""
 HEAD_SHARE = 0.2
 """Share of a split's time for its first phase (a few samples: quick to plan)."""
+BESIDE_SHARE = 0.6
+"""Share of a split's time for planning the rest beside the k samples (`_plan_beside`), when
+they leave GPUs free; the sequential split gets the rest."""
 _TOL = 1e-9
 
 
@@ -155,7 +160,7 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
     sizes = allowed_sp_sizes(cm, options.sp_sizes)
     check_feasible(batch, cm, sizes)
     bound_s, busy_s = multi_phase_bound(batch, cm, sizes), multi_phase_busy(batch, cm, sizes)
-    splits, order, estimate = _splits(batch, cm, options, sizes, busy_s)
+    splits, order, need, estimate = _splits(batch, cm, options, sizes, busy_s)
     reserve_s = 0.0
     if splits:  # a split whose own bound meets the batch's can reach it: give it more time
         reaches = min(estimate[k - 1] for k in splits) <= busy_s * (1 + options.mip_rel_gap)
@@ -166,26 +171,27 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
     kept_s = reserve_s + margin_s if reserve_s else min(final_pricing_s(len(batch)), options.time_limit_s / 4)
     single_s = options.time_limit_s - kept_s
     single = solve_ilp(batch, cm, dataclasses.replace(options, time_limit_s=single_s), started)
-    phased, why = _search(batch, cm, options, single, bound_s, deadline, splits, order, estimate)
+    phased, why = _search(batch, cm, options, single, bound_s, deadline, splits, order, need, estimate)
     return _report(phased or single, single, bound_s, why, started)
 
 
 def _splits(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, sizes: Sequence[int],
-            busy_s: float) -> tuple[list[int], np.ndarray, np.ndarray]:
+            busy_s: float) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
     """The splits worth planning (phase-1 sizes k, in order), the batch order they split and
     every split's bound (`split_order`, `split_estimates`); no split where only small groups are
     needed: a group of fewer than `MIN_NEED_SHARE` of the GPUs that runs the rest of the step at
     its size costs a single layout little."""
     if options.max_phases < 2 or len(batch) < 2 or cm.training.zero_stage == 3:
-        return [], np.zeros(0, dtype=np.int64), np.zeros(0)
+        return [], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0)
     order, need = split_order(batch, cm, sizes, busy_s)
     least = max(2, MIN_NEED_SHARE * cm.cluster.num_gpus)
     splits = split_candidates(need, [q for q in sizes if q >= least])
-    return splits, order, split_estimates(batch, cm, sizes, order) if splits else np.zeros(0)
+    return splits, order, need, split_estimates(batch, cm, sizes, order) if splits else np.zeros(0)
 
 
 def _search(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, single: Plan, bound_s: float,
-            deadline: float, splits: list[int], order: np.ndarray, estimate: np.ndarray) -> tuple[Plan | None, str]:
+            deadline: float, splits: list[int], order: np.ndarray, need: np.ndarray,
+            estimate: np.ndarray) -> tuple[Plan | None, str]:
     """The best multi-phase plan found faster than `single` (None if none), and what the search
     did, in words."""
     if options.max_phases < 2 or len(batch) < 2:
@@ -197,28 +203,38 @@ def _search(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, single:
     if single.step_time_s <= bound_s / (1 - options.mip_rel_gap):
         return None, f"phases not searched: the single layout is within {100 * options.mip_rel_gap:.1f}% of the bound"
     single_busy = single.step_time_s - cm.grad_sync_s()
-    ranked = [k for k in splits if estimate[k - 1] < single_busy * (1 - _TOL)][:MAX_SPLITS]
+    n = cm.cluster.num_gpus
+    own = {k: 1 << max(int(need[:k].sum()) - 1, 0).bit_length() for k in splits}  # the k's GPUs, aligned
+    # A split beside the k (when they leave GPUs free) is bounded by the batch's bound alone.
+    ranked = [k for k in splits if own[k] < n or estimate[k - 1] < single_busy * (1 - _TOL)][:MAX_SPLITS]
     if not ranked:
         return None, "phases not searched: no split's bound beats the single layout"
     best: Plan | None = None
-    best_k, tried = 0, 0
+    best_k, best_how, tried = 0, "", 0
     for i, k in enumerate(ranked):
         left = deadline - time.perf_counter()
         if left < MIN_SOLVE_S:
             break
-        if best is not None and estimate[k - 1] >= best.busy_s() * (1 - _TOL):
+        if best is not None and own[k] >= n and estimate[k - 1] >= best.busy_s() * (1 - _TOL):
             continue
         # The first split gets most of the time (the ILP stops early once it proves its plan).
-        plan = _plan_split(batch, cm, options, order, k, left * (FIRST_SHARE if i == 0 else 1 / (len(ranked) - i)),
-                           bound_s)
+        seconds = left * (FIRST_SHARE if i == 0 else 1 / (len(ranked) - i))
+        found: list[tuple[Plan | None, str]] = []
+        if own[k] < n:
+            found.append((_plan_beside(batch, cm, options, order, k, own[k], seconds * BESIDE_SHARE, bound_s),
+                          f"on {own[k]} GPUs, the rest beside them"))
+            seconds *= 1 - BESIDE_SHARE
+        if estimate[k - 1] < single_busy * (1 - _TOL):
+            found.append((_plan_split(batch, cm, options, order, k, seconds, bound_s), "first"))
         tried += 1
-        if plan is not None and plan.step_time_s < (best or single).step_time_s * (1 - _TOL):
-            best, best_k = plan, k
+        for plan, how in found:
+            if plan is not None and plan.step_time_s < (best or single).step_time_s * (1 - _TOL):
+                best, best_k, best_how = plan, k, how
     cut = f", {CUT_SHORT}" if tried < len(ranked) and deadline - time.perf_counter() < MIN_SOLVE_S else ""
     if best is None:
         return None, f"phases: {tried} of {len(ranked)} promising splits planned, none beat the single layout{cut}"
-    return best, (f"phases: the {best_k} longest sample{'s' * (best_k > 1)} first, {best.step_time_s:.3f} s against "
-                  f"the single layout's {single.step_time_s:.3f} s ({tried} of {len(ranked)} splits planned{cut})")
+    return best, (f"phases: the {best_k} longest sample{'s' * (best_k > 1)} {best_how}, {best.step_time_s:.3f} s "
+                  f"against the single layout's {single.step_time_s:.3f} s ({tried} of {len(ranked)} splits planned{cut})")
 
 
 def _plan_split(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, order: np.ndarray, k: int,
@@ -246,6 +262,74 @@ def _plan_split(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, ord
         if out is None or plan.step_time_s < out.step_time_s * (1 - _TOL):
             out = plan
     return out
+
+
+def sub_cluster(cm: CostModel, gpus: int) -> CostModel:
+    """`cm` on the first `gpus` GPUs, for planning part of the cluster: the same model, hardware
+    and training, and per GPU the same room above the static bytes (ZeRO shards the training
+    state over the whole cluster, not the part), so that what fits there fits the cluster."""
+    c = cm.cluster
+    shape = Cluster(num_gpus=gpus, gpus_per_node=min(c.gpus_per_node, gpus), memory_bytes=c.memory_bytes)
+    part = CostModel(cm.model, cm.hardware, shape, cm.training)
+    return CostModel(cm.model, cm.hardware,
+                     dataclasses.replace(shape, memory_bytes=c.memory_bytes + part.static_bytes - cm.static_bytes),
+                     cm.training)
+
+
+def _plan_beside(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, order: np.ndarray, k: int,
+                 gpus: int, seconds: float, bound_s: float) -> Plan | None:
+    """The `k` first samples of `order` on the first `gpus` GPUs, the rest beside them: part A
+    on the other GPUs from the start, part B on the first ones once the k are done, the rest
+    split so that both end together by the samples' least GPU-seconds (`bounds.sample_floors`):
+    to A those that alone would run over half of B's window, the others along the order each to
+    the part furthest behind its share. Each part planned by the
+    single-layout ILP on its GPUs (`sub_cluster`), then priced as one plan on the cluster."""
+    from dcp.planner.common import assemble
+    from dcp.planner.ilp import solve_ilp
+
+    n = cm.cluster.num_gpus
+    head = [batch[i] for i in order[:k].tolist()]
+    rest = order[k:]
+    t0 = time.perf_counter()
+    near, far = sub_cluster(cm, gpus), sub_cluster(cm, n - gpus)
+    try:
+        first = solve_ilp(head, near, dataclasses.replace(options, time_limit_s=max(seconds * HEAD_SHARE, 1e-3)))
+        tokens, pairs = sample_arrays([batch[i] for i in rest.tolist()])
+        work, solo = sample_floors(tokens, pairs, cm, allowed_sp_sizes(cm, options.sp_sizes))
+        busy = first.busy_s()
+        end = (float(work.sum()) + gpus * busy) / n  # when both parts end, if the work spreads evenly
+        share_b = max(0.0, gpus * (end - busy)) / max(float(work.sum()), 1e-12)
+        # Samples that would run over half of B's window go to A (its groups run the whole
+        # step); along the order, each other to the part furthest behind its share of the work.
+        done_a = done_b = 0.0
+        part_a, part_b = [], []
+        for i, w, alone in zip(rest.tolist(), work.tolist(), solo.tolist(), strict=True):
+            if share_b > 0 and alone <= (end - busy) / 2 and done_b * (1 - share_b) <= done_a * share_b:
+                part_b.append(batch[i])
+                done_b += w
+            else:
+                part_a.append(batch[i])
+                done_a += w
+        left = max(seconds - (time.perf_counter() - t0), 1e-3)
+        share = len(part_a) / max(len(part_a) + len(part_b), 1)
+        plan_a = solve_ilp(part_a, far, dataclasses.replace(options, time_limit_s=max(left * share, 1e-3))) \
+            if part_a else None
+        left = max(seconds - (time.perf_counter() - t0), 1e-3)
+        plan_b = solve_ilp(part_b, near, dataclasses.replace(options, time_limit_s=left)) if part_b else None
+    except InfeasibleError:
+        return None
+
+    def groups(plan: Plan | None, offset: int) -> list[tuple[int, int, list[list[int]]]]:
+        if plan is None:
+            return []
+        return [(g.ranks[0] + offset, g.sp, [list(mb.samples) for mb in g.microbatches]) for g in plan.groups]
+
+    try:
+        now = assemble("ilp", head + part_a, cm, groups(first, 0) + groups(plan_a, gpus), lower_bound_s=0.0)
+        parts = [now] + ([assemble("ilp", part_b, cm, groups(plan_b, 0), lower_bound_s=0.0)] if part_b else [])
+        return chain("ilp", batch, parts, cm, lower_bound_s=bound_s)
+    except (PlanError, ValueError):
+        return None
 
 
 def _report(plan: Plan, single: Plan, bound_s: float, why: str, started: float) -> Plan:
