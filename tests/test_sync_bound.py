@@ -15,7 +15,7 @@ from dcp.planner.bounds import (
     _bounds,
     _makespan_bound,
     _released,
-    _spread_release,
+    _Spread,
     _Work,
     distinct_samples,
     multi_phase_bound,
@@ -122,21 +122,24 @@ def _group_releases(cm, plan, by_id) -> np.ndarray:  # noqa: ANN001
 
 def test_spread_release_is_below_every_plans_and_raises_the_bound() -> None:
     """128 short samples on 64 GPUs (ZeRO-1): no random plan's groups issue each layer's
-    reduction, at the latest, before `_spread_release` (the batch's forward work outside the
-    backward below the layer, over 64 GPUs), and every plan's step is above the bound. It is the
-    part that binds here: the bound rises by more than 2% over the longest samples' releases
-    (`_released`), and the ILP's plan is within 2% of it."""
+    reduction, at the latest, before `_Spread.at` its busy time (the batch's forward work
+    outside the backward below the layer, over 64 GPUs, each sample in a layout where it runs
+    within that time), and every plan's step is above the bound. It is the part that binds
+    here: the bound rises by more than 2% over the longest samples' releases (`_released`), and
+    the ILP's plan is within 2% of it."""
     cm = cost_model(gpus=64, zero_stage=1)
     rng = np.random.default_rng(0)
     batch = make_batch([int(t) for t in rng.integers(100, 3000, 128)])
     by_id = {s.id: s for s in batch}
     sizes = allowed_sp_sizes(cm)
     tokens, pairs = sample_arrays(batch)
-    spread = _spread_release(cm, sizes, *distinct_samples(tokens, pairs))
+    spread = _Spread(cm, sizes, *distinct_samples(tokens, pairs))
     bound = multi_phase_bound(batch, cm)
     for plan in _plans(cm, batch, seed=5):
         if plan.num_phases == 1:
-            assert (spread <= _group_releases(cm, plan, by_id) * (1 + 1e-9)).all()
+            releases = _group_releases(cm, plan, by_id)
+            assert (spread.at(plan.busy_s()) <= releases * (1 + 1e-9)).all()
+            assert (spread.at(float("inf")) <= spread.at(plan.busy_s())).all()
         assert bound <= plan.step_time_s * (1 + 1e-9)
     floors = _bounds(batch, cm, sizes, None)
     without = least_step_s(cm, floors.makespan, sizes, _released(cm, sizes, tokens, pairs))

@@ -94,13 +94,12 @@ def _bounds(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | No
         work = _Work(*distinct_samples(tokens, pairs), cm, sizes)
         makespan = _makespan_bound(work, cm.cluster.num_gpus)
         released = _released(cm, sizes, tokens, pairs)
-        spread = _spread_release(cm, sizes, work.tokens, work.pairs, work.weight)
-        if released is not None and spread is not None:
-            released = np.maximum(released, spread)
+        spread = _Spread(cm, sizes, work.tokens, work.pairs, work.weight) if released is not None else None
         link = _link_bound(float(tokens.sum()), cm, sizes)
-        memo[key] = _Floors(max(least_step_s(cm, makespan, sizes, released), link),
-                            max(least_step_s(cm, group_bound(work, cm, sizes, makespan), sizes, released), link),
-                            released, makespan)
+        single = group_bound(work, cm, sizes, makespan)
+        memo[key] = _Floors(max(_least_step(cm, makespan, sizes, released, spread), link),
+                            max(_least_step(cm, single, sizes, released, spread), link),
+                            None if spread is None else np.maximum(released, spread.at(math.inf)), makespan)
     return memo[key]
 
 
@@ -155,15 +154,15 @@ def _released(cm: CostModel, sizes: Sequence[int], tokens: np.ndarray, pairs: np
 
 
 _SPREAD_LAYERS = 6
-"""How many layers u `_spread_release` prices (K-1, K-2, K-4, ...); the rest take the next one
+"""How many layers u `_Spread` prices (K-1, K-2, K-4, ...); the rest take the next one
 above, which is no larger (releases only grow towards layer 0)."""
 
 
-def _spread_release(cm: CostModel, sizes: Sequence[int], tokens: np.ndarray, pairs: np.ndarray,
-                    weight: np.ndarray) -> np.ndarray | None:
-    """Stages 0-2, per layer u: a time before which not every rank has issued layer u's gradient
-    reduction, from the whole batch's work (None where `_released` is None): the average over
-    the N ranks of what each must run before it issues u, plus one micro-batch's fixed part.
+class _Spread:
+    """Stages 0-2, per layer u and busy time M: a time before which not every rank has issued
+    layer u's gradient reduction in a plan whose busy time is at most M, from the whole batch's
+    work: the average over the N ranks of what each must run before it issues u, plus one
+    micro-batch's fixed part (`at`).
 
     Why it holds: rank c issues u when its last micro-batch has run K forwards, the head and
     the backwards of layers K-1..u, after all its earlier micro-batches (`schedule`), so its
@@ -173,30 +172,60 @@ def _spread_release(cm: CostModel, sizes: Sequence[int], tokens: np.ndarray, pai
     `CostModel.layer_linear`, unhidden transfers and recomputes dropped), whose per-token and
     per-pair parts are sums over its samples. Summed over the ranks, a micro-batch of p ranks
     counts p times: so the releases sum to at least the batch's samples' parts, each at the
-    fewest GPU-seconds over the layouts where it fits memory, and the last rank's release is at
-    least their average over N, plus the fixed part of its own last micro-batch (the average
-    over ranks that run micro-batches is at least that over N). A rank may change groups
-    between micro-batches without changing this: it holds for multi-phase plans too."""
-    if cm.training.zero_stage >= 3 or cm.cluster.num_gpus == 1 or not len(tokens) or not cm.model.num_layers:
-        return None
-    k = cm.model.num_layers
-    us = sorted({max(k - 2 ** j, 0) for j in range(_SPREAD_LAYERS)} | {k - 1}, reverse=True)
-    least = np.full((len(us), len(tokens)), math.inf)
-    fixed = np.full(len(us), math.inf)
-    u = np.array(us, dtype=np.float64)[:, None]
-    for p in sizes:
-        for layout in cm.layouts(p):
-            f, b, _ = cm.layer_linear(layout)
-            fixed = np.minimum(fixed, k * f.fixed + cm.fit.microbatch_fixed_s + (k - u[:, 0]) * b.fixed)
-            per_token = p * (k * f.per_token + (k - u) * b.per_token) + cm.fit.head_per_token_s
-            per_pair = p * (k * f.per_pair + (k - u) * b.per_pair)
-            fits = tokens <= _layout_capacity(cm, layout)
-            least = np.where(fits, np.minimum(least, per_token * tokens + per_pair * pairs), least)
-    spread = np.where(np.isfinite(least), least, 0.0) @ weight / cm.cluster.num_gpus + fixed
-    out = np.zeros(k)
-    for v, value in zip(us, spread, strict=True):  # us descending: each fills down to the next
-        out[:v + 1] = value
-    return out
+    fewest GPU-seconds over the layouts where it fits memory and, alone, runs within M (its
+    layout's linear time without checkpointing is below its micro-batch's), and the last rank's
+    release is at least their average over N, plus the fixed part of its own last micro-batch
+    (the average over ranks that run micro-batches is at least that over N). A rank may change
+    groups between micro-batches without changing this: it holds for multi-phase plans too."""
+
+    def __init__(self, cm: CostModel, sizes: Sequence[int], tokens: np.ndarray, pairs: np.ndarray,
+                 weight: np.ndarray) -> None:
+        k = self.k = cm.model.num_layers
+        self.us = sorted({max(k - 2 ** j, 0) for j in range(_SPREAD_LAYERS)} | {k - 1}, reverse=True)
+        u = np.array(self.us, dtype=np.float64)[:, None]
+        self.weight, self.gpus = weight, cm.cluster.num_gpus
+        self.fixed = np.full(len(self.us), math.inf)
+        self.parts, self.solo = [], []  # per layout: (us, samples) parts where it fits; its samples' solo times
+        for p in sizes:
+            for layout in cm.layouts(p):
+                f, b, _ = cm.layer_linear(layout)
+                self.fixed = np.minimum(self.fixed, k * f.fixed + cm.fit.microbatch_fixed_s + (k - u[:, 0]) * b.fixed)
+                per_token = p * (k * f.per_token + (k - u) * b.per_token) + cm.fit.head_per_token_s
+                per_pair = p * (k * f.per_pair + (k - u) * b.per_pair)
+                fits = tokens <= _layout_capacity(cm, layout)
+                self.parts.append(np.where(fits, per_token * tokens + per_pair * pairs, math.inf))
+                line = cm.layout_linear_time(layout, 0)
+                self.solo.append(line.fixed + line.per_token * tokens + line.per_pair * pairs)
+
+    def at(self, busy_s: float) -> np.ndarray:
+        """Per layer, the release bound of plans of busy time at most `busy_s` (inf: any)."""
+        least = np.full(self.parts[0].shape, math.inf)
+        for part, solo in zip(self.parts, self.solo, strict=True):
+            least = np.minimum(least, part if not math.isfinite(busy_s) else np.where(solo <= busy_s, part, math.inf))
+        spread = np.where(np.isfinite(least), least, 0.0) @ self.weight / self.gpus + self.fixed
+        out = np.zeros(self.k)
+        for v, value in zip(self.us, spread, strict=True):  # us descending: each fills down to the next
+            out[:v + 1] = value
+        return out
+
+
+_GRID = 8
+"""`_least_step` splits busy times above the bound into this many intervals of..."""
+_GRID_STEP = 0.02
+"""...this width (a share of the bound), the last one unbounded."""
+
+
+def _least_step(cm: CostModel, busy_s: float, sizes: Sequence[int], released: np.ndarray | None,
+                spread: _Spread | None) -> float:
+    """The least step of any plan of busy time at least `busy_s`: `schedule.least_step_s` with
+    `released` and, on each interval [M_i, M_i+1) of busy times, the spread release of plans of
+    busy time at most M_i+1 (it only falls as M grows, and the step only grows with the busy
+    time and the releases), the least over the intervals."""
+    if spread is None or released is None or not math.isfinite(busy_s):
+        return least_step_s(cm, busy_s, sizes, released)
+    grid = [busy_s * (1 + _GRID_STEP * i) for i in range(_GRID)] + [math.inf]
+    return min(least_step_s(cm, lo, sizes, np.maximum(released, spread.at(hi)))
+               for lo, hi in zip(grid[:-1], grid[1:], strict=True))
 
 
 def _layout_capacity(cm: CostModel, layout: SPLayout) -> float:
