@@ -76,7 +76,7 @@ FIRST_SHARE = 0.85
 groups)."""
 HEAD_SHARE = 0.2
 """Share of a split's time for its first phase (a few samples: quick to plan)."""
-BESIDE_SHARE = 0.6
+BESIDE_SHARE = 0.85
 """Share of a split's time for planning the rest beside the k samples (`_plan_beside`), when
 they leave GPUs free; the sequential split gets the rest."""
 _TOL = 1e-9
