@@ -18,7 +18,10 @@ dynamic programming on the weights in `UNITS` steps of theta). Two uses:
   large videos fill each group.
 - plan: weights are the additive estimates (`CostTable.add`, rounded up) within theta less one
   micro-batch's fixed cost (the canonical packing's rounding); the integer program over the
-  columns found gives groups that fit theta by that estimate, priced exactly afterwards.
+  columns found gives groups that fit theta by that estimate, priced exactly afterwards; when
+  it finds none within its share of the time (`IP_SHARE`), the fractional optimum rounded
+  (`_rounded`) is the start the local search takes instead (Open-Sora, 2,048 videos on 256
+  GPUs: the cell's mean gap from 2.33% to 1.87%).
 
 Every solve is bounded by the deadline (HiGHS's time limit and interrupt, node limits); a cut is
 recorded there.
@@ -41,7 +44,10 @@ UNITS = 1000
 MAX_ROUNDS = 60
 """Column-generation rounds per level at most."""
 IP_NODES = 200
-"""Branch-and-bound nodes for the integer program over the columns."""
+"""Branch-and-bound nodes for the integer program over the columns..."""
+IP_SHARE = 0.25
+"""...and the share of the time left it may take (over a few hundred columns it can take
+seconds and find nothing: the fractional optimum rounded is the fallback)."""
 
 
 @dataclass
@@ -232,17 +238,24 @@ def column_plan(table: CostTable, shapes: Shapes, num_gpus: int, theta: float, d
     # The integer program over the columns the fractional optimum uses (and the single-sample
     # ones): a tenth of the columns, and its root node a tenth of the time; over all of them
     # when that finds nothing. Any solution within N GPUs will do: every column fits theta.
-    used = np.array(master.h.getSolution().col_value) > 1e-9
+    values = np.array(master.h.getSolution().col_value)
+    used = values > 1e-9
     for cols in ([c for c, on in zip(master.cols, used, strict=True) if on or c[1].sum() == 1], master.cols):
         z = _integer(cols, shapes, table.sizes, num_gpus, deadline)
         if z is not None:
             break
     else:
-        return None
+        return _rounded(master.cols, values, shapes, table, num_gpus)
+    groups, pool = _fill(cols, z.tolist(), shapes)
+    return None if any(pool) else groups
+
+
+def _fill(cols: Columns, copies: list[int], shapes: Shapes) -> tuple[Groups, list[list[int]]]:
+    """Groups of each column's copies, drawing samples of each shape in turn; what is left."""
     pool = [list(m) for m in shapes.members]
     groups: Groups = []
-    for (j, a), copies in zip(cols, z.tolist(), strict=True):
-        for _ in range(copies):
+    for (j, a), n in zip(cols, copies, strict=True):
+        for _ in range(n):
             ids: list[int] = []
             for t in np.flatnonzero(a):
                 take = min(int(a[t]), len(pool[t]))
@@ -250,7 +263,33 @@ def column_plan(table: CostTable, shapes: Shapes, num_gpus: int, theta: float, d
                 pool[t] = pool[t][take:]
             if ids:
                 groups.append((j, ids))
-    return None if any(pool) else groups
+    return groups, pool
+
+
+def _rounded(cols: Columns, values: np.ndarray, shapes: Shapes, table: CostTable, num_gpus: int) -> Groups | None:
+    """When the integer program finds nothing in time: the fractional optimum rounded down (it
+    fits the GPUs), then one more copy of the columns with the largest fractions while GPUs
+    remain, and the samples still left each to the least-loaded group that can run it (by the
+    additive estimate); None if one fits no group. The local search takes it from there."""
+    copies = np.floor(values + 1e-9).astype(np.int64)
+    gpus = np.array([table.sizes[j] for j, _ in cols])
+    free = num_gpus - int(copies @ gpus)
+    for c in np.argsort(-(values - copies), kind="stable"):
+        if values[c] - copies[c] > 1e-9 and gpus[c] <= free:
+            copies[c] += 1
+            free -= int(gpus[c])
+    groups, pool = _fill(cols, copies.tolist(), shapes)
+    if not groups:
+        return None
+    loads = [float(table.add[ids, j].sum()) for j, ids in groups]
+    for i in (int(i) for members in pool for i in members):
+        fits = [g for g, (j, _) in enumerate(groups) if table.ckpt[i, j] >= 0]
+        if not fits:
+            return None
+        g = min(fits, key=lambda q: (loads[q] + float(table.add[i, groups[q][0]]), q))
+        groups[g][1].append(i)
+        loads[g] += float(table.add[i, groups[g][0]])
+    return groups
 
 
 def _integer(cols: Columns, shapes: Shapes, sizes: list[int], num_gpus: int, deadline: Deadline) -> np.ndarray | None:
@@ -265,7 +304,7 @@ def _integer(cols: Columns, shapes: Shapes, sizes: list[int], num_gpus: int, dea
     h.changeColsIntegrality(n, np.arange(n, dtype=np.int32), np.full(n, highspy.HighsVarType.kInteger))
     h.setOptionValue("mip_max_nodes", IP_NODES)
     h.setOptionValue("mip_max_improving_sols", 1)
-    h.setOptionValue("time_limit", max(deadline.left(), 0.001))
+    h.setOptionValue("time_limit", max(IP_SHARE * deadline.left(), 0.001))
     h.run()
     if h.getInfo().primal_solution_status != 2:
         if deadline.left() <= 0:

@@ -1,0 +1,48 @@
+"""The configuration program by column generation (`dcp.planner.ilp.columns`): its bound and,
+when its integer program finds nothing in time, the rounded fractional optimum."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from dcp.data.batches import make_batches
+from dcp.planner.feasibility import allowed_sp_sizes
+from dcp.planner.ilp import columns
+from dcp.planner.ilp.budget import Budget, Deadline
+from dcp.planner.ilp.pack import estimate, improve
+from dcp.planner.ilp.search import Search
+from dcp.planner.options import IlpOptions
+from tests.conftest import cost_model
+
+
+@pytest.fixture(scope="module")
+def video():  # noqa: ANN201
+    """Open-Sora's 512 videos (a few dozen shapes) on 64 GPUs: the ILP search's cost table,
+    shapes, proven busy bound and warm start's busy time."""
+    cm = cost_model(model="opensora-stdit-1.1b", gpus=64)
+    batch = make_batches("opensora", cm, global_batch=512, steps=1, seed=0)[0]
+    search = Search(batch, cm, allowed_sp_sizes(cm), IlpOptions(), Budget.start(60.0, len(batch)))
+    search.warm_start()
+    shapes = columns.shapes_of(search.table)
+    assert shapes is not None
+    return cm, batch, search.table, shapes, search.proven, search.incumbent.busy_s
+
+
+def test_rounded_fractional_optimum_places_every_sample_within_the_gpus(video, monkeypatch) -> None:  # noqa: ANN001
+    """With the integer program failing, `column_plan` still returns groups: every sample once,
+    at sizes where it runs, on at most N GPUs; the local search brings them within 3% of the
+    level asked for (by the estimate), below the bound's 1.1 times."""
+    cm, batch, table, shapes, lower, upper = video
+    n = cm.cluster.num_gpus
+    bound, start = columns.column_bound(table, shapes, n, lower, upper, Deadline(math.inf), steps=12)
+    assert lower <= bound < upper
+    theta = 1.03 * bound
+    monkeypatch.setattr(columns, "_integer", lambda *a, **k: None)
+    groups = columns.column_plan(table, shapes, n, theta, Deadline(math.inf), start)
+    assert groups is not None
+    assert sorted(i for _, ids in groups for i in ids) == list(range(len(batch)))
+    assert sum(table.sizes[j] for j, _ in groups) <= n
+    assert all(table.ckpt[i, j] >= 0 for j, ids in groups for i in ids)
+    assert estimate(improve(groups, table, math.inf, 300, n), table) <= theta * 1.03
