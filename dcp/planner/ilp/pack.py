@@ -183,7 +183,7 @@ def _search(groups: Groups, table: CostTable, deadline: Deadline, max_iter: int)
                 r, q = divmod(k, val.shape[1])
                 best_val, best = float(val.flat[k]), (int(s_idx[r]), int(og[q]), int(others[q]))
         if best is None:
-            merged = _merge(_groups_of(st.where, st.gj), c, loads, table)
+            merged = _merge(st, c, loads)
             if merged is None:
                 return _groups_of(st.where, st.gj), max_iter - it
             st = _Loads(merged, table)
@@ -271,23 +271,30 @@ def rebalance(groups: Groups, table: CostTable, num_gpus: int | None = None, sha
     return [g for g in _groups_of(where, st.gj) if g[1]]
 
 
-def _merge(groups: Groups, c: int, loads: np.ndarray, table: CostTable) -> Groups | None:
+def _merge(st: _Loads, c: int, loads: np.ndarray) -> Groups | None:
     """The slowest group c and the least-loaded other group of its size as one group of twice
     the size (every sample runs there: memory per GPU only shrinks), when its estimate is below
-    c's: what no move or swap can do when c's time is one large sample's. None otherwise."""
-    j = groups[c][0]
+    c's: what no move or swap can do when c's time is one large sample's. None otherwise (at
+    the cost of the two groups' samples)."""
+    table, j = st.t, int(st.gj[c])
     p = table.sizes[j]
     if 2 * p not in table.sizes:
         return None
-    same = [h for h, (jh, _) in enumerate(groups) if jh == j and h != c]
-    if not same:
+    same = np.flatnonzero(st.gj == j)
+    same = same[same != c]
+    if not len(same):
         return None
-    h = min(same, key=lambda q: (loads[q], q))
+    h = int(same[np.argmin(loads[same])])  # ties: the lowest index
     j2 = table.sizes.index(2 * p)
-    ids = sorted(groups[c][1] + groups[h][1])
-    if not np.all(table.ckpt[ids, j2] >= 0) or estimate([(j2, ids)], table) >= loads[c] * (1 - _TOL):
+    ids = np.sort(np.concatenate([st.held(c), st.held(h)]))
+    if not np.all(table.ckpt[ids, j2] >= 0):
         return None
-    return [g for q, g in enumerate(groups) if q not in (c, h)] + [(j2, ids)]
+    est = st.est(np.array([st.marg[ids, j2].sum()]), np.array([st.short_tok[ids, j2].sum()]),
+                 np.array([st.short_pairs[ids, j2].sum()]), j2)[0]
+    if est >= loads[c] * (1 - _TOL):
+        return None
+    groups = _groups_of(st.where, st.gj)
+    return [g for q, g in enumerate(groups) if q not in (c, h)] + [(j2, ids.tolist())]
 
 
 def with_free_groups(groups: Groups, table: CostTable, num_gpus: int) -> Groups:
