@@ -73,7 +73,7 @@ MIN_SOLVE_S = 0.02
 """A split is planned only with at least this long left for it."""
 FIRST_SHARE = 0.85
 """Share of the search's time for the first split (the one for the samples that need the largest
-groups)."""
+groups), when there are others; alone it gets all of it."""
 HEAD_SHARE = 0.2
 """Share of a split's time for its first phase (a few samples: quick to plan)."""
 BESIDE_SHARE = 0.85
@@ -218,7 +218,7 @@ def _search(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, single:
         if best is not None and own[k] >= n and estimate[k - 1] >= best.busy_s() * (1 - _TOL):
             continue
         # The first split gets most of the time (the ILP stops early once it proves its plan).
-        seconds = left * (FIRST_SHARE if i == 0 else 1 / (len(ranked) - i))
+        seconds = left * (FIRST_SHARE if i == 0 and len(ranked) > 1 else 1 / (len(ranked) - i))
         found: list[tuple[Plan | None, str]] = []
         if own[k] < n:
             found.append((_plan_beside(batch, cm, options, order, k, own[k], seconds * BESIDE_SHARE, bound_s),
