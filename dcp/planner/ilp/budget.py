@@ -12,6 +12,7 @@ machine's load always says so, and one whose status records no cut is the same o
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass, field
 
@@ -22,13 +23,19 @@ PER_MICROBATCH_S = 2.5e-6
 PER_GROUP_S = 5e-5
 """Assembling and validating a plan, measured in CPU time on the benchmark machine (32,768
 samples in 21,307 micro-batches on 32 GPUs: 71 ms; in 19,568 on 1,024 GPUs: 123 ms)..."""
-PASS_S_PER_SAMPLE = 5e-8
-"""...on which one plain Python pass over a batch's samples (`Budget.sample_pass_s`) takes
-about this long per sample: the reserve scales with how much slower the pass ran here and now
-(other work on the machine's cores slows both alike), and never below `MIN_SLOWDOWN`. Once the
-solve has run long enough (`MIN_CPU_S`), the ratio of its wall-clock to its CPU time so far
-measures the share of a core the machine's other work leaves it, steadier than one short pass
-(which a single preemption either misses or dominates); the larger of the two counts."""
+PROBE_STEPS = 20_000
+"""...on which a fixed Python loop of this many steps (`machine_probe_s`) takes..."""
+PROBE_S = 7.0e-4
+"""...this long (the fastest of 50 runs): the reserve scales with how much slower the probe ran
+here and now (other work on the machine's cores slows both alike), and never below
+`MIN_SLOWDOWN`. Once the solve has run long enough (`MIN_CPU_S`), the ratio of its wall-clock to
+its CPU time so far measures the share of a core the machine's other work leaves it, steadier
+than one short probe (which a single preemption either misses or dominates); the larger of the
+two counts. (A pass over the batch's samples timed the machine before: its speed follows where
+the samples lie in memory, 1.3 to 6 ms at 32,768 samples on the same machine, and at 6 ms the
+reserve took half the limit.)"""
+PROBE_FROM = 1000
+"""Batches of fewer samples take no probe: their reserve is a few milliseconds anyway."""
 MIN_SLOWDOWN = 1.5
 MAX_SLOWDOWN = 6.0
 MIN_CPU_S = 0.02
@@ -38,6 +45,25 @@ def final_pricing_s(samples: int, microbatches: int = 0, groups: int = 0, slowdo
     """Seconds kept back for assembling and validating the chosen plan."""
     return FINAL_PRICING_S + slowdown * (PER_SAMPLE_S * samples + PER_MICROBATCH_S * microbatches
                                          + PER_GROUP_S * groups)
+
+
+def machine_probe_s() -> float:
+    """The faster of two runs of a fixed loop of `PROBE_STEPS` steps, without garbage collection
+    (a collection is not the machine's speed): about 1.4 ms in all."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        runs = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            acc = 0
+            for i in range(PROBE_STEPS):
+                acc += i & 7
+            runs.append(time.perf_counter() - t0)
+        return min(runs)
+    finally:
+        if collecting:
+            gc.enable()
 
 
 @dataclass
@@ -53,9 +79,9 @@ class Budget:
     """What the limit skipped, in words."""
     stopped: list[str] = field(default_factory=list)
     """What the limit stopped before it finished, in words."""
-    sample_pass_s: float = 0.0
-    """How long one plain Python pass over the batch's samples took: how much slower than the
-    benchmark machine this one runs now (`slowdown`)."""
+    probe_s: float = 0.0
+    """How long `machine_probe_s` took at the start: how much slower than the benchmark machine
+    this one runs now (`slowdown`)."""
     pricing_s: float = 0.0
     """The longest a candidate's exact pricing took: kept back from every search step that
     ends in one (`search_deadline`)."""
@@ -89,9 +115,9 @@ class Budget:
         """How much slower than the benchmark machine's quiet cores this one runs now."""
         cpu_s = time.process_time() - self.cpu_started
         shared = (time.perf_counter() - self.wall_started) / cpu_s if cpu_s >= MIN_CPU_S else 0.0
-        if samples < 1000 or self.sample_pass_s <= 0:
-            return min(max(2.0, shared), MAX_SLOWDOWN)  # too short a pass to time
-        measured = self.sample_pass_s / (PASS_S_PER_SAMPLE * samples)
+        if samples < PROBE_FROM or self.probe_s <= 0:
+            return min(max(2.0, shared), MAX_SLOWDOWN)  # small batches: a reserve too small to tune
+        measured = self.probe_s / PROBE_S
         return min(max(measured, shared, MIN_SLOWDOWN), MAX_SLOWDOWN)
 
     def plan_size(self, samples: int, microbatches: int, groups: int) -> None:

@@ -7,7 +7,6 @@ wall-clock limit cuts a phase short, which the status then reports.
 
 from __future__ import annotations
 
-import gc
 import time
 from collections.abc import Sequence
 
@@ -15,7 +14,7 @@ import numpy as np
 
 from dcp.costmodel import CostModel
 from dcp.planner.bounds import capacity_busy, single_layout_bound
-from dcp.planner.ilp.budget import Budget
+from dcp.planner.ilp.budget import PROBE_FROM, Budget, machine_probe_s
 from dcp.planner.ilp.columns import column_bound, column_plan, shapes_of
 from dcp.planner.ilp.costs import CostTable, cost_table
 from dcp.planner.ilp.heuristic import class_counts
@@ -63,22 +62,9 @@ class Search:
                  budget: Budget) -> None:
         t0 = time.perf_counter()
         self.batch, self.cm, self.sizes, self.options, self.budget = list(batch), cm, sizes, options, budget
-        # The pass times the machine (`Budget.slowdown`): a garbage collection or a preemption in
-        # it is not the machine's speed, and in a pass of 1.5 ms (32,768 samples) a 10 ms one
-        # kept back half the limit and left the program no time. So: no collection, the faster
-        # of two passes.
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            passes = []
-            for _ in range(2):
-                t1 = time.perf_counter()
-                self.arrays = BatchArrays.of(batch)
-                passes.append((time.perf_counter() - t1) / 3)  # BatchArrays reads three fields
-            budget.sample_pass_s = min(passes)
-        finally:
-            if collecting:
-                gc.enable()
+        self.arrays = BatchArrays.of(batch)
+        if len(batch) >= PROBE_FROM:  # a small batch's reserve is too small to tune (`Budget.slowdown`)
+            budget.probe_s = machine_probe_s()
         self.pricer = Pricer(cm, sizes)
         self.table: CostTable = cost_table(self.arrays, cm, sizes, self.pricer)
         self.sync = cm.grad_sync_s()
