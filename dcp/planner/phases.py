@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -223,12 +224,16 @@ def _search(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, single:
         # The first split gets most of the time (the ILP stops early once it proves its plan).
         seconds = left * (FIRST_SHARE if i == 0 and len(ranked) > 1 else 1 / (len(ranked) - i))
         found: list[tuple[Plan | None, str]] = []
-        if own[k] < n and seconds * BESIDE_SHARE >= MIN_BESIDE_S:
-            found.append((_plan_beside(batch, cm, options, order, k, own[k], seconds * BESIDE_SHARE, bound_s),
-                          f"on {own[k]} GPUs, the rest beside them"))
-            seconds *= 1 - BESIDE_SHARE
-        if estimate[k - 1] < single_busy * (1 - _TOL):
-            found.append((_plan_split(batch, cm, options, order, k, seconds, bound_s), "first"))
+        with warnings.catch_warnings():
+            # A part's solver failure leaves that part its warm start: the split is a candidate
+            # against the single layout, priced and validated like it, not the user's warning.
+            warnings.filterwarnings("ignore", message="ilp: ", category=UserWarning)
+            if own[k] < n and seconds * BESIDE_SHARE >= MIN_BESIDE_S:
+                found.append((_plan_beside(batch, cm, options, order, k, own[k], seconds * BESIDE_SHARE, bound_s),
+                              f"on {own[k]} GPUs, the rest beside them"))
+                seconds *= 1 - BESIDE_SHARE
+            if estimate[k - 1] < single_busy * (1 - _TOL):
+                found.append((_plan_split(batch, cm, options, order, k, seconds, bound_s), "first"))
         tried += 1
         for plan, how in found:
             if plan is not None and plan.step_time_s < (best or single).step_time_s * (1 - _TOL):
