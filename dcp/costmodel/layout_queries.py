@@ -104,16 +104,17 @@ class LayoutQueries:
         return self._envelopes[sp_size]
 
     # -- what fits memory ----------------------------------------------------------------------
-    def max_tokens(self, sp_size: int, ckpt_layers: int, memory_bytes: float | None = None) -> int:
-        """Largest micro-batch (tokens) that fits memory at (p, r) in every layout of p and that the
-        profile can price; 0 if none: p times the tokens one GPU's room holds (2p times half of
-        them under a ring), so that the padded shards fit too. `memory_bytes`: per GPU instead of
-        the cluster's."""
+    def max_tokens(self, sp_size: int, ckpt_layers: int, memory_bytes: float | None = None,
+                   layout: SPLayout | None = None) -> int:
+        """Largest micro-batch (tokens) that fits memory at (p, r) in every layout of p (in
+        `layout` alone, when given) and that the profile can price; 0 if none: p times the
+        tokens one GPU's room holds (2p times half of them under a ring), so that the padded
+        shards fit too. `memory_bytes`: per GPU instead of the cluster's."""
         room = (self.cluster.memory_bytes if memory_bytes is None else memory_bytes) - self.static_bytes
         if room <= 0:
             return 0
         fits = []
-        for o in self.layouts(sp_size):
+        for o in (layout,) if layout is not None else self.layouts(sp_size):
             per_gpu = int(room // self._gpu_token_bytes(o, ckpt_layers))
             fits.append(sp_size * (per_gpu if o.ring == 1 else 2 * (per_gpu // 2)))
         return int(min(min(fits), self.priceable_tokens(sp_size)))

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from dcp.costmodel import CostModel
-from dcp.costmodel.ring import SPLayout
 from dcp.costmodel.schedule import least_link_s, least_step_s
 from dcp.planner.bound_group import group_bound
 from dcp.planner.feasibility import allowed_sp_sizes
@@ -110,7 +109,8 @@ class _Floors:
     single_layout: float
     """`single_layout_bound`."""
     released: np.ndarray | None
-    """`_released`: per layer, the earliest any plan issues its reduction."""
+    """Per layer, a time before which no plan issues its reduction: `_released` and the spread
+    release of any busy time (`_Spread.at(inf)`)."""
     makespan: float
     """The makespan bound on every plan's busy time (`_makespan_bound`)."""
 
@@ -186,13 +186,14 @@ class _Spread:
         self.weight, self.gpus = weight, cm.cluster.num_gpus
         self.fixed = np.full(len(self.us), math.inf)
         self.parts, self.solo = [], []  # per layout: (us, samples) parts where it fits; its samples' solo times
+        memory = cm.cluster.memory_bytes * (1 + _MEMORY_RTOL)
         for p in sizes:
             for layout in cm.layouts(p):
                 f, b, _ = cm.layer_linear(layout)
                 self.fixed = np.minimum(self.fixed, k * f.fixed + cm.fit.microbatch_fixed_s + (k - u[:, 0]) * b.fixed)
                 per_token = p * (k * f.per_token + (k - u) * b.per_token) + cm.fit.head_per_token_s
                 per_pair = p * (k * f.per_pair + (k - u) * b.per_pair)
-                fits = tokens <= _layout_capacity(cm, layout)
+                fits = tokens <= cm.max_tokens(p, k, memory, layout)  # with every layer checkpointed
                 self.parts.append(np.where(fits, per_token * tokens + per_pair * pairs, math.inf))
                 line = cm.layout_linear_time(layout, 0)
                 self.solo.append(line.fixed + line.per_token * tokens + line.per_pair * pairs)
@@ -221,33 +222,11 @@ def _least_step(cm: CostModel, busy_s: float, sizes: Sequence[int], released: np
     `released` and, on each interval [M_i, M_i+1) of busy times, the spread release of plans of
     busy time at most M_i+1 (it only falls as M grows, and the step only grows with the busy
     time and the releases), the least over the intervals."""
-    if spread is None or released is None or not math.isfinite(busy_s):
+    if spread is None or not math.isfinite(busy_s):  # spread is None exactly where released is
         return least_step_s(cm, busy_s, sizes, released)
     grid = [busy_s * (1 + _GRID_STEP * i) for i in range(_GRID)] + [math.inf]
     return min(least_step_s(cm, lo, sizes, np.maximum(released, spread.at(hi)))
                for lo, hi in zip(grid[:-1], grid[1:], strict=True))
-
-
-def _layout_capacity(cm: CostModel, layout: SPLayout) -> float:
-    """The most tokens a micro-batch in `layout` can hold: what fits memory with every layer
-    checkpointed, within what the profile can price (by bisection: memory grows with tokens)."""
-    p, k = layout.size, cm.model.num_layers
-    memory = cm.cluster.memory_bytes * (1 + _MEMORY_RTOL)
-    top = cm.priceable_tokens(p)
-    top = math.floor(top) if math.isfinite(top) else math.inf
-
-    def fits(tokens: int) -> bool:
-        return tokens <= top and cm.memory_bytes(tokens, p, k, layout) <= memory
-
-    if not fits(1):
-        return 0.0
-    lo, hi = 1, 2
-    while fits(hi):  # memory grows with tokens, so this ends
-        lo, hi = hi, 2 * hi
-    while hi - lo > 1:  # fits(lo), not fits(hi)
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return float(lo)
 
 
 def single_layout_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | None = None,

@@ -38,6 +38,7 @@ import numpy as np
 
 from dcp.costmodel import Cluster, CostModel
 from dcp.planner.bounds import multi_phase_bound, multi_phase_busy, sample_arrays, sample_floors
+from dcp.planner.common import assemble
 from dcp.planner.feasibility import allowed_sp_sizes, check_feasible
 from dcp.planner.ilp.budget import final_pricing_s
 from dcp.planner.options import IlpOptions
@@ -292,7 +293,6 @@ def _plan_beside(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, or
     to A those that alone would run over half of B's window, the others along the order each to
     the part furthest behind its share. Each part planned by the
     single-layout ILP on its GPUs (`sub_cluster`), then priced as one plan on the cluster."""
-    from dcp.planner.common import assemble
     from dcp.planner.ilp import solve_ilp
 
     n = cm.cluster.num_gpus

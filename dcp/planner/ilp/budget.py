@@ -102,7 +102,7 @@ class Budget:
     def deadline(self) -> float:
         """When searching must stop so that the final assembly ends within the limit."""
         if self.plan_dims is not None:
-            self.reserve_s = min(final_pricing_s(*self.plan_dims, self.slowdown(self.plan_dims[0])),
+            self.reserve_s = min(final_pricing_s(*self.plan_dims, self.slowdown()),
                                  self.limit_s / 2)
         return self.started + self.limit_s - self.reserve_s
 
@@ -111,19 +111,19 @@ class Budget:
         """When a search step must stop so that pricing its result ends by `deadline`."""
         return self.deadline - self.pricing_s
 
-    def slowdown(self, samples: int) -> float:
+    def slowdown(self) -> float:
         """How much slower than the benchmark machine's quiet cores this one runs now."""
         cpu_s = time.process_time() - self.cpu_started
         shared = (time.perf_counter() - self.wall_started) / cpu_s if cpu_s >= MIN_CPU_S else 0.0
-        if samples < PROBE_FROM or self.probe_s <= 0:
-            return min(max(2.0, shared), MAX_SLOWDOWN)  # small batches: a reserve too small to tune
+        if self.probe_s <= 0:  # no probe (batches under PROBE_FROM): a reserve too small to tune
+            return min(max(2.0, shared), MAX_SLOWDOWN)
         measured = self.probe_s / PROBE_S
         return min(max(measured, shared, MIN_SLOWDOWN), MAX_SLOWDOWN)
 
     def plan_size(self, samples: int, microbatches: int, groups: int) -> None:
         """The incumbent changed: keep back what assembling it will take."""
         self.plan_dims = (samples, microbatches, groups)
-        self.reserve_s = min(final_pricing_s(samples, microbatches, groups, self.slowdown(samples)), self.limit_s / 2)
+        self.reserve_s = min(final_pricing_s(samples, microbatches, groups, self.slowdown()), self.limit_s / 2)
 
     def left(self) -> float:
         return self.deadline - time.perf_counter()

@@ -112,8 +112,9 @@ def improve(groups: Groups, table: CostTable, deadline: float | Deadline, max_it
     that raises the slowest group: one move at a time off the slowest group cannot lower a
     level that hundreds of groups share (wikipedia, 2,048 samples on 1,024 GPUs: 141 groups
     within 1% of it). When no move or swap helps, the slowest group and the least-loaded one
-    of its size become one group of twice the size if that is faster (`_merge`). Deterministic (ties go to the lowest index) unless `deadline` stops it, which it
-    then records."""
+    of its size become one group of twice the size if that is faster (`_merge`).
+    Deterministic (ties go to the lowest index) unless `deadline` stops it, which it then
+    records."""
     if num_gpus is not None:
         groups = with_free_groups(groups, table, num_gpus)
     if len(groups) < 2:
@@ -201,17 +202,13 @@ FILL_MAX = 6000
 """...the largest this many of them (each costs a heap step in Python)."""
 
 
-def rebalance(groups: Groups, table: CostTable, num_gpus: int | None = None, share: float = FILL_SHARE,
-              deadline: float | Deadline = math.inf) -> Groups:
-    """The small samples (those sharing micro-batches, each below `share` of the mean group
+def rebalance(groups: Groups, table: CostTable, deadline: float | Deadline = math.inf) -> Groups:
+    """The small samples (those sharing micro-batches, each below `FILL_SHARE` of the mean group
     load) taken out of every group and put back, longest first, each where the group's estimate
     after it is least (the least-loaded group of every size that can share it, ties to the lower
     index): across classes, which spreading class by class cannot balance, at a heap step per
-    sample. Groups on rings keep theirs (their estimate is not additive). With `num_gpus`, idle
-    GPUs join as empty groups of the smallest size first (`with_free_groups`); groups left
-    empty are dropped. At `deadline` the samples not yet placed stay where they were."""
-    if num_gpus is not None:
-        groups = with_free_groups(groups, table, num_gpus)
+    sample. Groups on rings keep theirs (their estimate is not additive). Groups left empty are
+    dropped. At `deadline` the samples not yet placed stay where they were."""
     if len(groups) < 2:
         return [g for g in groups if g[1]]
     st = _Loads(groups, table)
@@ -223,7 +220,7 @@ def rebalance(groups: Groups, table: CostTable, num_gpus: int | None = None, sha
     g_of = st.where[placed]
     j_of = st.gj[g_of]
     size = table.add[placed, j_of]
-    small = ringless[g_of] & (st.short_tok[placed, j_of] > 0) & (size < share * mean)
+    small = ringless[g_of] & (st.short_tok[placed, j_of] > 0) & (size < FILL_SHARE * mean)
     if small.sum() > FILL_MAX:  # the largest of them: the ones that balance most per heap step
         small &= size >= np.sort(size[small])[-FILL_MAX]
     fill, g_of, j_of = placed[small], g_of[small], j_of[small]
@@ -234,13 +231,14 @@ def rebalance(groups: Groups, table: CostTable, num_gpus: int | None = None, sha
     tok = (st.tok - np.bincount(g_of, weights=st.short_tok[fill, j_of], minlength=n)).tolist()
     fixed0, cap = table.fixed0.tolist(), np.maximum(table.cap0, 1).astype(np.float64).tolist()
 
-    def est(g: int, j: int, b: float, t: float) -> float:
+    def est(j: int, b: float, t: float) -> float:
+        """`_Loads.est` of one group without a ring, in plain floats (a heap step per sample)."""
         return b + fixed0[j] * math.ceil(t / cap[j] - 1e-12)
 
     heaps: dict[int, list[tuple[float, int]]] = {}
     for g in np.flatnonzero(ringless).tolist():
         j = int(st.gj[g])
-        heaps.setdefault(j, []).append((est(g, j, base[g], tok[g]), g))
+        heaps.setdefault(j, []).append((est(j, base[g], tok[g]), g))
     for h in heaps.values():
         heapq.heapify(h)
     sizes = sorted(heaps)
@@ -254,16 +252,15 @@ def rebalance(groups: Groups, table: CostTable, num_gpus: int | None = None, sha
     for step, k in enumerate(order.tolist()):
         if step % 256 == 255 and deadline.passed():
             break
-        best, pick = math.inf, -1
+        best, pick, g = math.inf, -1, -1
         for c, j in enumerate(sizes):
             if not shares[k, c]:
                 continue
-            g = heaps[j][0][1]
-            e = est(g, j, base[g] + marg[k][c], tok[g] + short_tok[k][c])
-            if e < best or (e == best and g < heaps[sizes[pick]][0][1]):
-                best, pick = e, c
+            top = heaps[j][0][1]
+            e = est(j, base[top] + marg[k][c], tok[top] + short_tok[k][c])
+            if e < best or (e == best and top < g):
+                best, pick, g = e, c, top
         j = sizes[pick]
-        g = heaps[j][0][1]
         base[g] += marg[k][pick]
         tok[g] += short_tok[k][pick]
         heapq.heapreplace(heaps[j], (best, g))
