@@ -268,16 +268,29 @@ def _fill(cols: Columns, copies: list[int], shapes: Shapes) -> tuple[Groups, lis
 
 def _rounded(cols: Columns, values: np.ndarray, shapes: Shapes, table: CostTable, num_gpus: int) -> Groups | None:
     """When the integer program finds nothing in time: the fractional optimum rounded down (it
-    fits the GPUs), then one more copy of the columns with the largest fractions while GPUs
-    remain, and the samples still left each to the least-loaded group that can run it (by the
-    additive estimate); None if one fits no group. The local search takes it from there."""
+    fits the GPUs), then, while GPUs remain, a copy of the column that places the most of the
+    samples still unplaced per GPU (each sample counted at its fewest GPU-seconds, so the
+    largest, which fit few groups, go first), and the samples still left each to the
+    least-loaded group that can run it (by the additive estimate); None if one fits no group.
+    The local search takes it from there. (Rounding up the largest fractions instead left a
+    194,400-token video of Open-Sora's 512 on 256 GPUs to a group already at the level: 23%
+    above it, 8% after the local search.)"""
     copies = np.floor(values + 1e-9).astype(np.int64)
     gpus = np.array([table.sizes[j] for j, _ in cols])
+    a = np.stack([col for _, col in cols]).astype(np.int64)  # columns x shapes
+    rows = shapes.first
+    work = (table.add[rows] * np.asarray(table.sizes, dtype=np.float64)[None, :]).min(axis=1)  # per shape
+    left = np.maximum(shapes.counts - copies @ a, 0)
     free = num_gpus - int(copies @ gpus)
-    for c in np.argsort(-(values - copies), kind="stable"):
-        if values[c] - copies[c] > 1e-9 and gpus[c] <= free:
-            copies[c] += 1
-            free -= int(gpus[c])
+    while free > 0 and left.any():
+        placed = np.minimum(a, left[None, :]) @ work
+        score = np.where((gpus <= free) & (placed > 0), placed / gpus, -np.inf)
+        c = int(np.argmax(score))  # ties: the first column
+        if not np.isfinite(score[c]):
+            break
+        copies[c] += 1
+        free -= int(gpus[c])
+        left = np.maximum(left - a[c], 0)
     groups, pool = _fill(cols, copies.tolist(), shapes)
     if not groups:
         return None
