@@ -39,8 +39,11 @@ def test_rounded_fractional_optimum_places_every_sample_within_the_gpus(video, m
     level asked for (by the estimate), below the bound's 1.1 times."""
     cm, batch, table, shapes, lower, upper = video
     n = cm.cluster.num_gpus
-    bound, start = columns.column_bound(table, shapes, n, lower, upper, Deadline(math.inf), steps=12)
-    assert lower <= bound < upper
+    bound, feasible, start = columns.column_bound(table, shapes, n, lower, upper, Deadline(math.inf), steps=12)
+    assert lower <= bound < feasible < upper
+    assert feasible <= bound * (1 + 1e-3)  # 12 bisection steps: the two levels close in
+    short, found, _ = columns.column_bound(table, shapes, n, lower, upper, Deadline(math.inf), steps=1)
+    assert found == pytest.approx((lower + upper) / 2) and short == lower  # one step: feasible halfway
     theta = 1.03 * bound
     monkeypatch.setattr(columns, "_integer", lambda *a, **k: None)
     groups = columns.column_plan(table, shapes, n, theta, Deadline(math.inf), start)
@@ -66,7 +69,7 @@ def test_rounding_places_the_largest_unplaced_videos_on_the_free_gpus(monkeypatc
     shapes = columns.shapes_of(table)
     assert shapes is not None
     lower = capacity_busy(batch, cm, sizes)
-    bound, start = columns.column_bound(table, shapes, 256, lower, 3 * lower, Deadline(math.inf), steps=14)
+    bound, _, start = columns.column_bound(table, shapes, 256, lower, 3 * lower, Deadline(math.inf), steps=14)
     theta = 1.015 * bound
     monkeypatch.setattr(columns, "_integer", lambda *a, **k: None)
     groups = columns.column_plan(table, shapes, 256, theta, Deadline(math.inf), start)

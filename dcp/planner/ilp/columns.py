@@ -200,11 +200,12 @@ Columns = list[tuple[int, np.ndarray]]
 
 
 def column_bound(table: CostTable, shapes: Shapes, num_gpus: int, lower: float, upper: float,
-                 deadline: Deadline, steps: int = 5) -> tuple[float, Columns]:
+                 deadline: Deadline, steps: int = 5) -> tuple[float, float, Columns]:
     """The largest level in [lower, upper] found at which no plan runs (`lower` if none), by
-    bisection on theta, each level's program proven infeasible or feasible; and the columns of
-    the lowest level found feasible (a start for `column_plan`). Columns found at a level proven
-    infeasible fit every level above it, so the next levels start from them."""
+    bisection on theta, each level's program proven infeasible or feasible; the lowest level
+    found feasible (`upper` if none) and its columns (a start for `column_plan`). Columns found
+    at a level proven infeasible fit every level above it, so the next levels start from them.
+    A deadline can stop the bisection with the two levels far apart."""
     lo, hi = lower, upper
     known: Columns = []
     feasible: Columns = []
@@ -220,7 +221,7 @@ def column_bound(table: CostTable, shapes: Shapes, num_gpus: int, lower: float, 
             hi, feasible = theta, master.cols
         else:
             lo, known = theta * (1 - 1e-9), master.cols
-    return lo, feasible
+    return lo, hi, feasible
 
 
 def column_plan(table: CostTable, shapes: Shapes, num_gpus: int, theta: float, deadline: Deadline,
