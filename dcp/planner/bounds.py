@@ -91,7 +91,7 @@ def _bounds(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | No
         if len(memo) >= _MEMO_SIZE:
             del memo[next(iter(memo))]
         work = _Work(*distinct_samples(tokens, pairs), cm, sizes)
-        makespan = _makespan_bound(work, cm.cluster.num_gpus)
+        makespan = group_bound(work, cm, sizes, _makespan_bound(work, cm.cluster.num_gpus), work.fixed_floor)
         released = _released(cm, sizes, tokens, pairs)
         spread = _Spread(cm, sizes, work.tokens, work.pairs, work.weight) if released is not None else None
         link = _link_bound(float(tokens.sum()), cm, sizes)
@@ -427,6 +427,8 @@ class _Work:
         self.longest = float(solo.max()) if len(solo) else 0.0
         self.memory_share = memory_share
         self.time_share = fixed * per_token  # over M - busy: fixed seconds per token when time caps it
+        # The least time any micro-batch takes: the least fixed part at any allowed size and level.
+        self.fixed_floor = max(0.0, min(float(lv.fixed.min()) for lv in levels.values())) if levels else 0.0
 
     def __call__(self, makespan: float) -> float:
         return float(self.costs(makespan) @ self.weight)
