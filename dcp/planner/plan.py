@@ -193,7 +193,7 @@ class Plan:
         if dup:
             raise PlanError(f"batch lists sample {dup[0]} more than once")
         self._check_phases()
-        seen: Counter[int] = Counter()
+        ran: list[int] = []  # every micro-batch's samples, in order (counted once at the end)
         used: set[int] = set()
         phase = 0
         for gi, g in enumerate(self.groups):
@@ -218,16 +218,18 @@ class Plan:
                 where = f" of phase {phase}" if self.num_phases > 1 else ""
                 raise PlanError(f"group {gi}: rank {min(overlap)} is in two groups{where}")
             used.update(g.ranks)
+            limit = self.memory_limit_bytes * (1 + 1e-9)
             for mi, mb in enumerate(g.microbatches):
                 if not mb.samples:
                     raise PlanError(f"group {gi} micro-batch {mi} is empty")
                 if not 0 <= mb.ckpt_layers <= self.num_layers:
                     raise PlanError(f"group {gi} micro-batch {mi}: {mb.ckpt_layers} checkpointed layers "
                                     f"outside 0..{self.num_layers}")
-                if mb.memory_bytes > self.memory_limit_bytes * (1 + 1e-9):
+                if mb.memory_bytes > limit:
                     raise PlanError(f"group {gi} micro-batch {mi} needs {mb.memory_bytes / 1e9:.2f} GB, "
                                     f"more than the {self.memory_limit_bytes / 1e9:.2f} GB per GPU")
-                seen.update(mb.samples)
+                ran.extend(mb.samples)
+        seen = Counter(ran)
         missing = set(ids) - set(seen)
         if missing:
             raise PlanError(f"sample {min(missing)} is in no micro-batch")
