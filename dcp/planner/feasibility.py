@@ -33,9 +33,11 @@ def allowed_sp_sizes(cm: CostModel, requested: Sequence[int] | None = None) -> l
     return sizes
 
 
-def check_feasible(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int]) -> None:
+def check_feasible(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int],
+                   tokens: np.ndarray | None = None) -> None:
     """Raise InfeasibleError naming the first sample that fits nowhere (largest SP, all layers
-    checkpointed) and how much memory it needed."""
+    checkpointed) and how much memory it needed. `tokens`, when given, are the samples' token
+    counts (float64, in batch order), which saves reading them again."""
     p, k = max(sizes), cm.model.num_layers
     room = cm.cluster.memory_bytes
     if cm.static_bytes >= room:
@@ -45,7 +47,8 @@ def check_feasible(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int])
         )
     # Both limits grow with the tokens alone: only samples longer than the largest micro-batch
     # the cost model accepts can fail, and the first of those in batch order is named.
-    tokens = np.fromiter((s.tokens for s in batch), dtype=np.float64, count=len(batch))
+    if tokens is None:
+        tokens = np.fromiter((s.tokens for s in batch), dtype=np.float64, count=len(batch))
     too_long = np.flatnonzero(tokens > min(cm.priceable_tokens(p), cm.max_tokens(p, k)))
     for i in too_long:
         s = batch[int(i)]

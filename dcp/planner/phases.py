@@ -43,7 +43,7 @@ from dcp.planner.feasibility import allowed_sp_sizes, check_feasible
 from dcp.planner.ilp.budget import final_pricing_s
 from dcp.planner.options import IlpOptions
 from dcp.planner.plan import Group, InfeasibleError, Plan, PlanError
-from dcp.planner.pricing import Pricer
+from dcp.planner.pricing import BatchArrays, Pricer
 from dcp.planner.sample import Sample
 from dcp.planner.status import CUT_SHORT
 from dcp.planner.sync import price_step
@@ -87,13 +87,13 @@ they leave GPUs free; the sequential split gets the rest."""
 _TOL = 1e-9
 
 
-def split_order(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int],
-                makespan_s: float) -> tuple[np.ndarray, np.ndarray]:
+def split_order(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], makespan_s: float,
+                arrays: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The batch's indices, the samples that need the largest groups first, and the SP size each
     needs: the smallest allowed at which it fits memory and runs alone within `makespan_s` (a
     lower bound on the busy time: no plan runs it on fewer GPUs), the largest allowed where none
     does. Ties go to the longer sample."""
-    tokens, pairs = sample_arrays(batch)
+    tokens, pairs = arrays if arrays is not None else sample_arrays(batch)
     pricer = Pricer(cm, sizes)
     need = np.full(len(batch), max(sizes))
     for p in sorted(sizes, reverse=True):
@@ -163,9 +163,11 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
     margin_s = min(3 * final_pricing_s(len(batch)), options.time_limit_s / 4)
     deadline = started + options.time_limit_s - margin_s
     sizes = allowed_sp_sizes(cm, options.sp_sizes)
-    check_feasible(batch, cm, sizes)
-    bound_s, busy_s = multi_phase_bound(batch, cm, sizes), multi_phase_busy(batch, cm, sizes)
-    splits, order, need, estimate = _splits(batch, cm, options, sizes, busy_s)
+    arrays = BatchArrays.of(batch)  # read from the samples once, for the bounds and the ILP
+    check_feasible(batch, cm, sizes, arrays.tokens)
+    bound_arrays = (arrays.tokens, arrays.pairs)
+    bound_s, busy_s = multi_phase_bound(batch, cm, sizes, bound_arrays), multi_phase_busy(batch, cm, sizes, bound_arrays)
+    splits, order, need, estimate = _splits(batch, cm, options, sizes, busy_s, bound_arrays)
     reserve_s = 0.0
     if splits:  # a split whose own bound meets the batch's can reach it: give it more time
         reaches = min(estimate[k - 1] for k in splits) <= busy_s * (1 + options.mip_rel_gap)
@@ -175,20 +177,20 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
     # take about one final pricing (32,768 samples: 0.1 s).
     kept_s = reserve_s + margin_s if reserve_s else min(final_pricing_s(len(batch)), options.time_limit_s / 4)
     single_s = options.time_limit_s - kept_s
-    single = solve_ilp(batch, cm, dataclasses.replace(options, time_limit_s=single_s), started)
+    single = solve_ilp(batch, cm, dataclasses.replace(options, time_limit_s=single_s), started, arrays)
     phased, why = _search(batch, cm, options, single, bound_s, deadline, splits, order, need, estimate)
     return _report(phased or single, single, bound_s, why, started)
 
 
-def _splits(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, sizes: Sequence[int],
-            busy_s: float) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
+def _splits(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, sizes: Sequence[int], busy_s: float,
+            arrays: tuple[np.ndarray, np.ndarray]) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
     """The splits worth planning (phase-1 sizes k, in order), the batch order they split and
     every split's bound (`split_order`, `split_estimates`); no split where only small groups are
     needed: a group of fewer than `MIN_NEED_SHARE` of the GPUs that runs the rest of the step at
     its size costs a single layout little."""
     if options.max_phases < 2 or len(batch) < 2 or cm.training.zero_stage == 3:
         return [], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0)
-    order, need = split_order(batch, cm, sizes, busy_s)
+    order, need = split_order(batch, cm, sizes, busy_s, arrays)
     least = max(2, MIN_NEED_SHARE * cm.cluster.num_gpus)
     splits = split_candidates(need, [q for q in sizes if q >= least])
     return splits, order, need, split_estimates(batch, cm, sizes, order) if splits else np.zeros(0)

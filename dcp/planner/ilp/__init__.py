@@ -40,6 +40,7 @@ from dcp.planner.ilp.budget import Budget
 from dcp.planner.ilp.search import Search
 from dcp.planner.options import IlpOptions
 from dcp.planner.plan import InfeasibleError, Plan
+from dcp.planner.pricing import BatchArrays
 from dcp.planner.sample import Sample
 from dcp.planner.status import CUT_SHORT, NOT_RUN
 
@@ -48,14 +49,17 @@ EXACT_MAX_SAMPLES = 6
 EXACT_MAX_GPUS = 8
 
 
-def solve_ilp(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, started: float | None = None) -> Plan:
+def solve_ilp(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, started: float | None = None,
+              arrays: BatchArrays | None = None) -> Plan:
     """Plan one global batch with the ILP planner (see the module docstring); the time limit
     counts from `started` (perf_counter, default now: `dcp.planner.solve` passes its own start,
-    so that checking the inputs is inside the limit too)."""
+    so that checking the inputs is inside the limit too). `arrays`, when given, are the batch's
+    (`BatchArrays.of(batch)`), which saves reading tens of thousands of samples again."""
     budget = Budget.start(options.time_limit_s, len(batch), started)
     sizes = allowed_sp_sizes(cm, options.sp_sizes)
-    check_feasible(batch, cm, sizes)
-    search = Search(batch, cm, sizes, options, budget)
+    arrays = arrays if arrays is not None else BatchArrays.of(batch)
+    check_feasible(batch, cm, sizes, arrays.tokens)
+    search = Search(batch, cm, sizes, options, budget, arrays)
     search.warm_start()
     if search.incumbent.best is None:
         raise InfeasibleError(f"ilp: no plan found with at most {options.max_microbatches} micro-batches per group")

@@ -65,10 +65,10 @@ class Search:
     """The batch, its cost table and bounds, the incumbent; the program phases as methods."""
 
     def __init__(self, batch: Sequence[Sample], cm: CostModel, sizes: list[int], options: IlpOptions,
-                 budget: Budget) -> None:
+                 budget: Budget, arrays: BatchArrays | None = None) -> None:
         t0 = time.perf_counter()
         self.batch, self.cm, self.sizes, self.options, self.budget = list(batch), cm, sizes, options, budget
-        self.arrays = BatchArrays.of(batch)
+        self.arrays = arrays if arrays is not None else BatchArrays.of(batch)
         if len(batch) >= PROBE_FROM:  # a small batch's reserve is too small to tune (`Budget.slowdown`)
             budget.probe_s = machine_probe_s()
         self.pricer = Pricer(cm, sizes)
