@@ -204,3 +204,26 @@ def test_longest_sample_alone_on_half_the_cluster_charges_the_other_half() -> No
     plan = solve(batch, cm.cluster, cm, IlpOptions(time_limit_s=1.0))
     assert plan.lower_bound_s <= plan.step_time_s
     assert plan.lower_bound_s >= multi_phase_busy(batch, cm) + cm.grad_sync_s() - 1e-9
+
+
+def test_coarse_classes_keep_the_bounds_valid_and_close() -> None:
+    """Thousands of distinct lengths: the group and spread bounds run on at most 2,048 classes,
+    the 16 longest samples as they are and the rest rounded down, so the group bound can only
+    fall, and here by less than 0.1%; every sample is still counted once."""
+    from dcp.planner.bound_group import group_bound
+    from dcp.planner.bounds import _COARSE, _coarse
+
+    cm = cost_model(gpus=256)
+    batch = make_batches("lognormal:scale=16", cm, global_batch=8192, steps=1, seed=0)[0]
+    sizes = tuple(allowed_sp_sizes(cm))
+    work = _Work(*distinct_samples(*sample_arrays(batch)), cm, sizes)
+    assert len(work.tokens) > _COARSE
+    tokens, pairs, weight = _coarse(work)
+    assert len(tokens) <= _COARSE and weight.sum() == len(batch)
+    top = np.sort(work.tokens)[-16:]
+    assert np.array_equal(np.sort(tokens)[-16:], top)
+    coarse = _Work(tokens, pairs, weight, cm, sizes)
+    pooled = _makespan_bound(work, cm.cluster.num_gpus)
+    for floor in (None, work.fixed_floor):
+        exact, rounded = group_bound(work, cm, sizes, pooled, floor), group_bound(coarse, cm, sizes, pooled, floor)
+        assert exact * (1 - 1e-3) <= rounded <= exact * (1 + 1e-4)  # 1e-4: the bisections' width

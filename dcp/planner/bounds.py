@@ -32,6 +32,10 @@ rounded down to geometric length classes (a smaller sample never raises the boun
 _MEMO: weakref.WeakKeyDictionary[CostModel, dict[tuple, _Floors]] = weakref.WeakKeyDictionary()
 """Recent bounds per cost model: every baseline plan of a batch reports the same bound."""
 _MEMO_SIZE = 16
+_COARSE = 2048
+"""Classes of samples at most for the bounds that price every sample at many busy times..."""
+_COARSE_EXACT = 16
+"""...of which the longest samples keep their own."""
 _RELEASE_SAMPLES = 4
 """How many of the longest samples `_released` prices (any subset of the batch gives a bound)."""
 
@@ -91,11 +95,15 @@ def _bounds(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | No
         if len(memo) >= _MEMO_SIZE:
             del memo[next(iter(memo))]
         work = _Work(*distinct_samples(tokens, pairs), cm, sizes)
-        makespan = group_bound(work, cm, sizes, _makespan_bound(work, cm.cluster.num_gpus), work.fixed_floor)
+        # The longest sample's group and the spread release on at most _COARSE classes of samples,
+        # each rounded down (`_round_down`: a bound can only fall): they evaluate every sample at
+        # many busy times, and 20,000 distinct lengths made them a quarter of a 1 s solve.
+        coarse = work if len(work.tokens) <= _COARSE else _Work(*_coarse(work), cm, sizes)
+        makespan = group_bound(coarse, cm, sizes, _makespan_bound(work, cm.cluster.num_gpus), coarse.fixed_floor)
         released = _released(cm, sizes, tokens, pairs)
-        spread = _Spread(cm, sizes, work.tokens, work.pairs, work.weight) if released is not None else None
+        spread = _Spread(cm, sizes, coarse.tokens, coarse.pairs, coarse.weight) if released is not None else None
         link = _link_bound(float(tokens.sum()), cm, sizes)
-        single = group_bound(work, cm, sizes, makespan)
+        single = group_bound(coarse, cm, sizes, makespan)
         memo[key] = _Floors(max(_least_step(cm, makespan, sizes, released, spread), link),
                             max(_least_step(cm, single, sizes, released, spread), link),
                             None if spread is None else np.maximum(released, spread.at(math.inf)), makespan)
@@ -353,6 +361,16 @@ def _makespan_bound(work: _Work, n: int) -> float:
             hi, f_hi = mid, f_mid
             f_lo, side = (f_lo / 2, -1) if side == -1 else (f_lo, -1)
     return lo
+
+
+def _coarse(work: _Work) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`work`'s samples in at most `_COARSE` classes: the `_COARSE_EXACT` longest as they are
+    (the group bound charges the longest), the rest rounded down (`_round_down`)."""
+    order = np.argsort(work.tokens, kind="stable")
+    rest, top = order[:-_COARSE_EXACT], order[-_COARSE_EXACT:]
+    t, a, w = _round_down(work.tokens[rest], work.pairs[rest], work.weight[rest], _COARSE - _COARSE_EXACT)
+    return (np.concatenate([t, work.tokens[top]]), np.concatenate([a, work.pairs[top]]),
+            np.concatenate([w, work.weight[top]]))
 
 
 def _round_down(tokens: np.ndarray, pairs: np.ndarray, weight: np.ndarray,
