@@ -34,6 +34,10 @@ than one short probe (which a single preemption either misses or dominates); the
 two counts. (A pass over the batch's samples timed the machine before: its speed follows where
 the samples lie in memory, 1.3 to 6 ms at 32,768 samples on the same machine, and at 6 ms the
 reserve took half the limit.)"""
+FINISH_PRICINGS = 1.5
+"""The final assembly takes up to this many times the longest candidate pricing of the search
+(wikipedia, 32,768 samples on 1,024 GPUs: pricings of 0.09-0.12 s, assemblies of 0.10-0.18 s,
+above `final_pricing_s` at 0.14 s)."""
 PROBE_FROM = 1000
 """Batches of fewer samples take no probe: their reserve is a few milliseconds anyway."""
 MIN_SLOWDOWN = 1.5
@@ -102,9 +106,15 @@ class Budget:
     def deadline(self) -> float:
         """When searching must stop so that the final assembly ends within the limit."""
         if self.plan_dims is not None:
-            self.reserve_s = min(final_pricing_s(*self.plan_dims, self.slowdown()),
-                                 self.limit_s / 2)
+            self.reserve_s = self._reserve(*self.plan_dims)
         return self.started + self.limit_s - self.reserve_s
+
+    def _reserve(self, samples: int, microbatches: int, groups: int) -> float:
+        """What assembling and validating the incumbent will take: `final_pricing_s` at the
+        slowdown, and at least `FINISH_PRICINGS` times the longest candidate pricing so far (it
+        runs much of the same work on this batch, on this machine, now), at most half the limit."""
+        return min(max(final_pricing_s(samples, microbatches, groups, self.slowdown()),
+                       FINISH_PRICINGS * self.pricing_s), self.limit_s / 2)
 
     @property
     def search_deadline(self) -> float:
@@ -123,7 +133,7 @@ class Budget:
     def plan_size(self, samples: int, microbatches: int, groups: int) -> None:
         """The incumbent changed: keep back what assembling it will take."""
         self.plan_dims = (samples, microbatches, groups)
-        self.reserve_s = min(final_pricing_s(samples, microbatches, groups, self.slowdown()), self.limit_s / 2)
+        self.reserve_s = self._reserve(samples, microbatches, groups)
 
     def left(self) -> float:
         return self.deadline - time.perf_counter()
