@@ -320,3 +320,30 @@ def test_the_machine_probe_is_the_faster_of_two_runs(monkeypatch) -> None:  # no
     Search(batch, cm, allowed_sp_sizes(cm), IlpOptions(), budget)
     assert 0 < budget.probe_s < 0.01
     assert budget.probe_s < 6 * PROBE_S  # the probe alone never claims the largest slowdown here
+
+
+@pytest.mark.parametrize("collecting", [True, False])
+def test_solve_pauses_garbage_collection_and_restores_the_callers_state(collecting: bool, monkeypatch) -> None:  # noqa: ANN001
+    """A time-limited solve runs without cyclic garbage collection (a full collection of a large
+    heap in the final assembly cost 0.1-0.3 s past the limit) and leaves it as it found it."""
+    import gc
+
+    from dcp.planner import phases
+
+    seen = []
+    real = phases.solve_phased
+
+    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        seen.append(gc.isenabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(phases, "solve_phased", spy)
+    cm = tiny_cm(2, 2)
+    was = gc.isenabled()
+    (gc.enable if collecting else gc.disable)()
+    try:
+        plan = solve([100, 200, 300], cm.cluster, cm, IlpOptions(time_limit_s=1.0))
+        assert gc.isenabled() is collecting
+    finally:
+        (gc.enable if was else gc.disable)()
+    assert seen == [False] and plan.step_time_s > 0

@@ -46,9 +46,11 @@ def solve(batch: Sequence[Sample] | Sequence[int], cluster: Cluster, cost_model:
 
 def _solve(batch: Sequence[Sample], cost_model: CostModel, options: StrategyOptions, started: float) -> Plan:
     if isinstance(options, IlpOptions):
+        from dcp.planner.ilp.budget import paused_gc
         from dcp.planner.phases import solve_phased
 
-        return solve_phased(batch, cost_model, options, started)
+        with paused_gc():  # within its time limit, whatever the caller's heap
+            return solve_phased(batch, cost_model, options, started)
     if isinstance(options, GreedyOptions):
         from dcp.planner.greedy import solve_greedy
 
