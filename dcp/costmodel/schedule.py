@@ -426,11 +426,11 @@ class _BackwardShares:
 
 
 _SHARES: weakref.WeakKeyDictionary[CostModel, dict[tuple[int, ...], _BackwardShares]] = weakref.WeakKeyDictionary()
+"""`_BackwardShares` per cost model and set of sizes (a pure function of both)."""
 _LAYER_TIMES: weakref.WeakKeyDictionary[CostModel, dict[tuple[MicroBatchShape, int, SPLayout], LayerTimes]] = \
     weakref.WeakKeyDictionary()
 """`_Step.layer_times` per cost model (cleared past `_LAYER_TIMES_MAX` entries)."""
 _LAYER_TIMES_MAX = 50_000
-"""`_BackwardShares` per cost model and set of sizes (a pure function of both)."""
 
 
 def least_link_s(cm: CostModel, slots: int) -> float:

@@ -141,10 +141,10 @@ def group_bound(work: object, cm: CostModel, sizes: Sequence[int], lo: float,
     the knapsack above holds as it is. Where it is longer, their room takes off the others at
     most a GPU-second each, or a sample's cost less its marginal time at p where it joins i's
     micro-batch (`_room_or_saved`). (Each condition only weakens as M grows, and the second is
-    weaker than the first, so feasibility still only grows with M.) It binds where the longest sample alone nearly fills the step on a large group:
-    wikipedia's 168,456-token sample runs 0.378 s on 512 of 1,024 GPUs, within the pooled
-    bound of 0.378 s, while the other 2,047 samples need more than the other 512 GPUs give in
-    that time (bound 0.393 s)."""
+    weaker than the first, so feasibility still only grows with M.) It binds where the longest
+    sample alone nearly fills the step on a large group: wikipedia's 168,456-token sample runs
+    0.378 s on 512 of 1,024 GPUs, within the pooled bound of 0.378 s, while the other 2,047
+    samples need more than the other 512 GPUs give in that time (bound 0.393 s)."""
     tokens, pairs, weight = work.tokens, work.pairs, work.weight
     if len(tokens) < 2 or not math.isfinite(lo) or lo <= 0:
         return lo

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -153,9 +152,13 @@ def chain(strategy: str, batch: Sequence[Sample], plans: Sequence[Plan], cm: Cos
     return out.validate()
 
 
-def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, started: float | None = None) -> Plan:
+def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, started: float | None = None, *,
+                 warn: bool = True) -> Plan:
     """The ILP's plan with up to `options.max_phases` phases (see the module docstring), within
-    `options.time_limit_s` from `started` (perf_counter; default now)."""
+    `options.time_limit_s` from `started` (perf_counter; default now). A solver failure of the
+    single layout warns with `warn` (`solve_ilp`); one of a split's parts never does: the split
+    is a candidate priced and validated against the single layout, and its part keeps its warm
+    start."""
     from dcp.planner.ilp import solve_ilp
 
     started = time.perf_counter() if started is None else started
@@ -177,7 +180,7 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
     # take about one final pricing (32,768 samples: 0.1 s).
     kept_s = reserve_s + margin_s if reserve_s else min(final_pricing_s(len(batch)), options.time_limit_s / 4)
     single_s = options.time_limit_s - kept_s
-    single = solve_ilp(batch, cm, dataclasses.replace(options, time_limit_s=single_s), started, arrays)
+    single = solve_ilp(batch, cm, dataclasses.replace(options, time_limit_s=single_s), started, arrays, warn=warn)
     phased, why = _search(batch, cm, options, single, bound_s, deadline, splits, order, need, estimate)
     return _report(phased or single, single, bound_s, why, started)
 
@@ -227,16 +230,12 @@ def _search(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, single:
         # The first split gets most of the time (the ILP stops early once it proves its plan).
         seconds = left * (FIRST_SHARE if i == 0 and len(ranked) > 1 else 1 / (len(ranked) - i))
         found: list[tuple[Plan | None, str]] = []
-        with warnings.catch_warnings():
-            # A part's solver failure leaves that part its warm start: the split is a candidate
-            # against the single layout, priced and validated like it, not the user's warning.
-            warnings.filterwarnings("ignore", message="ilp: ", category=UserWarning)
-            if own[k] < n and seconds * BESIDE_SHARE >= MIN_BESIDE_S:
-                found.append((_plan_beside(batch, cm, options, order, k, own[k], seconds * BESIDE_SHARE, bound_s),
-                              f"on {own[k]} GPUs, the rest beside them"))
-                seconds *= 1 - BESIDE_SHARE
-            if estimate[k - 1] < single_busy * (1 - _TOL):
-                found.append((_plan_split(batch, cm, options, order, k, seconds, bound_s), "first"))
+        if own[k] < n and seconds * BESIDE_SHARE >= MIN_BESIDE_S:
+            found.append((_plan_beside(batch, cm, options, order, k, own[k], seconds * BESIDE_SHARE, bound_s),
+                          f"on {own[k]} GPUs, the rest beside them"))
+            seconds *= 1 - BESIDE_SHARE
+        if estimate[k - 1] < single_busy * (1 - _TOL):
+            found.append((_plan_split(batch, cm, options, order, k, seconds, bound_s), "first"))
         tried += 1
         for plan, how in found:
             if plan is not None and plan.step_time_s < (best or single).step_time_s * (1 - _TOL):
@@ -258,10 +257,11 @@ def _plan_split(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, ord
     tail = [batch[i] for i in order[k:].tolist()]
     t0 = time.perf_counter()
     try:
-        first = solve_ilp(head, cm, dataclasses.replace(options, time_limit_s=max(seconds * HEAD_SHARE, 1e-3)))
+        first = solve_ilp(head, cm, dataclasses.replace(options, time_limit_s=max(seconds * HEAD_SHARE, 1e-3)),
+                          warn=False)
         rest_s = max(seconds - (time.perf_counter() - t0), 1e-3)
         sub = dataclasses.replace(options, time_limit_s=rest_s, max_phases=options.max_phases - 1)
-        second = solve_phased(tail, cm, sub) if sub.max_phases > 1 else solve_ilp(tail, cm, sub)
+        second = solve_phased(tail, cm, sub, warn=False) if sub.max_phases > 1 else solve_ilp(tail, cm, sub, warn=False)
     except InfeasibleError:
         return None
     out = None
@@ -303,7 +303,8 @@ def _plan_beside(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, or
     t0 = time.perf_counter()
     near, far = sub_cluster(cm, gpus), sub_cluster(cm, n - gpus)
     try:
-        first = solve_ilp(head, near, dataclasses.replace(options, time_limit_s=max(seconds * HEAD_SHARE, 1e-3)))
+        first = solve_ilp(head, near, dataclasses.replace(options, time_limit_s=max(seconds * HEAD_SHARE, 1e-3)),
+                          warn=False)
         tokens, pairs = sample_arrays([batch[i] for i in rest.tolist()])
         work, solo = sample_floors(tokens, pairs, cm, allowed_sp_sizes(cm, options.sp_sizes))
         busy = first.busy_s()
@@ -322,10 +323,10 @@ def _plan_beside(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, or
                 done_a += w
         left = max(seconds - (time.perf_counter() - t0), 1e-3)
         share = len(part_a) / max(len(part_a) + len(part_b), 1)
-        plan_a = solve_ilp(part_a, far, dataclasses.replace(options, time_limit_s=max(left * share, 1e-3))) \
+        plan_a = solve_ilp(part_a, far, dataclasses.replace(options, time_limit_s=max(left * share, 1e-3)), warn=False) \
             if part_a else None
         left = max(seconds - (time.perf_counter() - t0), 1e-3)
-        plan_b = solve_ilp(part_b, near, dataclasses.replace(options, time_limit_s=left)) if part_b else None
+        plan_b = solve_ilp(part_b, near, dataclasses.replace(options, time_limit_s=left), warn=False) if part_b else None
     except InfeasibleError:
         return None
 

@@ -196,6 +196,7 @@ class Plan:
         ran: list[int] = []  # every micro-batch's samples, in order (counted once at the end)
         used: set[int] = set()
         phase = 0
+        limit = self.memory_limit_bytes * (1 + 1e-9)
         for gi, g in enumerate(self.groups):
             if g.phase != phase:
                 phase, used = g.phase, set()
@@ -218,7 +219,6 @@ class Plan:
                 where = f" of phase {phase}" if self.num_phases > 1 else ""
                 raise PlanError(f"group {gi}: rank {min(overlap)} is in two groups{where}")
             used.update(g.ranks)
-            limit = self.memory_limit_bytes * (1 + 1e-9)
             for mi, mb in enumerate(g.microbatches):
                 if not mb.samples:
                     raise PlanError(f"group {gi} micro-batch {mi} is empty")

@@ -50,11 +50,13 @@ EXACT_MAX_GPUS = 8
 
 
 def solve_ilp(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, started: float | None = None,
-              arrays: BatchArrays | None = None) -> Plan:
+              arrays: BatchArrays | None = None, *, warn: bool = True) -> Plan:
     """Plan one global batch with the ILP planner (see the module docstring); the time limit
     counts from `started` (perf_counter, default now: `dcp.planner.solve` passes its own start,
     so that checking the inputs is inside the limit too). `arrays`, when given, are the batch's
-    (`BatchArrays.of(batch)`), which saves reading tens of thousands of samples again."""
+    (`BatchArrays.of(batch)`), which saves reading tens of thousands of samples again. A solver
+    failure is always in the plan's notes, and a warning too with `warn` (the phase search's
+    parts are candidates it prices against the single layout, not the user's plan)."""
     budget = Budget.start(options.time_limit_s, len(batch), started)
     sizes = allowed_sp_sizes(cm, options.sp_sizes)
     arrays = arrays if arrays is not None else BatchArrays.of(batch)
@@ -70,7 +72,8 @@ def solve_ilp(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, start
         search.aggregated_program()
     if search.failed is not None:
         msg = f"ilp: {options.solver} failed ({search.failed}); returning the warm start ({warm_source})"
-        warnings.warn(msg, stacklevel=3)
+        if warn:
+            warnings.warn(msg, stacklevel=3)
         search.notes.append(msg)
     return finish(search)
 

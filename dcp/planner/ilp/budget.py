@@ -36,16 +36,17 @@ than one short probe (which a single preemption either misses or dominates); the
 two counts. (A pass over the batch's samples timed the machine before: its speed follows where
 the samples lie in memory, 1.3 to 6 ms at 32,768 samples on the same machine, and at 6 ms the
 reserve took half the limit.)"""
-FINISH_PRICINGS = 1.5
-"""The final assembly takes up to this many times the longest candidate pricing of the search
-(wikipedia, 32,768 samples on 1,024 GPUs: pricings of 0.09-0.12 s, assemblies of 0.10-0.18 s,
-above `final_pricing_s` at 0.14 s)."""
-PRICING_MARGIN = 1.5
 PROBE_FROM = 1000
 """Batches of fewer samples take no probe: their reserve is a few milliseconds anyway."""
 MIN_SLOWDOWN = 1.5
 MAX_SLOWDOWN = 6.0
 MIN_CPU_S = 0.02
+FINISH_PRICINGS = 1.5
+"""The final assembly takes up to this many times the longest candidate pricing of the search
+(wikipedia, 32,768 samples on 1,024 GPUs: pricings of 0.09-0.12 s, assemblies of 0.10-0.18 s,
+above `final_pricing_s` at 0.14 s)."""
+PRICING_MARGIN = 1.5
+"""A search step stops this many longest pricings before the deadline (`search_deadline`)."""
 
 
 def final_pricing_s(samples: int, microbatches: int = 0, groups: int = 0, slowdown: float = 2.0) -> float:

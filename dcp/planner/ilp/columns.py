@@ -16,9 +16,10 @@ dynamic programming on the weights in `UNITS` steps of theta). Two uses:
   program needs more than N GPUs (Farley's bound proves it before the columns run out), no plan
   runs within theta: the busy time is above it. Much tighter than counting cuts when a few
   large videos fill each group.
-- plan: weights are the additive estimates (`CostTable.add`, rounded up) within theta less one
-  micro-batch's fixed cost (the canonical packing's rounding); the integer program over the
-  columns found gives groups that fit theta by that estimate, priced exactly afterwards; when
+- plan: weights are the additive estimates (`CostTable.add`, each sample's share of the fixed
+  cost included, rounded up) within theta; the integer program over the columns found gives
+  groups that fit theta by that estimate (the canonical packing's rounding can add up to one
+  micro-batch's fixed cost), priced exactly afterwards; when
   it finds none within its share of the time (`IP_SHARE`), the fractional optimum rounded
   (`_rounded`) is the start the local search takes instead (Open-Sora, 2,048 videos on 256
   GPUs: the cell's mean gap from 2.33% to 1.87%).
@@ -274,8 +275,8 @@ def _rounded(cols: Columns, values: np.ndarray, shapes: Shapes, table: CostTable
     largest, which fit few groups, go first), and the samples still left each to the
     least-loaded group that can run it (by the additive estimate); None if one fits no group.
     The local search takes it from there. (Rounding up the largest fractions instead left a
-    194,400-token video of Open-Sora's 512 on 256 GPUs to a group already at the level: 23%
-    above it, 8% after the local search.)"""
+    194,400-token video of Open-Sora's 512 on 256 GPUs to a group already at the level: 21%
+    above it, 7% after the local search.)"""
     copies = np.floor(values + 1e-9).astype(np.int64)
     gpus = np.array([table.sizes[j] for j, _ in cols])
     a = np.stack([col for _, col in cols]).astype(np.int64)  # columns x shapes
