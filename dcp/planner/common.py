@@ -49,9 +49,11 @@ def assemble_indices(strategy: str, batch: Sequence[Sample], cm: CostModel, layo
                      ckpt: Sequence[Sequence[int]] | None = None, *, started: float | None = None,
                      solver_status: str = "heuristic", gap: float | None = None,
                      lower_bound_s: float | None = None, notes: Sequence[str] = (),
-                     pricer: Pricer | None = None, arrays: BatchArrays | None = None, validate: bool = True) -> Plan:
+                     pricer: Pricer | None = None, arrays: BatchArrays | None = None, validate: bool = True,
+                     step: bool = True) -> Plan:
     """`assemble` for micro-batches given as batch indices (what the strategies compute);
-    without `validate` the caller validates it (once it has set its bound)."""
+    without `validate` the caller validates it (once it has set its bound), without `step` it
+    does not price the step (a part of a multi-phase plan: `backfill`)."""
     arrays = arrays if arrays is not None else BatchArrays.of(batch)
     pricer = pricer or Pricer(cm, sorted({p for _, p, _ in layout}))
     priced = price_layout(layout, arrays, pricer, ckpt)
@@ -82,5 +84,6 @@ def assemble_indices(strategy: str, batch: Sequence[Sample], cm: CostModel, layo
         solve_time_s=(time.perf_counter() - started) if started is not None else 0.0,
         solver_status=solver_status, gap=gap, notes=list(notes),
     )
-    price_step(plan, cm)  # the step as the executor's schedule runs it (dcp.planner.sync)
+    if step:
+        price_step(plan, cm)  # the step as the executor's schedule runs it (dcp.planner.sync)
     return plan.validate() if validate else plan

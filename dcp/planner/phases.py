@@ -36,9 +36,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from dcp.costmodel import Cluster, CostModel
+from dcp.planner.backfill import backfill_plan
 from dcp.planner.bounds import multi_phase_bound, multi_phase_busy, sample_arrays, sample_floors
 from dcp.planner.common import assemble
 from dcp.planner.feasibility import allowed_sp_sizes, check_feasible
+from dcp.planner.ilp import Beaten, solve_ilp, solve_ilp_against
 from dcp.planner.ilp.budget import final_pricing_s
 from dcp.planner.options import IlpOptions
 from dcp.planner.plan import Group, InfeasibleError, Plan, PlanError
@@ -84,6 +86,7 @@ BESIDE_SHARE = 0.85
 """Share of a split's time for planning the rest beside the k samples (`_plan_beside`), when
 they leave GPUs free; the sequential split gets the rest."""
 _TOL = 1e-9
+BACKFILL = "the samples that need SP > 1 first, the rest after them at SP 1"
 
 
 def split_order(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], makespan_s: float,
@@ -159,7 +162,6 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
     single layout warns with `warn` (`solve_ilp`); one of a split's parts never does: the split
     is a candidate priced and validated against the single layout, and its part keeps its warm
     start."""
-    from dcp.planner.ilp import solve_ilp
 
     started = time.perf_counter() if started is None else started
     # Chaining a split's phases, validating and reporting the plan come after the search.
@@ -180,9 +182,25 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
     # take about one final pricing (32,768 samples: 0.1 s).
     kept_s = reserve_s + margin_s if reserve_s else min(final_pricing_s(len(batch)), options.time_limit_s / 4)
     single_s = options.time_limit_s - kept_s
-    single = solve_ilp(batch, cm, dataclasses.replace(options, time_limit_s=single_s), started, arrays, warn=warn)
+    # The backfill plan first (a few tenths of a second at 32,768 samples): the single layout's
+    # limit counts from `started`, so it gets what is left, and is not assembled if it cannot win.
+    fill = backfill_plan(batch, cm, sizes, busy_s, arrays, options.max_microbatches) if options.max_phases >= 2 else None
+    single = solve_ilp_against(batch, cm, dataclasses.replace(options, time_limit_s=single_s), started, arrays,
+                               warn=warn, beat_s=fill.step_time_s if fill is not None else None)
+    if isinstance(single, Beaten):
+        assert fill is not None
+        return _report(fill, single.solver_status, single.notes, 0.0, bound_s,
+                       f"phases: backfill ({BACKFILL}), {fill.step_time_s:.3f} s; the single layout cannot "
+                       "run faster (not assembled)", started)
     phased, why = _search(batch, cm, options, single, bound_s, deadline, splits, order, need, estimate)
-    return _report(phased or single, single, bound_s, why, started)
+    best = phased or single
+    if fill is not None and fill.step_time_s < best.step_time_s * (1 - _TOL):
+        why = (f"phases: backfill ({BACKFILL}), {fill.step_time_s:.3f} s against the single layout's "
+               f"{single.step_time_s:.3f} s" + (f" and the split's {phased.step_time_s:.3f} s" if phased else "")
+               + f"; {why}")
+        best = fill
+    return _report(best, single.solver_status, single.notes, single.lower_bound_s, bound_s, why, started,
+                   validated=best is single or best is fill)
 
 
 def _splits(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, sizes: Sequence[int], busy_s: float,
@@ -251,8 +269,6 @@ def _plan_split(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, ord
                 seconds: float, bound_s: float) -> Plan | None:
     """Phase 1 the `k` first samples of `order`, phase 2 the rest, each planned in its share of
     `seconds`; the better of phase 2 as laid out and mirrored; None if a part cannot be planned."""
-    from dcp.planner.ilp import solve_ilp
-
     head = [batch[i] for i in order[:k].tolist()]
     tail = [batch[i] for i in order[k:].tolist()]
     t0 = time.perf_counter()
@@ -295,8 +311,6 @@ def _plan_beside(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, or
     to A those that alone would run over half of B's window, the others along the order each to
     the part furthest behind its share. Each part planned by the
     single-layout ILP on its GPUs (`sub_cluster`), then priced as one plan on the cluster."""
-    from dcp.planner.ilp import solve_ilp
-
     n = cm.cluster.num_gpus
     head = [batch[i] for i in order[:k].tolist()]
     rest = order[k:]
@@ -343,21 +357,21 @@ def _plan_beside(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, or
         return None
 
 
-def _report(plan: Plan, single: Plan, bound_s: float, why: str, started: float) -> Plan:
+def _report(plan: Plan, status: str, single_notes: Sequence[str], single_bound_s: float, bound_s: float, why: str,
+            started: float, *, validated: bool = True) -> Plan:
     """`plan` with the bound every runnable plan respects, its gap, and notes saying how it came
-    about and what the single-layout bound was."""
+    about and what the single-layout ILP's status, notes and bound were; validated unless it was
+    already (only its bound, gap, notes and status change here)."""
     step = plan.step_time_s
     plan.lower_bound_s = min(bound_s, step)
     plan.gap = max(0.0, (step - plan.lower_bound_s) / step) if step > 0 else 0.0
-    notes = [n for n in single.notes if not n.startswith("seconds: ")]
-    if single.lower_bound_s > bound_s * (1 + _TOL):
-        notes.append(f"bound {single.lower_bound_s:.3f} s for single-layout plans only (the solver's); "
+    notes = [n for n in single_notes if not n.startswith("seconds: ")]
+    if single_bound_s > bound_s * (1 + _TOL):
+        notes.append(f"bound {single_bound_s:.3f} s for single-layout plans only (the solver's); "
                      f"every plan, multi-phase included: {bound_s:.3f} s")
     notes.append(why)
-    notes += [n for n in single.notes if n.startswith("seconds: ")]
+    notes += [n for n in single_notes if n.startswith("seconds: ")]
     plan.notes = notes
+    plan.solver_status = status + (f", {plan.num_phases} phases" if plan.num_phases > 1 else "")
     plan.solve_time_s = time.perf_counter() - started
-    if plan is single:  # validated by the ILP's finish; only its bound, gap and notes changed here
-        return plan
-    plan.solver_status = single.solver_status + f", {plan.num_phases} phases"
-    return plan.validate()
+    return plan if validated else plan.validate()

@@ -31,6 +31,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from dcp.costmodel import CostModel
 from dcp.planner.bounds import step_floor
@@ -49,6 +50,15 @@ EXACT_MAX_SAMPLES = 6
 EXACT_MAX_GPUS = 8
 
 
+@dataclass
+class Beaten:
+    """What `solve_ilp_against` returns when its plan cannot run faster than the step it was
+    given: the program's status and notes, as the plan would have had them (not assembled)."""
+
+    solver_status: str
+    notes: list[str]
+
+
 def solve_ilp(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, started: float | None = None,
               arrays: BatchArrays | None = None, *, warn: bool = True) -> Plan:
     """Plan one global batch with the ILP planner (see the module docstring); the time limit
@@ -57,6 +67,17 @@ def solve_ilp(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, start
     (`BatchArrays.of(batch)`), which saves reading tens of thousands of samples again. A solver
     failure is always in the plan's notes, and a warning too with `warn` (the phase search's
     parts are candidates it prices against the single layout, not the user's plan)."""
+    plan = solve_ilp_against(batch, cm, options, started, arrays, warn=warn)
+    assert isinstance(plan, Plan)
+    return plan
+
+
+def solve_ilp_against(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, started: float | None = None,
+                      arrays: BatchArrays | None = None, *, warn: bool = True,
+                      beat_s: float | None = None) -> Plan | Beaten:
+    """`solve_ilp`, against a plan in hand that runs `beat_s`: when no step the incumbent can
+    have (its busy time plus the least synchronization, or its fastest scheduled step) is faster,
+    the plan is not assembled (32,768 samples: 0.1 s) and its status and notes come back."""
     budget = Budget.start(options.time_limit_s, len(batch), started)
     sizes = allowed_sp_sizes(cm, options.sp_sizes)
     arrays = arrays if arrays is not None else BatchArrays.of(batch)
@@ -75,6 +96,13 @@ def solve_ilp(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, start
         if warn:
             warnings.warn(msg, stacklevel=3)
         search.notes.append(msg)
+    best, fastest = search.incumbent.best, search.incumbent.fastest_step
+    if beat_s is not None and best is not None:
+        least = min(best.busy_s + search.sync, fastest[0] if fastest is not None else float("inf"))
+        if least >= beat_s:
+            seconds = "seconds: " + ", ".join(f"{k} {v:.3f}" for k, v in budget.spent_s.items())
+            return Beaten(f"{options.solver}: {_status(search)}",
+                          [f"best plan from: {best.source}", *_notes(search), seconds])
     return finish(search)
 
 
@@ -84,10 +112,7 @@ def finish(search: Search) -> Plan:
     assert best is not None
     t0 = time.perf_counter()
     status = _status(search)
-    notes = [f"best plan from: {best.source}"]
-    notes += [f"{what} skipped: {CUT_SHORT}" for what in budget.cut]
-    notes += [f"{what} cut short: {CUT_SHORT}" for what in budget.stopped]
-    notes += search.notes
+    notes = [f"best plan from: {best.source}", *_notes(search)]
     fastest = search.incumbent.fastest_step  # the fastest scheduled step, which may not be the least busy
     if fastest is not None and fastest[1] is not best:
         best = fastest[1]
@@ -105,6 +130,13 @@ def finish(search: Search) -> Plan:
     plan.notes.append("seconds: " + ", ".join(f"{k} {v:.3f}" for k, v in budget.spent_s.items()))
     plan.solve_time_s = budget.elapsed()
     return plan
+
+
+def _notes(search: Search) -> list[str]:
+    """The steps the time limit skipped or cut short, then the search's own notes."""
+    budget = search.budget
+    return ([f"{what} skipped: {CUT_SHORT}" for what in budget.cut]
+            + [f"{what} cut short: {CUT_SHORT}" for what in budget.stopped] + search.notes)
 
 
 def _status(search: Search) -> str:

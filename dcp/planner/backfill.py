@@ -1,0 +1,343 @@
+"""Backfill plans for batches of many samples per GPU: the samples that need SP > 1 first, in
+groups of the size that runs each cheapest within a target time, the rest after them at SP 1 on
+every rank as it frees up.
+
+A single layout runs a long sample's group at its size for the whole step: the short samples
+that fill the rest of its time pay that size's all-to-alls (wikipedia, 8,192 samples on 1,024
+GPUs: 9% more GPU-seconds in the SP-16 groups than at SP 1). Here they run after it, in phase 2,
+at SP 1, on each of its ranks (`dcp.planner.plan`: a rank goes on to its next group when its part
+of the phase ends). The plan, for a target T (`FILL_LEVELS` times the batch's busy bound):
+
+1. cores, the samples that do not fit SP 1 without checkpointing or run longer than T there:
+   each at the allowed size where it fits within T on the fewest GPU-seconds (the fastest if
+   none), packed per size into as few groups as fit T (worst fit, longest first), the largest
+   sizes on the first ranks (aligned);
+2. fillers, the rest, longest first, each onto the rank that frees first (rounds of LPT over
+   the ranks below the water level), packed in arrival order into micro-batches of at most
+   max_tokens(1, 0) tokens, so a rank's time is known exactly while it is built: one fixed cost
+   per micro-batch and each filler's marginal cost;
+3. two things the busy time does not see: a core group whose room before the water level is too
+   short for a micro-batch that hides the gradient reductions takes fillers into its own
+   micro-batches instead (at its size), and a rank whose backfill is that short near the end
+   gives it to the ranks that end first with a longer one. The reductions run under the last
+   micro-batch's backward (`dcp.costmodel.schedule_fast`): a few hundred tokens there near the
+   step's end expose the whole chain (0.17 s for llama-7b on 1,024 GPUs).
+
+The targets' plans are compared by their busy time (exact: every time above is the cost model's);
+the best is assembled as a two-phase plan and priced on the executor's schedule. The phase search
+(`dcp.planner.phases`) keeps it when it runs faster than the ILP's. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from dcp.costmodel import CostModel
+from dcp.costmodel.schedule import reduction_chain_s
+from dcp.planner.common import assemble_indices
+from dcp.planner.ilp.costs import CostTable, cost_table, form_microbatches
+from dcp.planner.plan import Group, MicroBatch, Plan
+from dcp.planner.pricing import BatchArrays, Layout, Pricer, price_layout
+from dcp.planner.sample import Sample
+from dcp.planner.sync import price_step
+
+FILL_LEVELS = (1.0, 1.02)
+"""Targets T for the cores, as multiples of the batch's busy bound: a higher T puts a core on
+fewer GPUs (fewer GPU-seconds) but the plan ends near T (wikipedia, 2,048 to 32,768 samples on
+256 and 1,024 GPUs: either of these two is the best of 1.0-1.08 on most batches, 1.04 and 1.08
+end 4-8% above the bound)."""
+WATER_FROM, LPT_SHARE = 64, 1 / 64
+"""`_lpt` places fillers one round at a time (a round per filler per slot), the rest by water
+filling at once once more than `WATER_FROM` per slot remain, each below `LPT_SHARE` of the mean
+load per slot (32,768 samples on 32 GPUs: a thousand rounds). Not sooner: a run that crosses a
+micro-batch's capacity adds a whole fixed cost the level did not see (wikipedia, 32,768 samples
+on 1,024 GPUs: 2.2-2.7% above the bound filled so from the first short filler, against 1.3-1.9%
+in rounds)."""
+FILL_PASSES = 3
+"""Passes filling a core group's short room: each takes the longest run of the remaining fillers
+(longest first) that fits what is left."""
+MIN_SAMPLES_PER_GPU = 4
+"""Backfill plans are built for batches of at least this many samples per GPU: with fewer, the
+ranks' fillers are too few to even out (wikipedia, 2,048 samples on 1,024 GPUs: 10-29% above the
+bound, against the ILP's 7-9%)."""
+
+
+@dataclass
+class _Candidate:
+    """One target's plan before assembly: phase 1's groups (first rank, SP size, micro-batches of
+    batch indices), phase 2's SP-1 groups (rank, micro-batches) and the busy time."""
+
+    cores: Layout
+    fills: list[tuple[int, list[list[int]]]]
+    busy_s: float
+
+
+def backfill_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], busy_floor_s: float,
+                  arrays: BatchArrays | None = None, max_microbatches: int | None = None) -> Plan | None:
+    """The best backfill plan over the targets `FILL_LEVELS` x `busy_floor_s` (a lower bound on
+    the batch's busy time), priced and validated; None when the batch has fewer than
+    `MIN_SAMPLES_PER_GPU` samples per GPU, SP 1 is not allowed, ZeRO stage 3 runs one layout, or
+    no target's plan fits the cluster with at most `max_microbatches` per group."""
+    n = cm.cluster.num_gpus
+    if len(batch) < MIN_SAMPLES_PER_GPU * n or not sizes or sizes[0] != 1 or cm.training.zero_stage == 3:
+        return None
+    arrays = arrays if arrays is not None else BatchArrays.of(batch)
+    pricer = Pricer(cm, sizes)
+    table = cost_table(arrays, cm, sizes, pricer)
+    hide = _hiding_tokens(cm, table)
+    best: _Candidate | None = None
+    for level in FILL_LEVELS:
+        cand = _candidate(table, cm, arrays, pricer, busy_floor_s * level, hide)
+        if cand is None or max_microbatches is not None and max(
+                len(mbs) for mbs in [m for _, _, m in cand.cores] + [m for _, m in cand.fills]) > max_microbatches:
+            continue
+        if best is None or cand.busy_s < best.busy_s:
+            best = cand
+    return None if best is None else _assemble(batch, cm, arrays, pricer, best)
+
+
+def _hiding_tokens(cm: CostModel, table: CostTable) -> float:
+    """Tokens of an SP-1 micro-batch of short samples whose backward of one layer takes as long as
+    one layer's gradient reduction (its backward then hides the chain); 0 on one GPU."""
+    chain = reduction_chain_s(cm)
+    k = cm.model.num_layers
+    if chain is None or k < 2:
+        return 0.0
+    per_layer = float(np.max(np.diff(chain)))
+    cap = float(table.cap0[0])
+    short = table.tokens[table.ckpt[:, 0] == 0]
+    pairs_per_token = float(np.mean(table.pairs[table.ckpt[:, 0] == 0] / np.maximum(short, 1))) if len(short) else 1.0
+    lo, hi = 0.0, cap
+    if cm.layer_times(hi, hi * pairs_per_token, 1).backward_s < per_layer:
+        return cap
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if cm.layer_times(mid, mid * pairs_per_token, 1).backward_s >= per_layer else (mid, hi)
+    return hi
+
+
+def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pricer, target_s: float,
+               hide: float) -> _Candidate | None:
+    """The plan for one target (module docstring), or None if its cores need more GPUs."""
+    n, sizes = cm.cluster.num_gpus, table.sizes
+    size_arr = np.asarray(sizes)
+    fits_one = (table.ckpt[:, 0] == 0) & (table.solo[:, 0] <= target_s)
+    cores = np.flatnonzero(~fits_one)
+    # Each core at the size of fewest GPU-seconds among those where it runs within the target.
+    within = table.solo[cores] <= target_s
+    gpu_s = np.where(within, table.solo[cores] * size_arr, np.inf)
+    choice = np.where(within.any(axis=1), np.argmin(gpu_s, axis=1), np.argmin(table.solo[cores], axis=1))
+    groups: list[tuple[int, int, list[int]]] = []
+    rank = 0
+    for j in sorted(set(choice.tolist()), key=lambda j: -sizes[j]):
+        mine = cores[choice == j]
+        mine = mine[np.lexsort((mine, -table.solo[mine, j]))]
+        rooms: list[tuple[float, int]] = []  # worst fit: the group with the most room left
+        members: list[list[int]] = []
+        for i, t in zip(mine.tolist(), table.solo[mine, j].tolist(), strict=True):
+            if rooms and -rooms[0][0] >= t:
+                room, g = heapq.heappop(rooms)
+                members[g].append(i)
+                heapq.heappush(rooms, (room + t, g))
+            else:
+                members.append([i])
+                heapq.heappush(rooms, (t - target_s, len(members) - 1))
+        for ids in members:
+            groups.append((rank, j, ids))
+            rank += sizes[j]
+    if rank > n:
+        return None
+    layout: Layout = [(start, sizes[j], form_microbatches(ids, j, table, cm)) for start, j, ids in groups]
+    ready = price_layout(layout, arrays, pricer).busy_s if groups else np.zeros(0)
+    fillers = np.flatnonzero(fits_one)
+    fillers = fillers[np.lexsort((fillers, -table.solo[fillers, 0]))]
+    marg, fixed, cap = table.marg[:, 0], float(table.fixed0[0]), float(table.cap0[0])
+    work = float(sum(r * sizes[j] for r, (_, j, _) in zip(ready.tolist(), groups, strict=True)))
+    level = max(target_s, (work + float(marg[fillers].sum()) + fixed * float(table.tokens[fillers].sum()) / cap) / n)
+    short_s = fixed + float(np.median(marg[fillers]) / max(float(np.median(table.tokens[fillers])), 1.0)) * hide \
+        if len(fillers) else 0.0
+    # Core groups with too little room for a hiding backfill take fillers in their own micro-batches.
+    taken = np.zeros(len(fillers), dtype=bool)  # by position in `fillers`
+    costs: dict[int, np.ndarray] = {}
+    slot_ready = np.zeros(n)
+    in_slots = np.ones(n, dtype=bool)
+    changed: list[int] = []
+    for g, ((start, j, ids), r) in enumerate(zip(groups, ready.tolist(), strict=True)):
+        p = sizes[j]
+        room = level - r
+        slot_ready[start:start + p] = r
+        if p == 1 or room >= short_s:
+            continue
+        in_slots[start:start + p] = False
+        cost = costs.setdefault(j, table.add[fillers, j])
+        for _ in range(FILL_PASSES):  # the longest run of free fillers that fits, then again
+            fit = np.flatnonzero((cost <= room) & ~taken)
+            if not len(fit):
+                break
+            run = fit[np.cumsum(cost[fit]) <= room]
+            if not changed or changed[-1] != g:
+                changed.append(g)
+            ids += fillers[run].tolist()
+            taken[run] = True
+            room -= float(cost[run].sum())
+    rest = fillers[~taken]
+    slots = np.flatnonzero(in_slots)
+    fills, ends, size = _lpt(rest, slot_ready[slots], table.tokens, marg, fixed, cap)
+    ends = _unexposed(fills, ends, size, table.tokens, marg, fixed, cap, hide, reduction_chain_s(cm))
+    out_fills = [(int(slots[s]), mbs) for s, mbs in enumerate(fills) if mbs]
+    core_busy = ready.copy()
+    if changed:  # re-form and re-price only the groups that took fillers
+        for g in changed:
+            start, j, ids = groups[g]
+            layout[g] = (start, sizes[j], form_microbatches(ids, j, table, cm))
+        core_busy[changed] = price_layout([layout[g] for g in changed], arrays, pricer).busy_s
+    core_ends = float(core_busy.max()) if len(core_busy) else 0.0
+    return _Candidate(layout, out_fills, max(float(ends.max()) if len(ends) else 0.0, core_ends))
+
+
+def _lpt(fillers: np.ndarray, ready: np.ndarray, tokens: np.ndarray, marg: np.ndarray, fixed: float,
+         cap: float) -> tuple[list[list[list[int]]], np.ndarray, np.ndarray]:
+    """Fillers (longest first) onto slots (ranks, each free from `ready`), in rounds: each round
+    gives its next m fillers to the m slots that end first below the water level, the longest to
+    the first. A slot's micro-batches fill in arrival order up to `cap` tokens, each adding
+    `fixed`. Returns each slot's micro-batches, its end and its tokens."""
+    m_slots = len(ready)
+    ends = ready.astype(np.float64).copy()
+    held = np.zeros(m_slots)
+    total = np.zeros(m_slots)
+    if not m_slots or not len(fillers):
+        return [[] for _ in range(m_slots)], ends, total
+    slot_of = np.zeros(len(fillers), dtype=np.int64)
+    batch_of = np.zeros(len(fillers), dtype=np.int64)  # the slot's micro-batch it joins
+    count = np.zeros(m_slots, dtype=np.int64)
+    cost = marg[fillers] + fixed * tokens[fillers] / cap  # estimate for the water level only
+    left = float(cost.sum())
+    at = 0
+    while at < len(fillers):
+        if len(fillers) - at > WATER_FROM * m_slots and cost[at] <= LPT_SHARE * (float(ends.sum()) + left) / m_slots:
+            _water_fill(fillers, at, cost, ends, held, total, count, slot_of, batch_of, tokens, marg, fixed, cap)
+            break
+        # The slots a longest-first greedy would reach before this round's longest filler is
+        # placed: those ending below the water level and within that filler of the first.
+        water = min((float(ends.sum()) + left) / m_slots, float(ends.min()) + float(cost[at]))
+        m = max(1, min(int((ends < water).sum()), len(fillers) - at))
+        pick = np.argpartition(ends, m - 1)[:m] if m < m_slots else np.arange(m_slots)
+        pick = pick[np.argsort(ends[pick], kind="stable")]
+        take = fillers[at:at + m]
+        t = tokens[take].astype(np.float64)
+        new = (held[pick] == 0) | (held[pick] + t > cap)
+        ends[pick] += marg[take] + np.where(new, fixed, 0.0)
+        held[pick] = np.where(new, t, held[pick] + t)
+        total[pick] += t
+        count[pick] += new
+        slot_of[at:at + m], batch_of[at:at + m] = pick, count[pick] - 1
+        left -= float(cost[at:at + m].sum())
+        at += m
+    order = np.lexsort((np.arange(len(fillers)), batch_of, slot_of))
+    cuts = np.flatnonzero(np.diff(slot_of[order] * (int(count.max()) + 1) + batch_of[order])) + 1
+    fills: list[list[list[int]]] = [[] for _ in range(m_slots)]
+    for piece in np.split(order, cuts):
+        fills[int(slot_of[piece[0]])].append(fillers[piece].tolist())
+    return fills, ends, total
+
+
+def _water_fill(fillers: np.ndarray, at: int, cost: np.ndarray, ends: np.ndarray, held: np.ndarray,
+                total: np.ndarray, count: np.ndarray, slot_of: np.ndarray, batch_of: np.ndarray,
+                tokens: np.ndarray, marg: np.ndarray, fixed: float, cap: float) -> None:
+    """`_lpt`'s short rest, fillers[at:] (longest first), at once: the level L at which the
+    slots' room below it holds their estimated cost, and each slot a run of them (in order)
+    filling its room to within one filler; then each run appended to its slot's micro-batches
+    (a new one past `cap`), its exact time added. Updates the arrays in place."""
+    rest, c = fillers[at:], cost[at:]
+    by_end = np.argsort(ends, kind="stable")
+    low = ends[by_end]
+    level = (float(c.sum()) + np.cumsum(low)) / np.arange(1, len(low) + 1)
+    k = int(np.argmax(level <= np.append(low[1:], np.inf)))
+    room = np.maximum(level[k] - low, 0.0)
+    mid = np.cumsum(c) - c / 2  # each filler goes where its middle falls
+    place = by_end[np.minimum(np.searchsorted(np.cumsum(room), mid, side="right"), len(low) - 1)]
+    t = tokens[rest].astype(np.float64)
+    slot_of[at:] = place
+    for s in np.unique(place).tolist():
+        where = np.flatnonzero(place == s)
+        run_t = t[where]
+        fresh = np.zeros(len(where), dtype=bool)
+        room_t, start = cap - held[s] if held[s] > 0 else 0.0, 0
+        while start < len(where):  # the longest prefix that fits the open micro-batch, then a new one
+            fit = int(np.searchsorted(np.cumsum(run_t[start:]), room_t * (1 + 1e-12), side="right"))
+            if fit == 0:
+                fresh[start] = True
+                room_t, fit = cap, max(1, int(np.searchsorted(np.cumsum(run_t[start:]), cap * (1 + 1e-12),
+                                                             side="right")))
+            room_t -= float(run_t[start:start + fit].sum())
+            start += fit
+        batch_of[at + where] = count[s] - 1 + np.cumsum(fresh)
+        count[s] += int(fresh.sum())
+        ends[s] += float(marg[rest[where]].sum()) + fixed * int(fresh.sum())
+        total[s] += float(run_t.sum())
+        last = np.flatnonzero(fresh)
+        held[s] = float(run_t[last[-1]:].sum()) if len(last) else held[s] + float(run_t.sum())
+
+
+def _unexposed(fills: list[list[list[int]]], ends: np.ndarray, size: np.ndarray, tokens: np.ndarray, marg: np.ndarray,
+               fixed: float, cap: float, hide: float, chain: np.ndarray | None) -> np.ndarray:
+    """Slots whose backfill is shorter than `hide` tokens and ends within the reduction chain of
+    the last (`size`: each slot's tokens): their fillers go to the slots that end first with a
+    backfill that hides it (at the end of their last micro-batch, or a new one past `cap`).
+    Returns the slots' new ends."""
+    if chain is None or not hide:
+        return ends
+    window = float(chain[-1])
+    last = float(ends.max()) if len(ends) else 0.0
+    bad = [s for s in range(len(fills)) if fills[s] and size[s] < hide and ends[s] > last - window]
+    good = [(float(ends[s]), s) for s in range(len(fills)) if size[s] >= hide]
+    if not bad or not good:
+        return ends
+    heapq.heapify(good)
+    for s in bad:
+        moved = [i for mb in fills[s] for i in mb]
+        ends[s] -= sum(float(marg[i]) for i in moved) + fixed * len(fills[s])
+        fills[s] = []
+        for i in moved:
+            end, g = heapq.heappop(good)
+            held = sum(float(tokens[x]) for x in fills[g][-1])
+            if held + tokens[i] > cap:
+                fills[g].append([i])
+                end += fixed
+            else:
+                fills[g][-1].append(i)
+            end += float(marg[i])
+            ends[g] = end
+            heapq.heappush(good, (end, g))
+    return ends
+
+
+def _assemble(batch: Sequence[Sample], cm: CostModel, arrays: BatchArrays, pricer: Pricer,
+              cand: _Candidate) -> Plan:
+    """The candidate as a validated two-phase plan (one phase if either is empty), priced on the
+    executor's schedule."""
+    parts = [part for part in (cand.cores, [(r, 1, mbs) for r, mbs in cand.fills]) if part]
+    plans = [assemble_indices("ilp", batch, cm, part, arrays=arrays, pricer=pricer, lower_bound_s=0.0,
+                              validate=False, step=False) for part in parts]
+    # Each group's longest micro-batch last, where its backward hides the most of the reductions
+    # (what `price_step` would try, at the cost of pricing the step twice).
+    groups = [Group(g.ranks, g.sp, _longest_last(g.microbatches), ring=g.ring, phase=ph)
+              for ph, p in enumerate(plans) for g in p.groups]
+    first = plans[0]
+    plan = Plan(strategy="ilp", num_gpus=first.num_gpus, gpus_per_node=first.gpus_per_node,
+                memory_limit_bytes=first.memory_limit_bytes, num_layers=first.num_layers, samples=list(batch),
+                groups=groups, step_time_s=0.0, lower_bound_s=0.0, solver_status="backfill")
+    price_step(plan, cm)
+    return plan.validate()
+
+
+def _longest_last(mbs: list[MicroBatch]) -> list[MicroBatch]:
+    """The micro-batches with the longest (the last of equals) moved to the end."""
+    if len(mbs) < 2:
+        return mbs
+    k = max(range(len(mbs)), key=lambda i: (mbs[i].time_s, i))
+    return [*mbs[:k], *mbs[k + 1:], mbs[k]]

@@ -1,0 +1,134 @@
+"""Backfill plans: the samples that need SP > 1 first, the rest after them at SP 1 on every rank
+as it frees up; their structure, their bound, the hidden reductions, the gates, and that the
+planner keeps them only when they beat the single layout."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dcp.costmodel import TrainingSetup
+from dcp.costmodel.model import CostModel
+from dcp.costmodel.schedule import reduction_chain_s
+from dcp.data.batches import make_batches
+from dcp.planner import IlpOptions, solve
+from dcp.planner.backfill import MIN_SAMPLES_PER_GPU, _hiding_tokens, _lpt, backfill_plan
+from dcp.planner.bounds import multi_phase_busy
+from dcp.planner.feasibility import allowed_sp_sizes
+from dcp.planner.ilp import Beaten, solve_ilp, solve_ilp_against
+from dcp.planner.ilp.costs import cost_table
+from dcp.planner.plan import Plan
+from dcp.planner.pricing import BatchArrays, Pricer
+from tests.conftest import cost_model, make_batch
+
+
+def mixed_batch(n_short: int = 1200, seed: int = 0) -> list:
+    """A few samples too long for one GPU and many short ones (wikipedia-like)."""
+    rng = np.random.default_rng(seed)
+    lengths = [90_000, 60_000, 40_000, 30_000, 22_000] + rng.integers(100, 3000, n_short).tolist()
+    return make_batch(lengths)
+
+
+def test_cores_run_first_and_fillers_after_at_sp1_on_freed_ranks() -> None:
+    cm = cost_model(gpus=64)
+    batch = mixed_batch()
+    sizes = allowed_sp_sizes(cm)
+    busy = multi_phase_busy(batch, cm, sizes)
+    plan = backfill_plan(batch, cm, sizes, busy)
+    assert plan is not None and plan.num_phases == 2
+    cap1 = cm.max_tokens(1, 0)
+    tokens = {s.id: s.tokens for s in batch}
+    first, second = plan.phases()
+    # Phase 1 holds every sample too long for SP 1 without checkpointing; phase 2 only SP-1 groups
+    # of samples that fit there, each on a rank once that rank's part of phase 1 is done.
+    long_ids = {s.id for s in batch if s.tokens > cap1}
+    assert long_ids <= {i for g in first for mb in g.microbatches for i in mb.samples}
+    assert any(g.sp > 1 for g in first)
+    assert all(g.sp == 1 and all(tokens[i] <= cap1 for mb in g.microbatches for i in mb.samples) for g in second)
+    starts = plan.group_starts_s()
+    ends = {r: starts[k] + g.busy_s for k, g in enumerate(plan.groups) if g.phase == 0 for r in g.ranks}
+    for k, g in enumerate(plan.groups):
+        if g.phase == 1:
+            assert starts[k] == pytest.approx(ends.get(g.ranks[0], 0.0))
+    assert plan.busy_s() >= busy * (1 - 1e-9)  # the multi-phase bound holds for it
+    assert sorted(i for g in plan.groups for mb in g.microbatches for i in mb.samples) == list(range(len(batch)))
+
+
+def test_no_short_backfill_ends_inside_the_reduction_chain() -> None:
+    """A rank whose last micro-batch is a few hundred tokens near the step's end exposes the
+    whole gradient-reduction chain: the backfill never leaves one there."""
+    cm = cost_model(gpus=64)
+    batch = mixed_batch(seed=1)
+    sizes = allowed_sp_sizes(cm)
+    plan = backfill_plan(batch, cm, sizes, multi_phase_busy(batch, cm, sizes))
+    assert plan is not None
+    arrays = BatchArrays.of(batch)
+    hide = _hiding_tokens(cm, cost_table(arrays, cm, sizes, Pricer(cm, sizes)))
+    chain = reduction_chain_s(cm)
+    assert hide > 0 and chain is not None
+    starts, end = plan.group_starts_s(), plan.busy_s()
+    tokens = {s.id: s.tokens for s in batch}
+    for k, g in enumerate(plan.groups):
+        if g.phase == 1 and sum(tokens[i] for mb in g.microbatches for i in mb.samples) < hide:
+            assert starts[k] + g.busy_s <= end - float(chain[-1]) + 1e-9
+    # ...so the step adds little to the busy time: the least any plan adds, plus one layer's share.
+    assert plan.step_time_s - plan.busy_s() <= cm.grad_sync_s() + float(np.max(np.diff(chain))) * 2
+
+
+@pytest.mark.parametrize("n, free, busy", [(3000, 40, 24), (40_000, 10, 6)])  # rounds; rounds, then water
+def test_lpt_places_every_filler_once_within_capacity_and_balanced(n: int, free: int, busy: int) -> None:
+    rng = np.random.default_rng(3)
+    tokens = rng.integers(50, 2000, n).astype(np.float64)
+    marg = tokens * 1e-4
+    order = np.argsort(-marg, kind="stable")
+    ready = np.concatenate([np.zeros(free), rng.uniform(0.0, 1.5 * n / 3000, busy)])
+    fixed, cap = 0.01, 16000.0
+    fills, ends, total = _lpt(order, ready, tokens, marg, fixed, cap)
+    placed = sorted(i for mbs in fills for mb in mbs for i in mb)
+    assert placed == list(range(n))
+    assert all(tokens[mb].sum() <= cap for mbs in fills for mb in mbs)
+    for s, mbs in enumerate(fills):  # each slot's end is its ready time plus what it runs, exactly
+        assert ends[s] == pytest.approx(ready[s] + sum(marg[mb].sum() + fixed for mb in mbs))
+        assert total[s] == pytest.approx(sum(tokens[mb].sum() for mb in mbs))
+    used = [s for s in range(len(fills)) if fills[s]]
+    biggest = float(marg.max()) + fixed
+    assert ends.max() - ends[used].min() <= 2 * biggest
+
+
+def test_gates_give_none() -> None:
+    cm = cost_model(gpus=64)
+    sizes = allowed_sp_sizes(cm)
+    few = mixed_batch(n_short=MIN_SAMPLES_PER_GPU * 64 - 6)  # one sample per GPU short of the gate
+    assert backfill_plan(few, cm, sizes, multi_phase_busy(few, cm, sizes)) is None
+    batch = mixed_batch()
+    busy = multi_phase_busy(batch, cm, sizes)
+    assert backfill_plan(batch, cm, [p for p in sizes if p > 1], busy) is None  # SP 1 not allowed
+    zero3 = CostModel(cm.model, cm.hardware, cm.cluster, TrainingSetup(zero_stage=3))
+    assert backfill_plan(batch, zero3, sizes, busy) is None  # stage 3 runs one layout
+    capped = backfill_plan(batch, cm, sizes, busy, max_microbatches=2)
+    assert capped is None or all(len(g.microbatches) <= 2 for g in capped.groups)
+
+
+def test_the_planner_keeps_a_backfill_only_when_it_beats_the_single_layout() -> None:
+    """Wikipedia, 8,192 samples on 1,024 GPUs: the single layout runs the short samples beside the
+    long ones at SP 16-128; the backfill runs them at SP 1 after, and the planner returns it."""
+    cm = cost_model(gpus=1024)
+    batch = make_batches("wikipedia", cm, global_batch=8192, steps=1, seed=1)[0]
+    options = IlpOptions(time_limit_s=1.0)
+    single = solve_ilp(batch, cm, options)
+    plan = solve(batch, cm.cluster, cm, options)
+    assert plan.num_phases == 2 and any("backfill" in n for n in plan.notes)
+    assert plan.step_time_s < single.step_time_s
+    assert plan.solver_status.endswith("2 phases") and plan.gap < (single.step_time_s - plan.lower_bound_s) / single.step_time_s
+
+
+def test_solve_ilp_against_skips_assembly_only_when_it_cannot_win() -> None:
+    cm = cost_model(gpus=8)
+    batch = make_batch([300 + (37 * i) % 2500 for i in range(64)])
+    options = IlpOptions(time_limit_s=0.3)
+    beaten = solve_ilp_against(batch, cm, options, beat_s=0.0)
+    assert isinstance(beaten, Beaten)
+    assert beaten.solver_status.startswith("highs: ") and beaten.notes[0].startswith("best plan from: ")
+    assert beaten.notes[-1].startswith("seconds: ")
+    plan = solve_ilp_against(batch, cm, options, beat_s=float("inf"))
+    assert isinstance(plan, Plan) and plan.step_time_s > 0
