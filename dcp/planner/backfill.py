@@ -50,20 +50,19 @@ FILL_LEVELS = (1.0, 1.02)
 fewer GPUs (fewer GPU-seconds) but the plan ends near T (wikipedia, 2,048 to 32,768 samples on
 256 and 1,024 GPUs: either of these two is the best of 1.0-1.08 on most batches, 1.04 and 1.08
 end 4-8% above the bound)."""
-WATER_FROM, LPT_SHARE = 64, 1 / 64
+WATER_FROM, LPT_SHARE = 256, 1 / 64
 """`_lpt` places fillers one round at a time (a round per filler per slot), the rest by water
 filling at once once more than `WATER_FROM` per slot remain, each below `LPT_SHARE` of the mean
 load per slot (32,768 samples on 32 GPUs: a thousand rounds). Not sooner: a run that crosses a
-micro-batch's capacity adds a whole fixed cost the level did not see (wikipedia, 32,768 samples
-on 1,024 GPUs: 2.2-2.7% above the bound filled so from the first short filler, against 1.3-1.9%
-in rounds)."""
+micro-batch's capacity adds a whole fixed cost the level did not see (32,768 samples on 256
+GPUs, 128 per slot: 1.4-1.9% above the bound filled so, against 0.5-0.6% in rounds)."""
 FILL_PASSES = 3
 """Passes filling a core group's short room: each takes the longest run of the remaining fillers
 (longest first) that fits what is left."""
 MIN_SAMPLES_PER_GPU = 4
-"""Backfill plans are built for batches of at least this many samples per GPU: with fewer, the
-ranks' fillers are too few to even out (wikipedia, 2,048 samples on 1,024 GPUs: 10-29% above the
-bound, against the ILP's 7-9%)."""
+"""Backfill plans are built for batches of at least this many samples per GPU: with fewer, a
+rank's fillers are too few to even out (wikipedia, 2,048 samples on 1,024 GPUs: 30% and 39% above
+the bound on two of five batches, where the ILP's plans are 7-9%)."""
 
 
 @dataclass
@@ -186,6 +185,8 @@ def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pri
             room -= float(cost[run].sum())
     rest = fillers[~taken]
     slots = np.flatnonzero(in_slots)
+    if len(rest) and not len(slots):  # every rank in a core group too full to take them
+        return None
     fills, ends, size = _lpt(rest, slot_ready[slots], table.tokens, marg, fixed, cap)
     ends = _unexposed(fills, ends, size, table.tokens, marg, fixed, cap, hide, reduction_chain_s(cm))
     out_fills = [(int(slots[s]), mbs) for s, mbs in enumerate(fills) if mbs]
@@ -223,10 +224,13 @@ def _lpt(fillers: np.ndarray, ready: np.ndarray, tokens: np.ndarray, marg: np.nd
             break
         # The slots a longest-first greedy would reach before this round's longest filler is
         # placed: those ending below the water level and within that filler of the first.
-        water = min((float(ends.sum()) + left) / m_slots, float(ends.min()) + float(cost[at]))
-        m = max(1, min(int((ends < water).sum()), len(fillers) - at))
-        pick = np.argpartition(ends, m - 1)[:m] if m < m_slots else np.arange(m_slots)
-        pick = pick[np.argsort(ends[pick], kind="stable")]
+        # A slot whose open micro-batch this round's longest filler would overflow starts a new
+        # one: it counts as ending a fixed cost later.
+        key = ends + np.where((held > 0) & (held + tokens[fillers[at]] <= cap), 0.0, fixed)
+        water = min((float(ends.sum()) + left) / m_slots, float(key.min()) + float(cost[at]))
+        m = max(1, min(int((key < water).sum()), len(fillers) - at))
+        pick = np.argpartition(key, m - 1)[:m] if m < m_slots else np.arange(m_slots)
+        pick = pick[np.argsort(key[pick], kind="stable")]
         take = fillers[at:at + m]
         t = tokens[take].astype(np.float64)
         new = (held[pick] == 0) | (held[pick] + t > cap)
@@ -287,8 +291,9 @@ def _unexposed(fills: list[list[list[int]]], ends: np.ndarray, size: np.ndarray,
                fixed: float, cap: float, hide: float, chain: np.ndarray | None) -> np.ndarray:
     """Slots whose backfill is shorter than `hide` tokens and ends within the reduction chain of
     the last (`size`: each slot's tokens): their fillers go to the slots that end first with a
-    backfill that hides it (at the end of their last micro-batch, or a new one past `cap`).
-    Returns the slots' new ends."""
+    backfill that hides it (at the end of their last micro-batch, or a new one past `cap`), when
+    all of them fit there before the step would end with them left in place (about the chain
+    after the slot's end; else they stay). Returns the slots' new ends."""
     if chain is None or not hide:
         return ends
     window = float(chain[-1])
@@ -298,21 +303,36 @@ def _unexposed(fills: list[list[list[int]]], ends: np.ndarray, size: np.ndarray,
     if not bad or not good:
         return ends
     heapq.heapify(good)
+    held = {s: float(tokens[fills[s][-1]].sum()) for _, s in good}
     for s in bad:
         moved = [i for mb in fills[s] for i in mb]
-        ends[s] -= sum(float(marg[i]) for i in moved) + fixed * len(fills[s])
-        fills[s] = []
+        # Left there, it ends the step about the whole chain after it (less what any plan adds).
+        limit = max(last, float(ends[s]) + window - float(chain[0]))
+        trial, placed, ok = list(good), [], True
+        opened: dict[int, float] = {}
         for i in moved:
-            end, g = heapq.heappop(good)
-            held = sum(float(tokens[x]) for x in fills[g][-1])
-            if held + tokens[i] > cap:
+            end, g = heapq.heappop(trial)
+            room = opened.get(g, held[g])
+            fresh = room + tokens[i] > cap
+            end += float(marg[i]) + (fixed if fresh else 0.0)
+            if end > limit:
+                ok = False
+                break
+            opened[g] = float(tokens[i]) if fresh else room + float(tokens[i])
+            placed.append((g, i, fresh, end))
+            heapq.heappush(trial, (end, g))
+        if not ok:
+            continue
+        for g, i, fresh, end in placed:
+            if fresh:
                 fills[g].append([i])
-                end += fixed
             else:
                 fills[g][-1].append(i)
-            end += float(marg[i])
             ends[g] = end
-            heapq.heappush(good, (end, g))
+        held.update(opened)
+        ends[s] -= sum(float(marg[i]) for i in moved) + fixed * len(fills[s])
+        fills[s] = []
+        good = trial
     return ends
 
 

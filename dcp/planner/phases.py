@@ -11,6 +11,9 @@ as soon as its part of a phase ends (`dcp.planner.plan`).
 
 The search (`solve_phased`), within the ILP's one deadline `time_limit_s`:
 
+0. with 4+ samples per GPU, the backfill plan (`dcp.planner.backfill`: the samples that need SP > 1
+   first, the rest after them at SP 1 on every rank as it frees up), before the ILP, which then
+   skips assembling its own plan when that cannot run faster (`solve_ilp_against`);
 1. the single-layout ILP (`dcp.planner.ilp.solve_ilp`), with the limit less what is kept back
    for step 2 (`PHASE_SHARE` or `REACHING_SHARE` of it, none below `MIN_SEARCH_S`), whatever it
    leaves unused going to step 2 too;
@@ -23,8 +26,9 @@ The search (`solve_phased`), within the ILP's one deadline `time_limit_s`:
    its biggest groups start on the ranks the first phase frees first; and, when the k need
    fewer GPUs than the cluster's, the k on their own GPUs with the rest beside them
    (`_plan_beside`: part of it on the other GPUs meanwhile, the rest on theirs after);
-3. the fastest plan found, its bound `bounds.multi_phase_bound` and the gap to it; a note names
-   the single-layout bound when the ILP proved a higher one (it holds only for single layouts).
+3. the fastest plan found (the backfill's included), its bound `bounds.multi_phase_bound` and
+   the gap to it; a note names the single-layout bound when the ILP proved a higher one (it
+   holds only for single layouts).
 """
 
 from __future__ import annotations
