@@ -4,28 +4,31 @@ every rank as it frees up.
 
 A single layout runs a long sample's group at its size for the whole step: the short samples
 that fill the rest of its time pay that size's all-to-alls (wikipedia, 8,192 samples on 1,024
-GPUs: 9% more GPU-seconds in the SP-16 groups than at SP 1). Here they run after it, in phase 2,
-at SP 1, on each of its ranks (`dcp.planner.plan`: a rank goes on to its next group when its part
-of the phase ends). The plan, for a target T (`FILL_LEVELS` times the batch's busy bound):
+GPUs: their marginal GPU-seconds are 31% higher at SP 16 than at SP 1, 97% at SP 128). Here
+they run after it, in phase 2, at SP 1, on each of its ranks (`dcp.planner.plan`: a rank goes
+on to its next group when its part of the phase ends). The plan, for a target T (`FILL_LEVELS`
+times the batch's busy bound):
 
 1. cores, the samples that do not fit SP 1 without checkpointing or run longer than T there:
    each at the allowed size where it fits within T on the fewest GPU-seconds (the fastest if
    none), packed per size into as few groups as fit T (worst fit, longest first), the largest
    sizes on the first ranks (aligned);
-2. fillers, the rest, longest first, each onto the rank that frees first (rounds of LPT over
+2. fillers, the rest, longest first, each onto the rank that frees first (`_lpt`: rounds over
    the ranks below the water level), packed in arrival order into micro-batches of at most
    max_tokens(1, 0) tokens, so a rank's time is known exactly while it is built: one fixed cost
    per micro-batch and each filler's marginal cost;
 3. two things the busy time does not see: a core group whose room before the water level is too
    short for a micro-batch that hides the gradient reductions takes fillers into its own
    micro-batches instead (at its size), and a rank whose backfill is that short near the end
-   gives it to the ranks that end first with a longer one. The reductions run under the last
-   micro-batch's backward (`dcp.costmodel.schedule_fast`): a few hundred tokens there near the
-   step's end expose the whole chain (0.17 s for llama-7b on 1,024 GPUs).
+   gives it to the ranks that end first with a longer one (`_unexposed`). The reductions run
+   under the last micro-batch's backward (`dcp.costmodel.schedule_fast`): a few hundred tokens
+   there near the step's end expose the whole chain (0.17 s for llama-7b on 1,024 GPUs).
 
-The targets' plans are compared by their busy time (exact: every time above is the cost model's);
-the best is assembled as a two-phase plan and priced on the executor's schedule. The phase search
-(`dcp.planner.phases`) keeps it when it runs faster than the ILP's. Never imports torch.
+`_lpt` is not `pack.lpt_fast`: its slots start at different times and it counts micro-batch
+boundaries as it goes. The targets' plans are compared by their busy time (exact: every time
+above is the cost model's); the best is assembled as a two-phase plan and priced on the
+executor's schedule. The phase search (`dcp.planner.phases`) keeps it when it runs faster than
+the ILP's. Never imports torch.
 """
 
 from __future__ import annotations
