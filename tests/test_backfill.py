@@ -12,7 +12,13 @@ from dcp.costmodel.model import CostModel
 from dcp.costmodel.schedule import reduction_chain_s
 from dcp.data.batches import make_batches
 from dcp.planner import IlpOptions, solve
-from dcp.planner.backfill import MIN_SAMPLES_PER_GPU, _hiding_tokens, _lpt, backfill_plan
+from dcp.planner.backfill import (
+    MIN_SAMPLES_PER_GPU,
+    _hiding_tokens,
+    _lpt,
+    _rebalance,
+    backfill_plan,
+)
 from dcp.planner.bounds import multi_phase_busy
 from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.ilp import Beaten, solve_ilp, solve_ilp_against
@@ -93,6 +99,25 @@ def test_lpt_places_every_filler_once_within_capacity_and_balanced(n: int, free:
     used = [s for s in range(len(fills)) if fills[s]]
     biggest = float(marg.max()) + fixed
     assert ends.max() - ends[used].min() <= 2 * biggest
+
+
+def test_rebalance_lowers_the_last_end_and_keeps_every_filler() -> None:
+    rng = np.random.default_rng(5)
+    tokens = rng.integers(100, 1500, 400).astype(np.float64)
+    marg = tokens * 1e-4
+    fixed, cap, hide = 0.01, 400_000.0, 2000.0
+    # An uneven start: slot 0 holds twice what each other one does, slot 4 nothing.
+    fills: list[list[list[int]]] = [[list(range(0, 200))], [list(range(200, 267))], [list(range(267, 334))],
+                                    [list(range(334, 400))], []]
+    ready = np.array([0.0, 0.1, 0.1, 0.1, 0.0])
+    ends = np.array([ready[s] + sum(fixed + marg[mb].sum() for mb in mbs) for s, mbs in enumerate(fills)])
+    after = _rebalance(fills, ends.copy(), tokens, marg, cap, hide)
+    assert after.max() < ends.max() - 1.0  # 16 moves (4 per slot) of fillers of 0.01-0.15 s
+    assert sorted(i for mbs in fills for mb in mbs for i in mb) == list(range(400))
+    for s, mbs in enumerate(fills[:4]):  # ends stay exact, capacity and hiding length hold
+        assert after[s] == pytest.approx(ready[s] + fixed + marg[mbs[0]].sum())
+        assert hide <= tokens[mbs[0]].sum() <= cap
+    assert fills[4] == [] and after[4] == 0.0  # no micro-batch opened on the slot that had none
 
 
 def test_gates_give_none() -> None:

@@ -59,6 +59,8 @@ filling at once once more than `WATER_FROM` per slot remain, each below `LPT_SHA
 load per slot (32,768 samples on 32 GPUs: a thousand rounds). Not sooner: a run that crosses a
 micro-batch's capacity adds a whole fixed cost the level did not see (32,768 samples on 256
 GPUs, 128 per slot: 1.4-1.9% above the bound filled so, against 0.5-0.6% in rounds)."""
+REBALANCE_MOVES = 4
+"""`_rebalance` moves at most this many fillers per slot."""
 FILL_PASSES = 3
 """Passes filling a core group's short room: each takes the longest run of the remaining fillers
 (longest first) that fits what is left."""
@@ -192,6 +194,7 @@ def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pri
         return None
     fills, ends, size = _lpt(rest, slot_ready[slots], table.tokens, marg, fixed, cap)
     ends = _unexposed(fills, ends, size, table.tokens, marg, fixed, cap, hide, reduction_chain_s(cm))
+    ends = _rebalance(fills, ends, table.tokens, marg, cap, hide)
     out_fills = [(int(slots[s]), mbs) for s, mbs in enumerate(fills) if mbs]
     core_busy = ready.copy()
     if changed:  # re-form and re-price only the groups that took fillers
@@ -336,6 +339,46 @@ def _unexposed(fills: list[list[list[int]]], ends: np.ndarray, size: np.ndarray,
         ends[s] -= sum(float(marg[i]) for i in moved) + fixed * len(fills[s])
         fills[s] = []
         good = trial
+    return ends
+
+
+def _rebalance(fills: list[list[list[int]]], ends: np.ndarray, tokens: np.ndarray, marg: np.ndarray,
+               cap: float, hide: float) -> np.ndarray:
+    """Moves off the slot that ends last: a filler of its last micro-batch to the open last
+    micro-batch of the first slot to end that has room, the one whose cost is nearest half their
+    difference, while that ends both sooner than the last (the rounds place a whole filler at a
+    time: wikipedia, 8,192 samples on 256 GPUs, batch 0: 1.56% above the bound before, 1.14%
+    after). A last micro-batch that hid the reductions keeps at least `hide` tokens; nothing
+    opens a new micro-batch (its fixed cost). At most `REBALANCE_MOVES` per slot. Returns the
+    new ends."""
+    live = [s for s in range(len(fills)) if fills[s]]
+    if len(live) < 2:
+        return ends
+    at = np.array(live)
+    held = np.array([float(tokens[fills[s][-1]].sum()) for s in live])
+    e = ends[at].copy()
+    for _ in range(REBALANCE_MOVES * len(live)):
+        hi = int(np.argmax(e))
+        last = fills[live[hi]][-1]
+        if len(last) < 2:
+            break
+        small = float(tokens[last].min())
+        lo = int(np.argmin(np.where(held + small <= cap, e, np.inf)))  # the first to end that has room
+        diff = float(e[hi] - e[lo])
+        costs = marg[last]
+        ok = (costs < diff) & (held[lo] + tokens[last] <= cap)
+        if held[hi] >= hide:
+            ok &= held[hi] - tokens[last] >= hide
+        if lo == hi or not ok.any():
+            break
+        k = int(np.argmin(np.where(ok, np.abs(costs - diff / 2), np.inf)))
+        i = last.pop(k)
+        fills[live[lo]][-1].append(i)
+        held[hi] -= float(tokens[i])
+        held[lo] += float(tokens[i])
+        e[hi] -= float(marg[i])
+        e[lo] += float(marg[i])
+    ends[at] = e
     return ends
 
 
