@@ -25,6 +25,7 @@ from dcp.planner.ilp import Beaten, solve_ilp, solve_ilp_against
 from dcp.planner.ilp.costs import cost_table
 from dcp.planner.plan import Plan
 from dcp.planner.pricing import BatchArrays, Pricer
+from dcp.planner.simulate import simulate
 from tests.conftest import cost_model, make_batch
 
 
@@ -58,6 +59,9 @@ def test_cores_run_first_and_fillers_after_at_sp1_on_freed_ranks() -> None:
             assert starts[k] == pytest.approx(ends.get(g.ranks[0], 0.0))
     assert plan.busy_s() >= busy * (1 - 1e-9)  # the multi-phase bound holds for it
     assert sorted(i for g in plan.groups for mb in g.microbatches for i in mb.samples) == list(range(len(batch)))
+    # The executor's timeline replays it at the priced step, and it survives its JSON.
+    assert simulate(plan, cm).step_time_s == pytest.approx(plan.step_time_s)
+    assert Plan.from_json(plan.to_json()).digest() == plan.digest()
 
 
 def test_no_short_backfill_ends_inside_the_reduction_chain() -> None:
