@@ -91,6 +91,7 @@ BESIDE_SHARE = 0.85
 they leave GPUs free; the sequential split gets the rest."""
 _TOL = 1e-9
 BACKFILL = "the samples that need SP > 1 first, the rest after them at SP 1"
+_FROM = "best plan from: "
 
 
 def split_order(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], makespan_s: float,
@@ -195,7 +196,7 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
         assert fill is not None
         return _report(fill, single.solver_status, single.notes, 0.0, bound_s,
                        f"phases: backfill ({BACKFILL}), {fill.step_time_s:.3f} s; the single layout cannot "
-                       "run faster (not assembled)", started)
+                       "run faster (not assembled)", started, source="backfill")
     phased, why = _search(batch, cm, options, single, bound_s, deadline, splits, order, need, estimate)
     best = phased or single
     if fill is not None and fill.step_time_s < best.step_time_s * (1 - _TOL):
@@ -203,8 +204,9 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
                f"{single.step_time_s:.3f} s" + (f" and the split's {phased.step_time_s:.3f} s" if phased else "")
                + f"; {why}")
         best = fill
+    source = None if best is single else "backfill" if best is fill else "a split of the batch"
     return _report(best, single.solver_status, single.notes, single.lower_bound_s, bound_s, why, started,
-                   validated=best is single or best is fill)
+                   validated=best is single or best is fill, source=source)
 
 
 def _splits(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, sizes: Sequence[int], busy_s: float,
@@ -362,14 +364,17 @@ def _plan_beside(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, or
 
 
 def _report(plan: Plan, status: str, single_notes: Sequence[str], single_bound_s: float, bound_s: float, why: str,
-            started: float, *, validated: bool = True) -> Plan:
+            started: float, *, validated: bool = True, source: str | None = None) -> Plan:
     """`plan` with the bound every runnable plan respects, its gap, and notes saying how it came
-    about and what the single-layout ILP's status, notes and bound were; validated unless it was
-    already (only its bound, gap, notes and status change here)."""
+    about (`source`, when it is not the single layout's plan) and what the single-layout ILP's
+    status, notes and bound were; validated unless it was already (only its bound, gap, notes
+    and status change here)."""
     step = plan.step_time_s
     plan.lower_bound_s = min(bound_s, step)
     plan.gap = max(0.0, (step - plan.lower_bound_s) / step) if step > 0 else 0.0
     notes = [n for n in single_notes if not n.startswith("seconds: ")]
+    if source is not None and notes and notes[0].startswith(_FROM):
+        notes[0] = f"{_FROM}{source} (the single layout's: {notes[0][len(_FROM):]})"
     if single_bound_s > bound_s * (1 + _TOL):
         notes.append(f"bound {single_bound_s:.3f} s for single-layout plans only (the solver's); "
                      f"every plan, multi-phase included: {bound_s:.3f} s")
