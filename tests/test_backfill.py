@@ -85,6 +85,26 @@ def test_no_short_backfill_ends_inside_the_reduction_chain() -> None:
     assert plan.step_time_s - plan.busy_s() <= cm.grad_sync_s() + float(np.max(np.diff(chain))) * 2
 
 
+def test_a_short_core_group_runs_after_its_ranks_fillers() -> None:
+    """Wikipedia, 8,192 samples on 1,024 GPUs: where a core group's room is too short for a
+    backfill after it, its ranks run their SP-1 fillers first and the core group after them,
+    so its long micro-batch still ends the step there."""
+    cm = cost_model(gpus=1024)
+    batch = make_batches("wikipedia", cm, global_batch=8192, steps=1, seed=0)[0]
+    sizes = allowed_sp_sizes(cm)
+    plan = backfill_plan(batch, cm, sizes, multi_phase_busy(batch, cm, sizes))
+    assert plan is not None and plan.num_phases == 2
+    starts = plan.group_starts_s()
+    late = [k for k, g in enumerate(plan.groups) if g.phase == 1 and g.sp > 1]
+    assert late
+    for k in late:
+        g = plan.groups[k]
+        before = [(i, h) for i, h in enumerate(plan.groups) if h.phase == 0 and set(h.ranks) & set(g.ranks)]
+        assert before and all(h.sp == 1 for _, h in before)
+        assert starts[k] == pytest.approx(max(starts[i] + h.busy_s for i, h in before))
+    assert simulate(plan, cm).step_time_s == pytest.approx(plan.step_time_s)
+
+
 @pytest.mark.parametrize("n, free, busy", [(3000, 40, 24), (40_000, 10, 6)])  # rounds; rounds, then water
 def test_lpt_places_every_filler_once_within_capacity_and_balanced(n: int, free: int, busy: int) -> None:
     rng = np.random.default_rng(3)

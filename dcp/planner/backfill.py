@@ -17,17 +17,20 @@ times the batch's busy bound):
    the ranks below the water level), packed in arrival order into micro-batches of at most
    max_tokens(1, 0) tokens, so a rank's time is known exactly while it is built: one fixed cost
    per micro-batch and each filler's marginal cost;
-3. two things the busy time does not see: a core group whose room before the water level is too
-   short for a micro-batch that hides the gradient reductions takes fillers into its own
-   micro-batches instead (at its size), and a rank whose backfill is that short near the end
-   gives it to the ranks that end first with a longer one (`_unexposed`). The reductions run
-   under the last micro-batch's backward (`dcp.costmodel.schedule_fast`): a few hundred tokens
-   there near the step's end expose the whole chain (0.17 s for llama-7b on 1,024 GPUs).
+3. two things the busy time does not see. The reductions run under the last micro-batch's
+   backward (`dcp.costmodel.schedule_fast`): a few hundred tokens there near the step's end
+   expose the whole chain (0.17 s for llama-7b on 1,024 GPUs). So a core group whose room
+   before the water level is too short for a micro-batch that hides it runs its ranks' fillers
+   first (at SP 1, one fixed cost more per rank; the group then starts when its last rank is
+   done) or takes them into its own micro-batches (at its size, where that costs less: the
+   size's markup on the fillers' marginal cost against the fixed cost); batches of up to
+   `BOTH_UP_TO` samples get both, the better kept. And a rank whose backfill is that short near
+   the end gives it to the ranks that end first with a longer one (`_unexposed`).
 
 `_lpt` is not `pack.lpt_fast`: its slots start at different times and it counts micro-batch
 boundaries as it goes. The targets' plans are compared by their busy time (exact: every time
-above is the cost model's); the best is assembled as a two-phase plan and priced on the
-executor's schedule. The phase search (`dcp.planner.phases`) keeps it when it runs faster than
+above is the cost model's); the best is assembled as a two-phase plan (phase 1 the cores and
+the fillers that run before theirs, phase 2 the rest) and priced on the executor's schedule. The phase search (`dcp.planner.phases`) keeps it when it runs faster than
 the ILP's. Never imports torch.
 """
 
@@ -59,6 +62,12 @@ filling at once once more than `WATER_FROM` per slot remain, each below `LPT_SHA
 load per slot (32,768 samples on 32 GPUs: a thousand rounds). Not sooner: a run that crosses a
 micro-batch's capacity adds a whole fixed cost the level did not see (32,768 samples on 256
 GPUs, 128 per slot: 1.4-1.9% above the bound filled so, against 0.5-0.6% in rounds)."""
+BOTH_UP_TO = 16384
+"""Batches up to this many samples get both placements of a core group's short room (fillers
+before the core, or inside its micro-batches) at every target, the better by busy time kept
+(wikipedia, 8,192 samples on 1,024 GPUs: 3.3% mean gap against 3.7% inside only); larger ones
+only inside: each placement is 0.1-0.2 s at 32,768 samples (Open-Sora on 1,024 GPUs: 0.9 s
+for all four)."""
 REBALANCE_MOVES = 4
 """`_rebalance` moves at most this many fillers per slot."""
 FILL_PASSES = 3
@@ -72,12 +81,14 @@ the bound on two of five batches, where the ILP's plans are 7-9%)."""
 
 @dataclass
 class _Candidate:
-    """One target's plan before assembly: phase 1's groups (first rank, SP size, micro-batches of
-    batch indices), phase 2's SP-1 groups (rank, micro-batches) and the busy time."""
+    """One target's plan before assembly: each phase's groups (first rank, SP size, micro-batches
+    of batch indices) and the busy time."""
 
-    cores: Layout
-    fills: list[tuple[int, list[list[int]]]]
+    first: Layout
+    second: Layout
     busy_s: float
+    fills_first: bool
+    """Whether some core group runs after its ranks' fillers."""
 
 
 def backfill_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], busy_floor_s: float,
@@ -95,12 +106,16 @@ def backfill_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], 
     hide = _hiding_tokens(cm, table)
     best: _Candidate | None = None
     for level in FILL_LEVELS:
-        cand = _candidate(table, cm, arrays, pricer, busy_floor_s * level, hide)
-        if cand is None or max_microbatches is not None and max(
-                len(mbs) for mbs in [m for _, _, m in cand.cores] + [m for _, m in cand.fills]) > max_microbatches:
-            continue
-        if best is None or cand.busy_s < best.busy_s:
-            best = cand
+        # Fillers before the short core groups, then into them (only where the first did put some
+        # first); above `BOTH_UP_TO` samples only into them, for time.
+        for fill_first in (True, False) if len(batch) <= BOTH_UP_TO else (False,):
+            cand = _candidate(table, cm, arrays, pricer, busy_floor_s * level, hide, fill_first)
+            if cand is not None and not (max_microbatches is not None and max(
+                    len(mbs) for _, _, mbs in cand.first + cand.second) > max_microbatches):
+                if best is None or cand.busy_s < best.busy_s:
+                    best = cand
+            if cand is None or not cand.fills_first:
+                break
     return None if best is None else _assemble(batch, cm, arrays, pricer, best)
 
 
@@ -125,7 +140,7 @@ def _hiding_tokens(cm: CostModel, table: CostTable) -> float:
 
 
 def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pricer, target_s: float,
-               hide: float) -> _Candidate | None:
+               hide: float, fill_first: bool = True) -> _Candidate | None:
     """The plan for one target (module docstring), or None if its cores need more GPUs."""
     n, sizes = cm.cluster.num_gpus, table.sizes
     size_arr = np.asarray(sizes)
@@ -164,11 +179,13 @@ def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pri
     level = max(target_s, (work + float(marg[fillers].sum()) + fixed * float(table.tokens[fillers].sum()) / cap) / n)
     short_s = fixed + float(np.median(marg[fillers]) / max(float(np.median(table.tokens[fillers])), 1.0)) * hide \
         if len(fillers) else 0.0
-    # Core groups with too little room for a hiding backfill take fillers in their own micro-batches.
+    # A core group with too little room for a hiding backfill after it takes its fillers before
+    # it (at SP 1, one more fixed cost per rank) or into its own micro-batches (at its size).
     taken = np.zeros(len(fillers), dtype=bool)  # by position in `fillers`
     costs: dict[int, np.ndarray] = {}
     slot_ready = np.zeros(n)
     in_slots = np.ones(n, dtype=bool)
+    before = np.zeros(n, dtype=bool)  # ranks whose fillers run before their core group
     changed: list[int] = []
     for g, ((start, j, ids), r) in enumerate(zip(groups, ready.tolist(), strict=True)):
         p = sizes[j]
@@ -176,8 +193,13 @@ def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pri
         slot_ready[start:start + p] = r
         if p == 1 or room >= short_s:
             continue
-        in_slots[start:start + p] = False
         cost = costs.setdefault(j, table.add[fillers, j])
+        # SP-1 work a rank's room holds either way: room - fixed before the core, room / markup inside.
+        markup = float(cost.sum()) * p / max(float(table.add[fillers, 0].sum()), 1e-300)
+        if fill_first and room - fixed > room / markup:
+            before[start:start + p] = True
+            continue
+        in_slots[start:start + p] = False
         for _ in range(FILL_PASSES):  # the longest run of free fillers that fits, then again
             fit = np.flatnonzero((cost <= room) & ~taken)
             if not len(fit):
@@ -193,9 +215,10 @@ def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pri
     if len(rest) and not len(slots):  # every rank in a core group too full to take them
         return None
     fills, ends, size = _lpt(rest, slot_ready[slots], table.tokens, marg, fixed, cap)
-    ends = _unexposed(fills, ends, size, table.tokens, marg, fixed, cap, hide, reduction_chain_s(cm))
+    first = before[slots]  # their fillers end before the core: no short last micro-batch there
+    ends = _unexposed(fills, ends, np.where(first, np.inf, size), table.tokens, marg, fixed, cap, hide,
+                      reduction_chain_s(cm))
     ends = _rebalance(fills, ends, table.tokens, marg, cap, hide)
-    out_fills = [(int(slots[s]), mbs) for s, mbs in enumerate(fills) if mbs]
     core_busy = ready.copy()
     if changed:  # re-form and re-price only the groups that took fillers
         for g in changed:
@@ -203,7 +226,13 @@ def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pri
             layout[g] = (start, sizes[j], form_microbatches(ids, j, table, cm))
         core_busy[changed] = price_layout([layout[g] for g in changed], arrays, pricer).busy_s
     core_ends = float(core_busy.max()) if len(core_busy) else 0.0
-    return _Candidate(layout, out_fills, max(float(ends.max()) if len(ends) else 0.0, core_ends))
+    # Phase 1: the cores, but where the fillers go first; phase 2: the rest. A core group after
+    # its fillers ends when its last rank's do plus its own time: its slots' ends already say so.
+    late = {g for g, (start, _, _) in enumerate(groups) if before[start]}
+    ones = [(int(slots[k]), 1, mbs) for k, mbs in enumerate(fills) if mbs]
+    return _Candidate([c for g, c in enumerate(layout) if g not in late] + [o for o in ones if before[o[0]]],
+                      [c for g, c in enumerate(layout) if g in late] + [o for o in ones if not before[o[0]]],
+                      max(float(ends.max()) if len(ends) else 0.0, core_ends), bool(late))
 
 
 def _lpt(fillers: np.ndarray, ready: np.ndarray, tokens: np.ndarray, marg: np.ndarray, fixed: float,
@@ -386,7 +415,7 @@ def _assemble(batch: Sequence[Sample], cm: CostModel, arrays: BatchArrays, price
               cand: _Candidate) -> Plan:
     """The candidate as a validated two-phase plan (one phase if either is empty), priced on the
     executor's schedule."""
-    parts = [part for part in (cand.cores, [(r, 1, mbs) for r, mbs in cand.fills]) if part]
+    parts = [part for part in (cand.first, cand.second) if part]
     plans = [assemble_indices("ilp", batch, cm, part, arrays=arrays, pricer=pricer, lower_bound_s=0.0,
                               validate=False, step=False) for part in parts]
     # Each group's longest micro-batch last, where its backward hides the most of the reductions
