@@ -206,7 +206,7 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
         best = fill
     source = None if best is single else "backfill" if best is fill else "a split of the batch"
     return _report(best, single.solver_status, single.notes, single.lower_bound_s, bound_s, why, started,
-                   validated=best is single or best is fill, source=source)
+                   source=source)
 
 
 def _splits(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, sizes: Sequence[int], busy_s: float,
@@ -364,11 +364,11 @@ def _plan_beside(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, or
 
 
 def _report(plan: Plan, status: str, single_notes: Sequence[str], single_bound_s: float, bound_s: float, why: str,
-            started: float, *, validated: bool = True, source: str | None = None) -> Plan:
+            started: float, *, source: str | None = None) -> Plan:
     """`plan` with the bound every runnable plan respects, its gap, and notes saying how it came
     about (`source`, when it is not the single layout's plan) and what the single-layout ILP's
-    status, notes and bound were; validated unless it was already (only its bound, gap, notes
-    and status change here)."""
+    status, notes and bound were. Every plan here was validated where it was assembled (the
+    ILP's finish, `chain`, the backfill's): only its bound, gap, notes and status change."""
     step = plan.step_time_s
     plan.lower_bound_s = min(bound_s, step)
     plan.gap = max(0.0, (step - plan.lower_bound_s) / step) if step > 0 else 0.0
@@ -383,4 +383,4 @@ def _report(plan: Plan, status: str, single_notes: Sequence[str], single_bound_s
     plan.notes = notes
     plan.solver_status = status + (f", {plan.num_phases} phases" if plan.num_phases > 1 else "")
     plan.solve_time_s = time.perf_counter() - started
-    return plan if validated else plan.validate()
+    return plan
