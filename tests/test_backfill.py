@@ -73,8 +73,8 @@ def test_no_short_backfill_ends_inside_the_reduction_chain() -> None:
     plan = backfill_plan(batch, cm, sizes, multi_phase_busy(batch, cm, sizes))
     assert plan is not None
     arrays = BatchArrays.of(batch)
-    hide = _hiding_tokens(cm, cost_table(arrays, cm, sizes, Pricer(cm, sizes)))
     chain = reduction_chain_s(cm)
+    hide = _hiding_tokens(cm, cost_table(arrays, cm, sizes, Pricer(cm, sizes)), chain)
     assert hide > 0 and chain is not None
     starts, end = plan.group_starts_s(), plan.busy_s()
     tokens = {s.id: s.tokens for s in batch}

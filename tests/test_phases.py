@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from dcp.planner import IlpOptions, Plan, PlanError, solve
 from dcp.planner.bounds import multi_phase_bound, multi_phase_busy
-from dcp.planner.common import assemble
+from dcp.planner.common import assemble, chain
 from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.ilp import solve_ilp
-from dcp.planner.phases import chain, split_order
+from dcp.planner.phases import split_order
 from dcp.planner.run import groups_label
 from dcp.planner.simulate import simulate
 from tests.brute_helpers import (

@@ -21,8 +21,8 @@ from dcp.planner.bounds import (
     multi_phase_bound,
     sample_arrays,
 )
+from dcp.planner.common import chain
 from dcp.planner.feasibility import allowed_sp_sizes
-from dcp.planner.phases import chain
 from dcp.planner.pricing import BatchArrays, Pricer, group_layout, price_layout
 from dcp.planner.sync import layout_step_s
 from tests.brute_helpers import random_plans

@@ -44,12 +44,12 @@ import numpy as np
 
 from dcp.costmodel import CostModel
 from dcp.costmodel.schedule import reduction_chain_s
-from dcp.planner.common import assemble_indices
+from dcp.planner.common import assemble_indices, chain
 from dcp.planner.ilp.costs import CostTable, cost_table, form_microbatches
-from dcp.planner.plan import Group, MicroBatch, Plan
+from dcp.planner.plan import Plan
 from dcp.planner.pricing import BatchArrays, Layout, Pricer, price_layout
 from dcp.planner.sample import Sample
-from dcp.planner.sync import price_step
+from dcp.planner.sync import longest_last
 
 FILL_LEVELS = (1.0, 1.02)
 """Targets T for the cores, as multiples of the batch's busy bound: a higher T puts a core on
@@ -106,7 +106,8 @@ def backfill_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], 
     arrays = arrays if arrays is not None else BatchArrays.of(batch)
     pricer = Pricer(cm, sizes)
     table = cost_table(arrays, cm, sizes, pricer)
-    hide = _hiding_tokens(cm, table)
+    chain = reduction_chain_s(cm)
+    hide = _hiding_tokens(cm, table, chain)
     best: _Candidate | None = None
     for level in FILL_LEVELS:
         if best is not None and best.busy_s <= busy_floor_s * (1 + CLOSE_ENOUGH):
@@ -114,7 +115,7 @@ def backfill_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], 
         # Fillers before the short core groups, then into them (only where the first did put some
         # first); above `BOTH_UP_TO` samples only into them, for time.
         for fill_first in (True, False) if len(batch) <= BOTH_UP_TO else (False,):
-            cand = _candidate(table, cm, arrays, pricer, busy_floor_s * level, hide, fill_first)
+            cand = _candidate(table, cm, arrays, pricer, busy_floor_s * level, hide, chain, fill_first)
             if cand is not None and not (max_microbatches is not None and max(
                     len(mbs) for _, _, mbs in cand.first + cand.second) > max_microbatches):
                 if best is None or cand.busy_s < best.busy_s:
@@ -124,10 +125,10 @@ def backfill_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], 
     return None if best is None else _assemble(batch, cm, arrays, pricer, best)
 
 
-def _hiding_tokens(cm: CostModel, table: CostTable) -> float:
+def _hiding_tokens(cm: CostModel, table: CostTable, chain: np.ndarray | None) -> float:
     """Tokens of an SP-1 micro-batch of short samples whose backward of one layer takes as long as
-    one layer's gradient reduction (its backward then hides the chain); 0 on one GPU."""
-    chain = reduction_chain_s(cm)
+    one layer's gradient reduction (its backward then hides the chain, `reduction_chain_s`); 0
+    without a chain (one GPU, ZeRO-3)."""
     k = cm.model.num_layers
     if chain is None or k < 2:
         return 0.0
@@ -145,7 +146,7 @@ def _hiding_tokens(cm: CostModel, table: CostTable) -> float:
 
 
 def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pricer, target_s: float,
-               hide: float, fill_first: bool = True) -> _Candidate | None:
+               hide: float, chain: np.ndarray | None, fill_first: bool = True) -> _Candidate | None:
     """The plan for one target (module docstring), or None if its cores need more GPUs."""
     n, sizes = cm.cluster.num_gpus, table.sizes
     size_arr = np.asarray(sizes)
@@ -187,7 +188,7 @@ def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pri
     # A core group with too little room for a hiding backfill after it takes its fillers before
     # it (at SP 1, one more fixed cost per rank) or into its own micro-batches (at its size).
     taken = np.zeros(len(fillers), dtype=bool)  # by position in `fillers`
-    costs: dict[int, np.ndarray] = {}
+    costs: dict[int, tuple[np.ndarray, float]] = {}
     slot_ready = np.zeros(n)
     in_slots = np.ones(n, dtype=bool)
     before = np.zeros(n, dtype=bool)  # ranks whose fillers run before their core group
@@ -198,9 +199,11 @@ def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pri
         slot_ready[start:start + p] = r
         if p == 1 or room >= short_s:
             continue
-        cost = costs.setdefault(j, table.add[fillers, j])
+        if j not in costs:  # the fillers' costs at size j, and their markup over SP 1
+            cost_j = table.add[fillers, j]
+            costs[j] = (cost_j, float(cost_j.sum()) * p / max(float(table.add[fillers, 0].sum()), 1e-300))
+        cost, markup = costs[j]
         # SP-1 work a rank's room holds either way: room - fixed before the core, room / markup inside.
-        markup = float(cost.sum()) * p / max(float(table.add[fillers, 0].sum()), 1e-300)
         if fill_first and room - fixed > room / markup:
             before[start:start + p] = True
             continue
@@ -221,8 +224,7 @@ def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pri
         return None
     fills, ends, size = _lpt(rest, slot_ready[slots], table.tokens, marg, fixed, cap)
     first = before[slots]  # their fillers end before the core: no short last micro-batch there
-    ends = _unexposed(fills, ends, np.where(first, np.inf, size), table.tokens, marg, fixed, cap, hide,
-                      reduction_chain_s(cm))
+    ends = _unexposed(fills, ends, np.where(first, np.inf, size), table.tokens, marg, fixed, cap, hide, chain)
     ends = _rebalance(fills, ends, table.tokens, marg, cap, hide)
     core_busy = ready.copy()
     if changed:  # re-form and re-price only the groups that took fillers
@@ -419,25 +421,11 @@ def _rebalance(fills: list[list[list[int]]], ends: np.ndarray, tokens: np.ndarra
 def _assemble(batch: Sequence[Sample], cm: CostModel, arrays: BatchArrays, pricer: Pricer,
               cand: _Candidate) -> Plan:
     """The candidate as a validated two-phase plan (one phase if either is empty), priced on the
-    executor's schedule."""
-    parts = [part for part in (cand.first, cand.second) if part]
-    plans = [assemble_indices("ilp", batch, cm, part, arrays=arrays, pricer=pricer, lower_bound_s=0.0,
-                              validate=False, step=False) for part in parts]
-    # Each group's longest micro-batch last, where its backward hides the most of the reductions
-    # (what `price_step` would try, at the cost of pricing the step twice).
-    groups = [Group(g.ranks, g.sp, _longest_last(g.microbatches), ring=g.ring, phase=ph)
-              for ph, p in enumerate(plans) for g in p.groups]
-    first = plans[0]
-    plan = Plan(strategy="ilp", num_gpus=first.num_gpus, gpus_per_node=first.gpus_per_node,
-                memory_limit_bytes=first.memory_limit_bytes, num_layers=first.num_layers, samples=list(batch),
-                groups=groups, step_time_s=0.0, lower_bound_s=0.0, solver_status="backfill")
-    price_step(plan, cm)
-    return plan.validate()
-
-
-def _longest_last(mbs: list[MicroBatch]) -> list[MicroBatch]:
-    """The micro-batches with the longest (the last of equals) moved to the end."""
-    if len(mbs) < 2:
-        return mbs
-    k = max(range(len(mbs)), key=lambda i: (mbs[i].time_s, i))
-    return [*mbs[:k], *mbs[k + 1:], mbs[k]]
+    executor's schedule, each group's longest micro-batch last (`sync.longest_last`)."""
+    parts = [assemble_indices("ilp", batch, cm, part, arrays=arrays, pricer=pricer, solver_status="backfill",
+                              lower_bound_s=0.0, validate=False, step=False)
+             for part in (cand.first, cand.second) if part]
+    for part in parts:
+        for g in part.groups:
+            g.microbatches = longest_last(g.microbatches)
+    return chain("ilp", batch, parts, cm)

@@ -9,7 +9,7 @@ import numpy as np
 
 from dcp.costmodel import CostModel
 from dcp.planner.bounds import lower_bound
-from dcp.planner.plan import Group, InfeasibleError, MicroBatch, Plan
+from dcp.planner.plan import Group, InfeasibleError, MicroBatch, Plan, PlanError
 from dcp.planner.pricing import BatchArrays, Layout, Pricer, price_layout
 from dcp.planner.sample import Sample
 from dcp.planner.sync import price_step
@@ -87,3 +87,28 @@ def assemble_indices(strategy: str, batch: Sequence[Sample], cm: CostModel, layo
     if step:
         price_step(plan, cm)  # the step as the executor's schedule runs it (dcp.planner.sync)
     return plan.validate() if validate else plan
+
+
+def chain(strategy: str, batch: Sequence[Sample], plans: Sequence[Plan], cm: CostModel, *,
+          mirror: Sequence[bool] = (), lower_bound_s: float = 0.0) -> Plan:
+    """One plan that runs `plans` (each of a part of the batch, on the same cluster) as its
+    phases, in order; with `mirror[i]`, plan i's groups on the mirrored ranks (rank r on
+    N - 1 - r). PlanError when a mirrored group would not be aligned. Its step is the phases'
+    timeline priced on the executor's schedule (`sync.phased_step_s`), at ZeRO stages 0-2 only."""
+    if cm.training.zero_stage == 3:
+        raise PlanError("ZeRO stage 3 runs one layout (lockstep slots): no multi-phase plans")
+    first = plans[0]
+    groups, phase = [], 0
+    for i, plan in enumerate(plans):
+        flip = i < len(mirror) and mirror[i]
+        for g in plan.groups:
+            ranks = [first.num_gpus - 1 - r for r in reversed(g.ranks)] if flip else list(g.ranks)
+            mbs = [MicroBatch(list(mb.samples), mb.ckpt_layers, mb.time_s, mb.memory_bytes) for mb in g.microbatches]
+            groups.append(Group(ranks, g.sp, mbs, ring=g.ring, phase=phase + g.phase))
+        phase += plan.num_phases
+    out = Plan(strategy=strategy, num_gpus=first.num_gpus, gpus_per_node=first.gpus_per_node,
+               memory_limit_bytes=first.memory_limit_bytes, num_layers=first.num_layers, samples=list(batch),
+               groups=groups, step_time_s=0.0, lower_bound_s=0.0, solver_status=first.solver_status)
+    price_step(out, cm)
+    out.lower_bound_s = min(lower_bound_s, out.step_time_s)
+    return out.validate()

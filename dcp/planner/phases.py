@@ -42,16 +42,15 @@ import numpy as np
 from dcp.costmodel import Cluster, CostModel
 from dcp.planner.backfill import backfill_plan
 from dcp.planner.bounds import multi_phase_bound, multi_phase_busy, sample_arrays, sample_floors
-from dcp.planner.common import assemble
+from dcp.planner.common import assemble, chain
 from dcp.planner.feasibility import allowed_sp_sizes, check_feasible
-from dcp.planner.ilp import Beaten, solve_ilp, solve_ilp_against
+from dcp.planner.ilp import SECONDS, SOURCE, Beaten, solve_ilp, solve_ilp_against
 from dcp.planner.ilp.budget import final_pricing_s
 from dcp.planner.options import IlpOptions
-from dcp.planner.plan import Group, InfeasibleError, Plan, PlanError
+from dcp.planner.plan import InfeasibleError, Plan, PlanError
 from dcp.planner.pricing import BatchArrays, Pricer
 from dcp.planner.sample import Sample
 from dcp.planner.status import CUT_SHORT
-from dcp.planner.sync import price_step
 
 PHASE_SHARE = 0.1
 """Share of `time_limit_s` kept back from the single-layout ILP for the phase search, when some
@@ -91,7 +90,6 @@ BESIDE_SHARE = 0.85
 they leave GPUs free; the sequential split gets the rest."""
 _TOL = 1e-9
 BACKFILL = "the samples that need SP > 1 first, the rest after them at SP 1"
-_FROM = "best plan from: "
 
 
 def split_order(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], makespan_s: float,
@@ -135,31 +133,6 @@ def split_candidates(need: np.ndarray, sizes: Sequence[int]) -> list[int]:
     return out
 
 
-def chain(strategy: str, batch: Sequence[Sample], plans: Sequence[Plan], cm: CostModel, *,
-          mirror: Sequence[bool] = (), lower_bound_s: float = 0.0) -> Plan:
-    """One plan that runs `plans` (each of a part of the batch, on the same cluster) as its
-    phases, in order; with `mirror[i]`, plan i's groups on the mirrored ranks (rank r on
-    N - 1 - r). PlanError when a mirrored group would not be aligned. Its step is the phases'
-    timeline priced on the executor's schedule (`sync.phased_step_s`), at ZeRO stages 0-2 only."""
-    if cm.training.zero_stage == 3:
-        raise PlanError("ZeRO stage 3 runs one layout (lockstep slots): no multi-phase plans")
-    first = plans[0]
-    groups, phase = [], 0
-    for i, plan in enumerate(plans):
-        flip = i < len(mirror) and mirror[i]
-        for g in plan.groups:
-            ranks = [first.num_gpus - 1 - r for r in reversed(g.ranks)] if flip else list(g.ranks)
-            groups.append(Group(ranks, g.sp, [dataclasses.replace(mb, samples=list(mb.samples))
-                                              for mb in g.microbatches], ring=g.ring, phase=phase + g.phase))
-        phase += plan.num_phases
-    out = Plan(strategy=strategy, num_gpus=first.num_gpus, gpus_per_node=first.gpus_per_node,
-               memory_limit_bytes=first.memory_limit_bytes, num_layers=first.num_layers, samples=list(batch),
-               groups=groups, step_time_s=0.0, lower_bound_s=0.0, solver_status=first.solver_status)
-    price_step(out, cm)
-    out.lower_bound_s = min(lower_bound_s, out.step_time_s)
-    return out.validate()
-
-
 def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, started: float | None = None, *,
                  warn: bool = True) -> Plan:
     """The ILP's plan with up to `options.max_phases` phases (see the module docstring), within
@@ -194,7 +167,7 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
                                warn=warn, beat_s=fill.step_time_s if fill is not None else None)
     if isinstance(single, Beaten):
         assert fill is not None
-        return _report(fill, single.solver_status, single.notes, 0.0, bound_s,
+        return _report(fill, single, bound_s,
                        f"phases: backfill ({BACKFILL}), {fill.step_time_s:.3f} s; the single layout cannot "
                        "run faster (not assembled)", started, source="backfill")
     phased, why = _search(batch, cm, options, single, bound_s, deadline, splits, order, need, estimate)
@@ -205,8 +178,7 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
                + f"; {why}")
         best = fill
     source = None if best is single else "backfill" if best is fill else "a split of the batch"
-    return _report(best, single.solver_status, single.notes, single.lower_bound_s, bound_s, why, started,
-                   source=source)
+    return _report(best, single, bound_s, why, started, source=source)
 
 
 def _splits(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, sizes: Sequence[int], busy_s: float,
@@ -363,24 +335,26 @@ def _plan_beside(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, or
         return None
 
 
-def _report(plan: Plan, status: str, single_notes: Sequence[str], single_bound_s: float, bound_s: float, why: str,
-            started: float, *, source: str | None = None) -> Plan:
+def _report(plan: Plan, single: Plan | Beaten, bound_s: float, why: str, started: float, *,
+            source: str | None = None) -> Plan:
     """`plan` with the bound every runnable plan respects, its gap, and notes saying how it came
     about (`source`, when it is not the single layout's plan) and what the single-layout ILP's
     status, notes and bound were. Every plan here was validated where it was assembled (the
-    ILP's finish, `chain`, the backfill's): only its bound, gap, notes and status change."""
+    ILP's finish, `common.chain` for splits and backfills): only its bound, gap, notes and
+    status change."""
+    single_bound_s = single.lower_bound_s  # read first: `plan` may be `single`
     step = plan.step_time_s
     plan.lower_bound_s = min(bound_s, step)
     plan.gap = max(0.0, (step - plan.lower_bound_s) / step) if step > 0 else 0.0
-    notes = [n for n in single_notes if not n.startswith("seconds: ")]
-    if source is not None and notes and notes[0].startswith(_FROM):
-        notes[0] = f"{_FROM}{source} (the single layout's: {notes[0][len(_FROM):]})"
+    notes = [n for n in single.notes if not n.startswith(SECONDS)]
+    if source is not None and notes and notes[0].startswith(SOURCE):
+        notes[0] = f"{SOURCE}{source} (the single layout's: {notes[0][len(SOURCE):]})"
     if single_bound_s > bound_s * (1 + _TOL):
         notes.append(f"bound {single_bound_s:.3f} s for single-layout plans only (the solver's); "
                      f"every plan, multi-phase included: {bound_s:.3f} s")
     notes.append(why)
-    notes += [n for n in single_notes if n.startswith("seconds: ")]
+    notes += [n for n in single.notes if n.startswith(SECONDS)]
     plan.notes = notes
-    plan.solver_status = status + (f", {plan.num_phases} phases" if plan.num_phases > 1 else "")
+    plan.solver_status = single.solver_status + (f", {plan.num_phases} phases" if plan.num_phases > 1 else "")
     plan.solve_time_s = time.perf_counter() - started
     return plan

@@ -61,6 +61,13 @@ def _longest_last(plan: Plan) -> list[int | None]:
     return [_longest_of([mb.time_s for mb in g.microbatches]) for g in plan.groups]
 
 
+def longest_last(microbatches: Sequence[MicroBatch]) -> list[MicroBatch]:
+    """A group's micro-batches with its longest moved to the end (`_longest_of`), where its
+    backward hides the most of the reductions: what `price_step` tries, done by a planner that
+    builds its groups so (the step is then priced once)."""
+    return _moved(microbatches, _longest_of([mb.time_s for mb in microbatches]))
+
+
 def _longest_of(times: Sequence[float]) -> int | None:
     """The index of the longest of a group's micro-batch times if it is not the last (else None)."""
     if not times:

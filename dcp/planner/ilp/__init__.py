@@ -50,13 +50,21 @@ EXACT_MAX_SAMPLES = 6
 EXACT_MAX_GPUS = 8
 
 
+SOURCE = "best plan from: "
+"""How a plan's first note starts: the search step its plan came from follows."""
+SECONDS = "seconds: "
+"""How its last note starts: the seconds each phase of the solve took follow."""
+
+
 @dataclass
 class Beaten:
     """What `solve_ilp_against` returns when its plan cannot run faster than the step it was
-    given: the program's status and notes, as the plan would have had them (not assembled)."""
+    given: the program's status and notes, as the plan would have had them (not assembled),
+    and no bound (the plan's, `finish`'s, is computed in its assembly)."""
 
     solver_status: str
     notes: list[str]
+    lower_bound_s: float = 0.0
 
 
 def solve_ilp(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, started: float | None = None,
@@ -100,9 +108,8 @@ def solve_ilp_against(batch: Sequence[Sample], cm: CostModel, options: IlpOption
     if beat_s is not None and best is not None:
         least = min(best.busy_s + search.sync, fastest[0] if fastest is not None else float("inf"))
         if least >= beat_s:
-            seconds = "seconds: " + ", ".join(f"{k} {v:.3f}" for k, v in budget.spent_s.items())
             return Beaten(f"{options.solver}: {_status(search)}",
-                          [f"best plan from: {best.source}", *_notes(search), seconds])
+                          [f"{SOURCE}{best.source}", *_notes(search), _seconds(budget)])
     return finish(search)
 
 
@@ -112,11 +119,11 @@ def finish(search: Search) -> Plan:
     assert best is not None
     t0 = time.perf_counter()
     status = _status(search)
-    notes = [f"best plan from: {best.source}", *_notes(search)]
+    notes = [f"{SOURCE}{best.source}", *_notes(search)]
     fastest = search.incumbent.fastest_step  # the fastest scheduled step, which may not be the least busy
     if fastest is not None and fastest[1] is not best:
         best = fastest[1]
-        notes[0] = f"best plan from: {best.source} (fastest scheduled step)"
+        notes[0] = f"{SOURCE}{best.source} (fastest scheduled step)"
     bound_s = max(step_floor(search.batch, search.cm, search.proven, search.sizes, (search.arrays.tokens, search.arrays.pairs)),
                   search.makespan_bound_s)
     plan = assemble_indices("ilp", search.batch, search.cm, best.layout, best.priced.ckpt(), arrays=search.arrays,
@@ -127,9 +134,14 @@ def finish(search: Search) -> Plan:
     plan.gap = max(0.0, (plan.step_time_s - plan.lower_bound_s) / plan.step_time_s) if plan.step_time_s > 0 else 0.0
     plan.validate()
     budget.record("finish", t0)
-    plan.notes.append("seconds: " + ", ".join(f"{k} {v:.3f}" for k, v in budget.spent_s.items()))
+    plan.notes.append(_seconds(budget))
     plan.solve_time_s = budget.elapsed()
     return plan
+
+
+def _seconds(budget: Budget) -> str:
+    """The note of the seconds each phase took."""
+    return SECONDS + ", ".join(f"{k} {v:.3f}" for k, v in budget.spent_s.items())
 
 
 def _notes(search: Search) -> list[str]:
