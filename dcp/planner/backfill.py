@@ -45,7 +45,7 @@ import numpy as np
 from dcp.costmodel import CostModel
 from dcp.costmodel.schedule import reduction_chain_s
 from dcp.planner.common import assemble_indices, chain
-from dcp.planner.ilp.costs import CostTable, cost_table, form_microbatches
+from dcp.planner.ilp.costs import CostTable, batch_costs, form_microbatches
 from dcp.planner.plan import Plan
 from dcp.planner.pricing import BatchArrays, Layout, Pricer, price_layout
 from dcp.planner.sample import Sample
@@ -95,17 +95,18 @@ class _Candidate:
 
 
 def backfill_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], busy_floor_s: float,
-                  arrays: BatchArrays | None = None, max_microbatches: int | None = None) -> Plan | None:
+                  arrays: BatchArrays | None = None, max_microbatches: int | None = None,
+                  costs: tuple[Pricer, CostTable] | None = None) -> Plan | None:
     """The best backfill plan over the targets `FILL_LEVELS` x `busy_floor_s` (a lower bound on
     the batch's busy time), priced and validated; None when the batch has fewer than
     `MIN_SAMPLES_PER_GPU` samples per GPU, SP 1 is not allowed, ZeRO stage 3 runs one layout, or
-    no target's plan fits the cluster with at most `max_microbatches` per group."""
+    no target's plan fits the cluster with at most `max_microbatches` per group. `costs`, when
+    given, are the batch's pricer and cost table (`costs.batch_costs`)."""
     n = cm.cluster.num_gpus
     if len(batch) < MIN_SAMPLES_PER_GPU * n or not sizes or sizes[0] != 1 or cm.training.zero_stage == 3:
         return None
     arrays = arrays if arrays is not None else BatchArrays.of(batch)
-    pricer = Pricer(cm, sizes)
-    table = cost_table(arrays, cm, sizes, pricer)
+    pricer, table = costs if costs is not None else batch_costs(arrays, cm, sizes)
     chain = reduction_chain_s(cm)
     hide = _hiding_tokens(cm, table, chain)
     best: _Candidate | None = None

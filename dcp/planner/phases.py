@@ -46,6 +46,7 @@ from dcp.planner.common import assemble, chain
 from dcp.planner.feasibility import allowed_sp_sizes, check_feasible
 from dcp.planner.ilp import SECONDS, SOURCE, Beaten, solve_ilp, solve_ilp_against
 from dcp.planner.ilp.budget import final_pricing_s
+from dcp.planner.ilp.costs import batch_costs
 from dcp.planner.options import IlpOptions
 from dcp.planner.plan import InfeasibleError, Plan, PlanError
 from dcp.planner.pricing import BatchArrays, Pricer
@@ -162,9 +163,11 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
     single_s = options.time_limit_s - kept_s
     # The backfill plan first (a few tenths of a second at 32,768 samples): the single layout's
     # limit counts from `started`, so it gets what is left, and is not assembled if it cannot win.
-    fill = backfill_plan(batch, cm, sizes, busy_s, arrays, options.max_microbatches) if options.max_phases >= 2 else None
+    costs = batch_costs(arrays, cm, sizes)  # the cost table both read
+    fill = backfill_plan(batch, cm, sizes, busy_s, arrays, options.max_microbatches, costs) \
+        if options.max_phases >= 2 else None
     single = solve_ilp_against(batch, cm, dataclasses.replace(options, time_limit_s=single_s), started, arrays,
-                               warn=warn, beat_s=fill.step_time_s if fill is not None else None)
+                               warn=warn, beat_s=fill.step_time_s if fill is not None else None, costs=costs)
     if isinstance(single, Beaten):
         assert fill is not None
         return _report(fill, single, bound_s,

@@ -38,10 +38,11 @@ from dcp.planner.bounds import step_floor
 from dcp.planner.common import assemble_indices
 from dcp.planner.feasibility import allowed_sp_sizes, check_feasible
 from dcp.planner.ilp.budget import Budget
+from dcp.planner.ilp.costs import CostTable
 from dcp.planner.ilp.search import Search
 from dcp.planner.options import IlpOptions
 from dcp.planner.plan import InfeasibleError, Plan
-from dcp.planner.pricing import BatchArrays
+from dcp.planner.pricing import BatchArrays, Pricer
 from dcp.planner.sample import Sample
 from dcp.planner.status import CUT_SHORT, NOT_RUN
 
@@ -82,15 +83,16 @@ def solve_ilp(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, start
 
 def solve_ilp_against(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, started: float | None = None,
                       arrays: BatchArrays | None = None, *, warn: bool = True,
-                      beat_s: float | None = None) -> Plan | Beaten:
+                      beat_s: float | None = None, costs: tuple[Pricer, CostTable] | None = None) -> Plan | Beaten:
     """`solve_ilp`, against a plan in hand that runs `beat_s`: when no step the incumbent can
     have (its busy time plus the least synchronization, or its fastest scheduled step) is faster,
-    the plan is not assembled (32,768 samples: 0.1 s) and its status and notes come back."""
+    the plan is not assembled (32,768 samples: 0.1 s) and its status and notes come back.
+    `costs`, when given, are the batch's (`costs.batch_costs`), already built for the backfill."""
     budget = Budget.start(options.time_limit_s, len(batch), started)
     sizes = allowed_sp_sizes(cm, options.sp_sizes)
     arrays = arrays if arrays is not None else BatchArrays.of(batch)
     check_feasible(batch, cm, sizes, arrays.tokens)
-    search = Search(batch, cm, sizes, options, budget, arrays)
+    search = Search(batch, cm, sizes, options, budget, arrays, costs)
     search.warm_start()
     if search.incumbent.best is None:
         raise InfeasibleError(f"ilp: no plan found with at most {options.max_microbatches} micro-batches per group")

@@ -153,6 +153,13 @@ def cost_table(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], pricer:
     return table
 
 
+def batch_costs(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int]) -> tuple[Pricer, CostTable]:
+    """The pricer of `sizes` and the batch's cost table on it: what the ILP's search and the
+    backfill both read (`dcp.planner.phases` builds them once for both)."""
+    pricer = Pricer(cm, sizes)
+    return pricer, cost_table(arrays, cm, sizes, pricer)
+
+
 def form_microbatches(ids: Sequence[int] | np.ndarray, j: int, table: CostTable, cm: CostModel,
                       max_microbatches: int | None = None) -> list[list[int]] | None:
     """Canonical micro-batches of one group at size index j: checkpointing samples alone, the

@@ -16,7 +16,7 @@ from dcp.costmodel import CostModel
 from dcp.planner.bounds import capacity_busy, single_layout_bound
 from dcp.planner.ilp.budget import PROBE_FROM, Budget, machine_probe_s
 from dcp.planner.ilp.columns import column_bound, column_plan, shapes_of
-from dcp.planner.ilp.costs import CostTable, cost_table
+from dcp.planner.ilp.costs import CostTable, batch_costs
 from dcp.planner.ilp.heuristic import class_counts
 from dcp.planner.ilp.incumbent import Incumbent
 from dcp.planner.ilp.lns import lns
@@ -65,14 +65,14 @@ class Search:
     """The batch, its cost table and bounds, the incumbent; the program phases as methods."""
 
     def __init__(self, batch: Sequence[Sample], cm: CostModel, sizes: list[int], options: IlpOptions,
-                 budget: Budget, arrays: BatchArrays | None = None) -> None:
+                 budget: Budget, arrays: BatchArrays | None = None,
+                 costs: tuple[Pricer, CostTable] | None = None) -> None:
         t0 = time.perf_counter()
         self.batch, self.cm, self.sizes, self.options, self.budget = list(batch), cm, sizes, options, budget
         self.arrays = arrays if arrays is not None else BatchArrays.of(batch)
         if len(batch) >= PROBE_FROM:  # a small batch's reserve is too small to tune (`Budget.slowdown`)
             budget.probe_s = machine_probe_s()
-        self.pricer = Pricer(cm, sizes)
-        self.table: CostTable = cost_table(self.arrays, cm, sizes, self.pricer)
+        self.pricer, self.table = costs if costs is not None else batch_costs(self.arrays, cm, sizes)
         self.sync = cm.grad_sync_s()
         bound_arrays = (self.arrays.tokens, self.arrays.pairs)
         # Proven bounds on the busy time. The search (class program's floor B >= L, cut and
