@@ -17,6 +17,7 @@ from dcp.planner.backfill import (
     _hiding_tokens,
     _lpt,
     _rebalance,
+    _unexposed,
     backfill_plan,
 )
 from dcp.planner.bounds import multi_phase_busy
@@ -142,6 +143,21 @@ def test_rebalance_lowers_the_last_end_and_keeps_every_filler() -> None:
         assert after[s] == pytest.approx(ready[s] + fixed + marg[mbs[0]].sum())
         assert hide <= tokens[mbs[0]].sum() <= cap
     assert fills[4] == [] and after[4] == 0.0  # no micro-batch opened on the slot that had none
+
+
+def test_a_short_late_backfill_moves_to_a_running_slot_not_an_empty_one() -> None:
+    tokens = np.array([100.0, 100.0, 5000.0, 5000.0])
+    marg = tokens * 1e-5
+    fixed, cap, hide = 0.01, 16000.0, 1000.0
+    chain = np.array([0.05, 0.1, 0.2])
+    # Slot 0: 200 tokens ending last (inside the chain); slot 1: its fillers would run before its
+    # core group (size inf) but it got none; slot 2: a long backfill that ends early.
+    fills: list[list[list[int]]] = [[[0, 1]], [], [[2, 3]]]
+    ends = np.array([1.0, 0.5, 0.6])
+    after = _unexposed(fills, ends.copy(), np.array([200.0, np.inf, 10000.0]), tokens, marg, fixed, cap, hide, chain)
+    assert fills == [[], [], [[2, 3, 0, 1]]]  # into slot 2's open micro-batch, none opened on slot 1
+    assert after[2] == pytest.approx(0.6 + marg[0] + marg[1])
+    assert after[0] == pytest.approx(1.0 - fixed - marg[0] - marg[1]) and after[1] == 0.5
 
 
 def test_gates_give_none() -> None:

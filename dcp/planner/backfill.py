@@ -342,7 +342,7 @@ def _unexposed(fills: list[list[list[int]]], ends: np.ndarray, size: np.ndarray,
     window = float(chain[-1])
     last = float(ends.max()) if len(ends) else 0.0
     bad = [s for s in range(len(fills)) if fills[s] and size[s] < hide and ends[s] > last - window]
-    good = [(float(ends[s]), s) for s in range(len(fills)) if size[s] >= hide]
+    good = [(float(ends[s]), s) for s in range(len(fills)) if fills[s] and size[s] >= hide]  # a slot that runs
     if not bad or not good:
         return ends
     heapq.heapify(good)
