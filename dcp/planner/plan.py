@@ -141,8 +141,9 @@ class Plan:
             ranks = [r for r in g.ranks if 0 <= r < self.num_gpus]
             starts[gi] = max((free[r] for r in ranks), default=0.0)
             if g.microbatches:
+                end = starts[gi] + g.busy_s
                 for r in ranks:
-                    free[r] = starts[gi] + g.busy_s
+                    free[r] = end
         return starts
 
     def busy_s(self) -> float:
