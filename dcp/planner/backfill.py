@@ -107,8 +107,8 @@ def backfill_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], 
         return None
     arrays = arrays if arrays is not None else BatchArrays.of(batch)
     pricer, table = costs if costs is not None else batch_costs(arrays, cm, sizes)
-    chain = reduction_chain_s(cm)
-    hide = _hiding_tokens(cm, table, chain)
+    reductions = reduction_chain_s(cm)
+    hide = _hiding_tokens(cm, table, reductions)
     best: _Candidate | None = None
     for level in FILL_LEVELS:
         if best is not None and best.busy_s <= busy_floor_s * (1 + CLOSE_ENOUGH):
@@ -116,7 +116,7 @@ def backfill_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], 
         # Fillers before the short core groups, then into them (only where the first did put some
         # first); above `BOTH_UP_TO` samples only into them, for time.
         for fill_first in (True, False) if len(batch) <= BOTH_UP_TO else (False,):
-            cand = _candidate(table, cm, arrays, pricer, busy_floor_s * level, hide, chain, fill_first)
+            cand = _candidate(table, cm, arrays, pricer, busy_floor_s * level, hide, reductions, fill_first)
             if cand is not None and not (max_microbatches is not None and max(
                     len(mbs) for _, _, mbs in cand.first + cand.second) > max_microbatches):
                 if best is None or cand.busy_s < best.busy_s:
@@ -126,14 +126,14 @@ def backfill_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], 
     return None if best is None else _assemble(batch, cm, arrays, pricer, best)
 
 
-def _hiding_tokens(cm: CostModel, table: CostTable, chain: np.ndarray | None) -> float:
+def _hiding_tokens(cm: CostModel, table: CostTable, reductions: np.ndarray | None) -> float:
     """Tokens of an SP-1 micro-batch of short samples whose backward of one layer takes as long as
     one layer's gradient reduction (its backward then hides the chain, `reduction_chain_s`); 0
     without a chain (one GPU, ZeRO-3)."""
     k = cm.model.num_layers
-    if chain is None or k < 2:
+    if reductions is None or k < 2:
         return 0.0
-    per_layer = float(np.max(np.diff(chain)))
+    per_layer = float(np.max(np.diff(reductions)))
     cap = float(table.cap0[0])
     short = table.tokens[table.ckpt[:, 0] == 0]
     pairs_per_token = float(np.mean(table.pairs[table.ckpt[:, 0] == 0] / np.maximum(short, 1))) if len(short) else 1.0
@@ -147,7 +147,7 @@ def _hiding_tokens(cm: CostModel, table: CostTable, chain: np.ndarray | None) ->
 
 
 def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pricer, target_s: float,
-               hide: float, chain: np.ndarray | None, fill_first: bool = True) -> _Candidate | None:
+               hide: float, reductions: np.ndarray | None, fill_first: bool = True) -> _Candidate | None:
     """The plan for one target (module docstring), or None if its cores need more GPUs."""
     n, sizes = cm.cluster.num_gpus, table.sizes
     size_arr = np.asarray(sizes)
@@ -225,7 +225,7 @@ def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pri
         return None
     fills, ends, size = _lpt(rest, slot_ready[slots], table.tokens, marg, fixed, cap)
     first = before[slots]  # their fillers end before the core: no short last micro-batch there
-    ends = _unexposed(fills, ends, np.where(first, np.inf, size), table.tokens, marg, fixed, cap, hide, chain)
+    ends = _unexposed(fills, ends, np.where(first, np.inf, size), table.tokens, marg, fixed, cap, hide, reductions)
     ends = _rebalance(fills, ends, table.tokens, marg, cap, hide)
     core_busy = ready.copy()
     if changed:  # re-form and re-price only the groups that took fillers
@@ -331,18 +331,20 @@ def _water_fill(fillers: np.ndarray, at: int, cost: np.ndarray, ends: np.ndarray
 
 
 def _unexposed(fills: list[list[list[int]]], ends: np.ndarray, size: np.ndarray, tokens: np.ndarray, marg: np.ndarray,
-               fixed: float, cap: float, hide: float, chain: np.ndarray | None) -> np.ndarray:
+               fixed: float, cap: float, hide: float, reductions: np.ndarray | None) -> np.ndarray:
     """Slots whose backfill is shorter than `hide` tokens and ends within the reduction chain of
     the last (`size`: each slot's tokens): their fillers go to the slots that end first with a
     backfill that hides it (at the end of their last micro-batch, or a new one past `cap`), when
     all of them fit there before the step would end with them left in place (about the chain
     after the slot's end; else they stay). Returns the slots' new ends."""
-    if chain is None or not hide:
+    if reductions is None or not hide:
         return ends
-    window = float(chain[-1])
+    window = float(reductions[-1])
     last = float(ends.max()) if len(ends) else 0.0
     bad = [s for s in range(len(fills)) if fills[s] and size[s] < hide and ends[s] > last - window]
-    good = [(float(ends[s]), s) for s in range(len(fills)) if fills[s] and size[s] >= hide]  # a slot that runs
+    # Only slots that run a backfill of their own take fillers (one whose fillers were to run
+    # before its core group may have got none).
+    good = [(float(ends[s]), s) for s in range(len(fills)) if fills[s] and size[s] >= hide]
     if not bad or not good:
         return ends
     heapq.heapify(good)
@@ -350,7 +352,7 @@ def _unexposed(fills: list[list[list[int]]], ends: np.ndarray, size: np.ndarray,
     for s in bad:
         moved = [i for mb in fills[s] for i in mb]
         # Left there, it ends the step about the whole chain after it (less what any plan adds).
-        limit = max(last, float(ends[s]) + window - float(chain[0]))
+        limit = max(last, float(ends[s]) + window - float(reductions[0]))
         trial, placed, ok = list(good), [], True
         opened: dict[int, float] = {}
         for i in moved:
