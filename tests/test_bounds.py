@@ -12,11 +12,13 @@ from dcp.data.batches import make_batches
 from dcp.planner import IlpOptions, lower_bound, solve
 from dcp.planner.bound_group import _exposure
 from dcp.planner.bounds import (
+    _MEMO,
     _link_bound,
     _makespan_bound,
     _Work,
     capacity_bound,
     distinct_samples,
+    multi_phase_bound,
     multi_phase_busy,
     sample_arrays,
     single_layout_bound,
@@ -40,6 +42,33 @@ BOUND_CASES = [
     ([50] * 6, 4, 2),
     ([300] * 4 + [20, 20], 2, 2),
 ]
+
+
+@pytest.mark.parametrize("lengths,gpus,cap", [([50] * 6, 4, 600), ([653, 1064], 2, 600), ([803, 2297], 2, 600),
+                                              ([703, 585, 737, 536], 4, 300), ([529, 1852, 465], 2, 300)])
+def test_weighed_fixed_costs_raise_the_bound_and_stay_below_every_multi_phase_plan(
+        lengths: list[int], gpus: int, cap: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Charging fixed costs by marginal time, or whole to samples no other like them can join
+    (`_Work.weigh`), raises the bound on these batches above the token shares' and keeps it
+    below the best multi-phase plan. On six 50-token samples on 4 GPUs it reaches it: the best
+    plan puts two samples in a micro-batch on two ranks, and a sample's token share leaves room
+    for its partner's tokens but not for the partner's attention, which its time share counts."""
+    cm = tiny_cm(gpus, 2, cap)
+    batch = make_batch(lengths)
+    weighed = multi_phase_bound(batch, cm)
+    best = brute_force_phases(batch, cm)
+    assert weighed <= best * (1 + 1e-9)
+
+    def token_shares(self: _Work, makespan: float) -> dict[int, int]:
+        self.weigh_as({})
+        return {}
+
+    monkeypatch.setattr(_Work, "weigh", token_shares)
+    _MEMO.clear()
+    plain = multi_phase_bound(batch, cm)
+    assert weighed > plain * (1 + 1e-4)
+    if lengths == [50] * 6:
+        assert weighed >= best * (1 - 1e-4)
 
 
 @pytest.mark.parametrize("zero_stage", [1, 3])

@@ -16,7 +16,11 @@ times the batch's busy bound):
 2. fillers, the rest, longest first, each onto the rank that frees first (`_lpt`: rounds over
    the ranks below the water level), packed in arrival order into micro-batches of at most
    max_tokens(1, 0) tokens, so a rank's time is known exactly while it is built: one fixed cost
-   per micro-batch and each filler's marginal cost;
+   per micro-batch and each filler's marginal cost; but a core group whose room before the
+   water level holds more fillers inside its own micro-batches (the room over its size's markup
+   on their marginal cost) than on its ranks at SP 1 (the room less one more fixed cost) takes
+   them inside (small sizes, whose markup is a few percent: wikipedia, 2,048 samples on 256
+   GPUs, batch 1, 3.8% above the bound before, 3.0% after);
 3. two things the busy time does not see. The reductions run under the last micro-batch's
    backward (`dcp.costmodel.schedule_fast`): a few hundred tokens there near the step's end
    expose the whole chain (0.17 s for llama-7b on 1,024 GPUs). So a core group whose room
@@ -37,6 +41,8 @@ the ILP's. Never imports torch.
 from __future__ import annotations
 
 import heapq
+import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -51,11 +57,17 @@ from dcp.planner.pricing import BatchArrays, Layout, Pricer, price_layout
 from dcp.planner.sample import Sample
 from dcp.planner.sync import longest_last
 
-FILL_LEVELS = (1.0, 1.02)
-"""Targets T for the cores, as multiples of the batch's busy bound: a higher T puts a core on
-fewer GPUs (fewer GPU-seconds) but the plan ends near T (wikipedia, 2,048 to 32,768 samples on
-256 and 1,024 GPUs: either of these two is the best of 1.0-1.08 on most batches, 1.04 and 1.08
-end 4-8% above the bound)."""
+FILL_LEVELS = (1.0, 1.02, 1.01, 1.03, 1.015, 1.025)
+"""Targets T for the cores, as multiples of the batch's busy bound, in the order tried: a higher
+T puts a core on fewer GPUs (fewer GPU-seconds) but the plan ends near T. The best lies between
+1.0 and 1.03 (wikipedia, 2,048 to 32,768 samples on 256 and 1,024 GPUs: 1.04 and 1.08 end 4-8%
+above the bound), and which one varies from batch to batch: 1.01 or 1.03 beats both 1.0 and 1.02
+on 3 of 5 batches of 2,048 samples on 256 GPUs and 2 of 5 of 8,192 on 1,024."""
+LEVELS_SHARE = 0.3
+"""No target after the first two starts when, at the mean time of those before it, it would end
+past this share of the time limit (wikipedia, 8,192 samples on 1,024 GPUs: about 0.1 s a target,
+so three; lognormal, 32,768 on 256: 0.15 s, so two, as the ILP's warm start and final pricing
+need what is left)."""
 WATER_FROM, LPT_SHARE = 256, 1 / 64
 """`_lpt` places fillers one round at a time (a round per filler per slot), the rest by water
 filling at once once more than `WATER_FROM` per slot remain, each below `LPT_SHARE` of the mean
@@ -96,12 +108,13 @@ class _Candidate:
 
 def backfill_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], busy_floor_s: float,
                   arrays: BatchArrays | None = None, max_microbatches: int | None = None,
-                  costs: tuple[Pricer, CostTable] | None = None) -> Plan | None:
+                  costs: tuple[Pricer, CostTable] | None = None, time_limit_s: float = math.inf) -> Plan | None:
     """The best backfill plan over the targets `FILL_LEVELS` x `busy_floor_s` (a lower bound on
     the batch's busy time), priced and validated; None when the batch has fewer than
     `MIN_SAMPLES_PER_GPU` samples per GPU, SP 1 is not allowed, ZeRO stage 3 runs one layout, or
     no target's plan fits the cluster with at most `max_microbatches` per group. `costs`, when
-    given, are the batch's pricer and cost table (`costs.batch_costs`)."""
+    given, are the batch's pricer and cost table (`costs.batch_costs`); `time_limit_s` (the
+    solve's) bounds how many targets past the first two are tried (`LEVELS_SHARE`)."""
     n = cm.cluster.num_gpus
     if len(batch) < MIN_SAMPLES_PER_GPU * n or not sizes or sizes[0] != 1 or cm.training.zero_stage == 3:
         return None
@@ -110,8 +123,11 @@ def backfill_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], 
     reductions = reduction_chain_s(cm)
     hide = _hiding_tokens(cm, table, reductions)
     best: _Candidate | None = None
-    for level in FILL_LEVELS:
+    started = time.perf_counter()
+    for k, level in enumerate(FILL_LEVELS):
         if best is not None and best.busy_s <= busy_floor_s * (1 + CLOSE_ENOUGH):
+            break
+        if k >= 2 and (time.perf_counter() - started) * (k + 1) / k > LEVELS_SHARE * time_limit_s:
             break
         # Fillers before the short core groups, then into them (only where the first did put some
         # first); above `BOTH_UP_TO` samples only into them, for time.
@@ -186,8 +202,9 @@ def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pri
     level = max(target_s, (work + float(marg[fillers].sum()) + fixed * float(table.tokens[fillers].sum()) / cap) / n)
     short_s = fixed + float(np.median(marg[fillers]) / max(float(np.median(table.tokens[fillers])), 1.0)) * hide \
         if len(fillers) else 0.0
-    # A core group with too little room for a hiding backfill after it takes its fillers before
-    # it (at SP 1, one more fixed cost per rank) or into its own micro-batches (at its size).
+    # A core group takes fillers into its own micro-batches (at its size) where its room holds
+    # more of them so than at SP 1 on its ranks (one more fixed cost per rank); else they run
+    # after it, or before it where its room is too short for a hiding backfill after it.
     taken = np.zeros(len(fillers), dtype=bool)  # by position in `fillers`
     costs: dict[int, tuple[np.ndarray, float]] = {}
     slot_ready = np.zeros(n)
@@ -198,14 +215,17 @@ def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pri
         p = sizes[j]
         room = level - r
         slot_ready[start:start + p] = r
-        if p == 1 or room >= short_s:
+        if p == 1:
             continue
         if j not in costs:  # the fillers' costs at size j, and their markup over SP 1
             cost_j = table.add[fillers, j]
             costs[j] = (cost_j, float(cost_j.sum()) * p / max(float(table.add[fillers, 0].sum()), 1e-300))
         cost, markup = costs[j]
-        # SP-1 work a rank's room holds either way: room - fixed before the core, room / markup inside.
-        if fill_first and room - fixed > room / markup:
+        # SP-1 work a rank's room holds either way: room - fixed at SP 1, room / markup inside.
+        inside = room / markup > room - fixed
+        if room >= short_s and not inside:
+            continue
+        if fill_first and not inside:
             before[start:start + p] = True
             continue
         in_slots[start:start + p] = False
