@@ -20,7 +20,7 @@ times the batch's busy bound):
    water level holds more fillers inside its own micro-batches (the room over its size's markup
    on their marginal cost) than on its ranks at SP 1 (the room less one more fixed cost) takes
    them inside (small sizes, whose markup is a few percent: wikipedia, 2,048 samples on 256
-   GPUs, batch 1, 3.8% above the bound before, 3.0% after);
+   GPUs, batch 1, at targets 1.0 and 1.02: 3.7% above the bound before, 3.0% after);
 3. two things the busy time does not see. The reductions run under the last micro-batch's
    backward (`dcp.costmodel.schedule_fast`): a few hundred tokens there near the step's end
    expose the whole chain (0.17 s for llama-7b on 1,024 GPUs). So a core group whose room
