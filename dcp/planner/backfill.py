@@ -24,18 +24,18 @@ times the batch's busy bound):
 3. two things the busy time does not see. The reductions run under the last micro-batch's
    backward (`dcp.costmodel.schedule_fast`): a few hundred tokens there near the step's end
    expose the whole chain (0.17 s for llama-7b on 1,024 GPUs). So a core group whose room
-   before the water level is too short for a micro-batch that hides it runs its ranks' fillers
-   first (at SP 1, one fixed cost more per rank; the group then starts when its last rank is
-   done) or takes them into its own micro-batches (at its size, where that costs less: the
-   size's markup on the fillers' marginal cost against the fixed cost); batches of up to
-   `BOTH_UP_TO` samples get both, the better kept. And a rank whose backfill is that short near
-   the end gives it to the ranks that end first with a longer one (`_unexposed`).
+   before the water level is too short for a micro-batch that hides it, and that does not take
+   its fillers inside (2.), runs its ranks' fillers first (at SP 1; the group then starts when
+   its last rank is done); batches of up to `BOTH_UP_TO` samples also get a plan where such
+   groups take them inside anyway, the better kept. And a rank whose backfill is that short
+   near the end gives it to the ranks that end first with a longer one (`_unexposed`).
 
 `_lpt` is not `pack.lpt_fast`: its slots start at different times and it counts micro-batch
 boundaries as it goes. The targets' plans are compared by their busy time (exact: every time
 above is the cost model's); the best is assembled as a two-phase plan (phase 1 the cores and
-the fillers that run before theirs, phase 2 the rest) and priced on the executor's schedule. The phase search (`dcp.planner.phases`) keeps it when it runs faster than
-the ILP's. Never imports torch.
+the fillers that run before theirs, phase 2 the rest) and priced on the executor's schedule.
+The phase search (`dcp.planner.phases`) keeps it when it runs faster than the ILP's. Never
+imports torch.
 """
 
 from __future__ import annotations

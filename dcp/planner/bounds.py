@@ -453,13 +453,9 @@ class _Work:
         self.longest = float(solo.max()) if len(solo) else 0.0
         self.memory_share = memory_share
         self.time_share = fixed * per_token  # over M - busy: fixed seconds per token when time caps it
-        # For `weigh`: each row's size (rows of one size share a weighting), its samples'
-        # whole fixed GPU-seconds, fixed time, and share of the memory a micro-batch holds.
+        # For `weigh`: each row's size (rows of one size share a weighting) and its samples' fixed time.
         self.row_sizes = gpus[:, 0].astype(np.int64)
         self.fixed = fixed
-        self.fixed_gpu_s = gpus * fixed
-        memory_cap = np.stack([levels[p].memory_cap[r] for p, r, _ in rows])
-        self.memory_used = np.divide(t, memory_cap, out=np.zeros_like(memory_share), where=memory_cap > 0)
         self.weighting: np.ndarray | None = None
         """Per row, the fixed-cost weighting `weigh` chose (0: the token shares); None: all 0."""
         # The least time any micro-batch takes: the least fixed part at any allowed size and level.
@@ -488,15 +484,24 @@ class _Work:
             for k in range(1, len(_WEIGHTINGS) + 1):
                 rows = self.weighting == k
                 if rows.any():
-                    w = _weigh(k, self.solo[rows] - self.fixed[rows], makespan - self.fixed[rows], self.memory_used[rows])
-                    cost[rows] = np.where(open_[rows], self.marginal[rows] + self.fixed_gpu_s[rows] * w, np.inf)
+                    cost[rows] = self._weighed(k, makespan, rows, open_[rows])
         return cost
+
+    def _weighed(self, k: int, makespan: float, rows: np.ndarray | slice, open_: np.ndarray) -> np.ndarray:
+        """`rows`' costs at `makespan` with their fixed costs charged by weighting k (`_weigh`)."""
+        fixed = self.fixed[rows]
+        # Weighting 3 reads each sample's share of its micro-batch's memory, t / cap, which is
+        # t * memory_share / fixed (where the fixed time is 0 its weight charges nothing).
+        memory_used = None if k != 3 else np.divide(self.tokens * self.memory_share[rows], fixed,
+                                                    out=np.zeros_like(fixed), where=fixed > 0)
+        w = _weigh(k, self.solo[rows] - fixed, makespan - fixed, memory_used)
+        return np.where(open_, self.marginal[rows] + self.row_sizes[rows, None] * fixed * w, np.inf)
 
     def weigh(self, makespan: float) -> dict[int, int]:
         """Charges each size's fixed costs by the weighting (`_weigh`; 0: the token shares) that
         adds most at `makespan` to the samples whose cheapest row it holds, among those that
-        leave no sample below its least over the token shares; returns the choice per size, which
-        `weigh_as` gives another bound on the same sizes.
+        leave no sample below its least over the token shares; returns the sizes that took one
+        (and which).
 
         Why any choice holds: a micro-batch B at level (p, r) in a plan of busy time at most M
         costs p (fixed + its samples' marginal times) GPU-seconds, so charging each of its samples
@@ -522,26 +527,21 @@ class _Work:
         choice, score = np.zeros(len(sizes), dtype=np.int64), value(cost)
         floor = least * (1 - 1e-12)
         for k in range(1, len(_WEIGHTINGS) + 1):
-            w = _weigh(k, self.solo - self.fixed, makespan - self.fixed, self.memory_used)
-            alt = np.where(open_, self.marginal + self.fixed_gpu_s * w, np.inf)
+            alt = self._weighed(k, makespan, slice(None), open_)
             unsafe = np.bincount(row_size, ((alt < floor[None, :]) & open_).any(axis=1), len(sizes)) > 0
             gain = value(alt)
             take = ~unsafe & (gain > score * (1 + 1e-12))
             choice, score = np.where(take, k, choice), np.where(take, gain, score)
-        chosen = {int(p): int(k) for p, k in zip(sizes, choice, strict=True) if k}
-        self.weigh_as(chosen)
-        return chosen
-
-    def weigh_as(self, chosen: dict[int, int]) -> None:
-        """Charges fixed costs by the weightings `weigh` chose per size (another bound's)."""
-        self.weighting = np.array([chosen.get(int(p), 0) for p in self.row_sizes], dtype=np.int64) if chosen else None
+        if choice.any():
+            self.weighting = choice[row_size]
+        return {int(p): int(k) for p, k in zip(sizes, choice, strict=True) if k}
 
 
 _WEIGHTINGS = ("time share", "over half the time", "over half the memory")
 """The fixed-cost weightings `_weigh` computes, numbered from 1 (0: the token shares)."""
 
 
-def _weigh(k: int, var_s: np.ndarray, room_s: np.ndarray, memory_used: np.ndarray) -> np.ndarray:
+def _weigh(k: int, var_s: np.ndarray, room_s: np.ndarray, memory_used: np.ndarray | None) -> np.ndarray:
     """Weighting k of `_WEIGHTINGS`: fixed-cost weights per (row, sample) whose sum over any
     micro-batch's samples is at most 1 in a plan of busy time M (`_Work.weigh`). A micro-batch
     runs its fixed time and its samples' marginal times within M, so their marginal time as a
@@ -549,8 +549,10 @@ def _weigh(k: int, var_s: np.ndarray, room_s: np.ndarray, memory_used: np.ndarra
     of the memory; and so does any dual-feasible function of either (u(x) summed stays at most 1
     wherever x does). 1: x itself, which counts a long sample's attention in full (the token
     shares count only its tokens); 2: 1 where x > 1/2, else 0; 3: 1 where y > 1/2, else 0 (no
-    two such samples share a micro-batch: a long sample alone in a large group pays all of it)."""
+    two such samples share a micro-batch: a long sample alone in a large group pays all of it);
+    `memory_used` (y) is read by 3 only."""
     if k == 3:
+        assert memory_used is not None
         return np.where(memory_used > 0.5, 1.0, 0.0)
     x = np.minimum(np.divide(var_s, room_s, out=np.ones_like(var_s), where=room_s > 0), 1.0)
     return x if k == 1 else np.where(x > 0.5, 1.0, 0.0)

@@ -54,7 +54,7 @@ def balance_slots(plan: Plan) -> None:
         g.microbatches.sort(key=lambda mb: -mb.time_s)
 
 
-def _longest_last(plan: Plan) -> list[int | None]:
+def _longest_moves(plan: Plan) -> list[int | None]:
     """Stages 0-2: per group, its longest micro-batch if it is not already its last (else None).
     The reductions start under the last micro-batch's backward (each unit's once every rank's
     last backward has done it), so a long one there hides the most; the busy time stays."""
@@ -106,7 +106,7 @@ def price_step(plan: Plan, cm: CostModel, *, spans: bool = False) -> StepPrice:
         return cm.step_price(shapes, idle, spans=spans, busy_s=busy_s)
 
     price = priced(None)
-    moves = _longest_last(plan) if stage < 3 else []
+    moves = _longest_moves(plan) if stage < 3 else []
     if any(k is not None for k in moves):
         other = priced(moves)
         if other.step_time_s < price.step_time_s:
