@@ -130,3 +130,17 @@ def test_lpt_in_rounds_balances_many_small_samples() -> None:
     loads = np.array([sizes[g].sum() for g in groups])
     assert sorted(i for g in groups for i in g) == list(range(5000))
     assert loads.max() - loads.min() <= 2 * np.sort(sizes)[-200]
+
+
+def test_long_samples_are_exact_items_on_large_clusters() -> None:
+    """A sample is large (an exact item, within the bin-packing cuts' reach) by its marginal time
+    at the size where it costs the fewest GPU-seconds: on 1,024 GPUs its time at SP 1,024 is
+    small for every sample, and 131,072-token samples taking most of the step on SP 16 went fluid."""
+    cm = cost_model(gpus=1024)
+    batch = make_batch([131_072] * 64 + [100] * 300)
+    table = cost_table(BatchArrays.of(batch), cm, allowed_sp_sizes(cm))
+    greedy = solve_greedy(batch, cm)
+    items = program_items(table, greedy.step_time_s - greedy.grad_sync_s)
+    exact = np.concatenate([it.members for it in items if it.exact] or [np.zeros(0, dtype=np.int64)])
+    assert set(range(64)) <= set(exact.tolist())
+    assert not set(range(64, len(batch))) & set(exact.tolist())  # 100 tokens: a fraction of a percent

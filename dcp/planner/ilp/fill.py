@@ -45,24 +45,31 @@ the canonical micro-batching wins (wikipedia, Llama-7B, 32 GPUs, 32,768 samples:
 def fill_layouts(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], pricer: Pricer,
                  deadline: float | Deadline = math.inf, upper: float = math.inf) -> list[Layout]:
     """One layout (micro-batches of batch indices) per SP size at which every sample fits and
-    fixed costs are worth it (`WORTH_IT`), largest size first (the cheapest to fill), while time
-    remains before `deadline` (a fill the deadline interrupts is dropped, and the deadline
-    records it). Sizes where a bound on the fill's busy time (its longest sample alone, its
-    marginal work over its groups) is at least `upper` (the incumbent's) are not filled."""
+    fixed costs are worth it (`WORTH_IT`), while time remains before `deadline` (a fill the
+    deadline interrupts is dropped, and the deadline records it). The sizes go in the order of
+    a bound on the fill's busy time there (its longest sample alone, its marginal work over its
+    groups), the lowest first, and those where it is at least `upper` (the incumbent's) are not
+    filled: with the warm start's share nearly spent the fill most likely to win runs first
+    (lognormal, 512 samples on 1,024 GPUs: SP 16's, 15% faster than the incumbent, came fifth of
+    five largest first, after 0.05 s of fills that lost, and 0.3 s of warm start cut it off in
+    most runs)."""
     layouts = []
     k = cm.model.num_layers
     deadline = Deadline.of(deadline)
-    for p in sorted(sizes, reverse=True):
+    ranked = []
+    for p in sizes:
         no_ckpt, full = cm.linear_time(p, 0), cm.linear_time(p, k)
         worth = no_ckpt.fixed / max((full.per_token - no_ckpt.per_token) * cm.max_tokens(p, 0), 1e-30)
         if worth < WORTH_IT or (worth < HEAVY and len(arrays.tokens) > MAX_SAMPLES):
             continue
         work = no_ckpt.per_token * float(arrays.tokens.sum()) + no_ckpt.per_pair * float(arrays.pairs.sum())
-        if max(float(pricer.times(p, arrays.tokens, arrays.pairs).max()), work / (cm.cluster.num_gpus // p)) >= upper:
-            continue
+        bound = max(float(pricer.times(p, arrays.tokens, arrays.pairs).max()), work / (cm.cluster.num_gpus // p))
+        if bound < upper:
+            ranked.append((bound, -p))
+    for _, p in sorted(ranked):
         if deadline.passed():
             break
-        layout = _fill(arrays, cm, p, pricer, deadline)
+        layout = _fill(arrays, cm, -p, pricer, deadline)
         if layout is not None:
             layouts.append(layout)
     return layouts
