@@ -133,9 +133,10 @@ def test_lpt_in_rounds_balances_many_small_samples() -> None:
 
 
 def test_long_samples_are_exact_items_on_large_clusters() -> None:
-    """A sample is large (an exact item, within the bin-packing cuts' reach) by its marginal time
-    at the size where it costs the fewest GPU-seconds: on 1,024 GPUs its time at SP 1,024 is
-    small for every sample, and 131,072-token samples taking most of the step on SP 16 went fluid."""
+    """On 1,024 GPUs every sample's least marginal time (at SP 1,024) is small, and a program of
+    fluid buckets alone has no integrality: 131,072-token samples taking most of the step on SP 16
+    went fluid. Where none is large by its least time, a sample is large (an exact item, within
+    the bin-packing cuts' reach) by its time at the size where it costs the fewest GPU-seconds."""
     cm = cost_model(gpus=1024)
     batch = make_batch([131_072] * 64 + [100] * 300)
     table = cost_table(BatchArrays.of(batch), cm, allowed_sp_sizes(cm))

@@ -38,25 +38,32 @@ def _layer_costs(step: _Step, mb: MicroBatchShape, group: GroupShape) -> tuple[f
 def independent_s(step: _Step, groups: Sequence[GroupShape], busy: Sequence[float], overlap: bool) -> float:
     """Stages 0-2: when the last all-gather (stage 1, 2) or the loss all-reduce ends."""
     k = step.k
-    release = [0.0] * (k + 1)  # per unit: the latest time any rank issues its reduction
-    for g, busy_c in zip(groups, busy, strict=True):
-        if not g.microbatches:
-            continue
-        release[k] = max(release[k], busy_c)
+    held = [(g, b) for g, b in zip(groups, busy, strict=True) if g.microbatches]
+    # Per unit: the latest time any rank issues its reduction (0 where no group runs).
+    release = np.zeros(k + 1)
+    if held:
+        ends = np.array([b for _, b in held])
+        release[k] = max(0.0, float(ends.max()))
         if not overlap:
-            for u in range(k):
-                release[u] = max(release[u], busy_c)
-            continue
-        last = g.microbatches[-1]
-        _, _, bwd, rec = _layer_costs(step, last, g)
-        below = 0.0  # backward still to run after layer u's: layers u-1 .. 0
-        for u in range(k):
-            release[u] = max(release[u], busy_c - below)
-            below += bwd + (rec if u < last.ckpt_layers else 0.0)
+            release[:k] = release[k]
+        elif k:
+            # below[c, u]: group c's last micro-batch's backward still to run after layer u's
+            # (layers u-1 .. 0), the running sum of one layer's backward (and recompute below
+            # its checkpointed layers) in the order the layers run, as a loop over u adds it.
+            steps = np.empty((len(held), k))
+            for c, (g, _) in enumerate(held):
+                last = g.microbatches[-1]
+                lt = step.layer_times(last, g)
+                bwd, rec = lt.backward_s, lt.recompute_s
+                steps[c, 0] = 0.0
+                steps[c, 1:] = bwd
+                steps[c, 1:min(last.ckpt_layers, k - 1) + 1] += rec
+            below = np.cumsum(steps, axis=1)
+            release[:k] = np.maximum((ends[:, None] - below).max(axis=0), 0.0)
     # Issue order: layers K-1..0, the root, then the loss scalars (issued with the root).
     end = 0.0
     for u in [*reversed(range(k)), k]:
-        end = max(end, release[u]) + step.reduce_s[u]
+        end = max(end, float(release[u])) + step.reduce_s[u]
     end = max(end, release[k]) + step.scalars_s
     if step.stage in (1, 2):
         end += sum(step.gather_s)
