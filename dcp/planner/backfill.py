@@ -68,6 +68,11 @@ LEVELS_SHARE = 0.3
 past this share of the time limit (wikipedia, 8,192 samples on 1,024 GPUs: about 0.1 s a target,
 so three; lognormal, 32,768 on 256: 0.15 s, so two, as the ILP's warm start and final pricing
 need what is left)."""
+FIRST_END_SHARE = 0.5
+"""Nor does any target after the first when, at that mean time, it would end past this share of
+the time limit counted from the solve's start: on a machine 1.5-2.3 times slower than the one
+`LEVELS_SHARE` was set on (32,768 samples: 0.25-0.4 s a target, after 0.2-0.45 s of bounds and
+costs) the second target alone took lognormal's solves on 256 and 1,024 GPUs to 1.3-1.9 s."""
 WATER_FROM, LPT_SHARE = 256, 1 / 64
 """`_lpt` places fillers one round at a time (a round per filler per slot), the rest by water
 filling at once once more than `WATER_FROM` per slot remain, each below `LPT_SHARE` of the mean
@@ -108,13 +113,15 @@ class _Candidate:
 
 def backfill_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], busy_floor_s: float,
                   arrays: BatchArrays | None = None, max_microbatches: int | None = None,
-                  costs: tuple[Pricer, CostTable] | None = None, time_limit_s: float = math.inf) -> Plan | None:
+                  costs: tuple[Pricer, CostTable] | None = None, time_limit_s: float = math.inf,
+                  solve_started: float | None = None) -> Plan | None:
     """The best backfill plan over the targets `FILL_LEVELS` x `busy_floor_s` (a lower bound on
     the batch's busy time), priced and validated; None when the batch has fewer than
     `MIN_SAMPLES_PER_GPU` samples per GPU, SP 1 is not allowed, ZeRO stage 3 runs one layout, or
     no target's plan fits the cluster with at most `max_microbatches` per group. `costs`, when
     given, are the batch's pricer and cost table (`costs.batch_costs`); `time_limit_s` (the
-    solve's) bounds how many targets past the first two are tried (`LEVELS_SHARE`)."""
+    solve's, which began at `solve_started`, perf_counter, default now) bounds how many targets
+    past the first are tried (`FIRST_END_SHARE`, `LEVELS_SHARE`)."""
     n = cm.cluster.num_gpus
     if len(batch) < MIN_SAMPLES_PER_GPU * n or not sizes or sizes[0] != 1 or cm.training.zero_stage == 3:
         return None
@@ -124,10 +131,14 @@ def backfill_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], 
     hide = _hiding_tokens(cm, table, reductions)
     best: _Candidate | None = None
     started = time.perf_counter()
+    solve_started = started if solve_started is None else solve_started
     for k, level in enumerate(FILL_LEVELS):
         if best is not None and best.busy_s <= busy_floor_s * (1 + CLOSE_ENOUGH):
             break
-        if k >= 2 and (time.perf_counter() - started) * (k + 1) / k > LEVELS_SHARE * time_limit_s:
+        now = time.perf_counter()
+        if k >= 1 and now + (now - started) / k > solve_started + FIRST_END_SHARE * time_limit_s:
+            break
+        if k >= 2 and (now - started) * (k + 1) / k > LEVELS_SHARE * time_limit_s:
             break
         # Fillers before the short core groups, then into them (only where the first did put some
         # first); above `BOTH_UP_TO` samples only into them, for time.
@@ -451,4 +462,4 @@ def _assemble(batch: Sequence[Sample], cm: CostModel, arrays: BatchArrays, price
     for part in parts:
         for g in part.groups:
             g.microbatches = longest_last(g.microbatches)
-    return chain("ilp", batch, parts, cm)
+    return chain("ilp", batch, parts, cm, copy=False)

@@ -164,8 +164,8 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
     # The backfill plan first (a few tenths of a second at 32,768 samples): the single layout's
     # limit counts from `started`, so it gets what is left, and is not assembled if it cannot win.
     costs = batch_costs(arrays, cm, sizes)  # the cost table both read
-    fill = backfill_plan(batch, cm, sizes, busy_s, arrays, options.max_microbatches, costs, options.time_limit_s) \
-        if options.max_phases >= 2 else None
+    fill = backfill_plan(batch, cm, sizes, busy_s, arrays, options.max_microbatches, costs, options.time_limit_s,
+                         started) if options.max_phases >= 2 else None
     single = solve_ilp_against(batch, cm, dataclasses.replace(options, time_limit_s=single_s), started, arrays,
                                warn=warn, beat_s=fill.step_time_s if fill is not None else None, costs=costs)
     if isinstance(single, Beaten):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -131,9 +132,12 @@ class Plan:
             out[g.phase].append(g)
         return out
 
-    def group_starts_s(self) -> list[float]:
+    def group_starts_s(self, busy: Sequence[float] | None = None) -> list[float]:
         """When each group of `groups` starts: once the last of its ranks has ended its part of
-        the earlier phases (0 in the first phase). A group without micro-batches holds nobody up."""
+        the earlier phases (0 in the first phase). A group without micro-batches holds nobody up.
+        `busy`, when given, is every group's busy time (`Group.busy_s`), summed once by a caller
+        that reads them again."""
+        busy = [g.busy_s for g in self.groups] if busy is None else busy
         free = [0.0] * self.num_gpus
         starts = [0.0] * len(self.groups)
         for gi in sorted(range(len(self.groups)), key=lambda i: self.groups[i].phase):
@@ -141,17 +145,19 @@ class Plan:
             ranks = [r for r in g.ranks if 0 <= r < self.num_gpus]
             starts[gi] = max((free[r] for r in ranks), default=0.0)
             if g.microbatches:
-                end = starts[gi] + g.busy_s
+                end = starts[gi] + busy[gi]
                 for r in ranks:
                     free[r] = end
         return starts
 
-    def busy_s(self) -> float:
+    def busy_s(self, busy: Sequence[float] | None = None) -> float:
         """When the last rank ends its last micro-batch: the slowest group's busy time in a
-        single-layout plan, the end of the phases' timeline otherwise."""
+        single-layout plan, the end of the phases' timeline otherwise (`busy` as for
+        `group_starts_s`)."""
+        busy = [g.busy_s for g in self.groups] if busy is None else busy
         if self.num_phases == 1:
-            return max((g.busy_s for g in self.groups), default=0.0)
-        return max((s + g.busy_s for s, g in zip(self.group_starts_s(), self.groups, strict=True)), default=0.0)
+            return max(busy, default=0.0)
+        return max((s + b for s, b in zip(self.group_starts_s(busy), busy, strict=True)), default=0.0)
 
     def groups_of_rank(self, rank: int) -> list[Group]:
         """The groups `rank` runs in, in phase order (at most one per phase; empty if idle)."""

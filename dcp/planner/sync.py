@@ -97,12 +97,14 @@ def price_step(plan: Plan, cm: CostModel, *, spans: bool = False) -> StepPrice:
     if stage == 3:
         balance_slots(plan)
     ends_only = stage < 3 and (phased or not spans)  # the closed form reads only the last micro-batches
-    busy_s = [g.busy_s for g in plan.groups]
+    busy_s = [g.busy_s for g in plan.groups]  # summed once: the starts and the step read them
+    starts = plan.group_starts_s(busy_s) if phased else None
+    busy = plan.busy_s(busy_s)
 
     def priced(moves: Sequence[int | None] | None) -> StepPrice:
         shapes, idle = group_shapes(plan, ends_only=ends_only, moves=moves)
         if phased:
-            return StepPrice(phased_step_s(plan, cm, shapes), plan.busy_s(), None)
+            return StepPrice(phased_step_s(plan, cm, shapes, starts, busy_s), busy, None)
         return cm.step_price(shapes, idle, spans=spans, busy_s=busy_s)
 
     price = priced(None)
@@ -112,7 +114,7 @@ def price_step(plan: Plan, cm: CostModel, *, spans: bool = False) -> StepPrice:
         if other.step_time_s < price.step_time_s:
             _apply(plan, moves)
             price = other
-    busy = plan.busy_s()
+            busy = plan.busy_s()  # summed in the new order, as the plan's readers sum it
     plan.step_time_s = max(price.step_time_s, busy)
     plan.grad_sync_s = plan.step_time_s - busy
     plan.zero_stage = stage
@@ -148,12 +150,14 @@ def layout_step_s(cm: CostModel, layout: Layout, priced: PricedLayout, idle_rank
     return max(step, max(busy, default=0.0))
 
 
-def phased_step_s(plan: Plan, cm: CostModel, shapes: Sequence[GroupShape] | None = None) -> float:
+def phased_step_s(plan: Plan, cm: CostModel, shapes: Sequence[GroupShape] | None = None,
+                  starts: Sequence[float] | None = None, busy: Sequence[float] | None = None) -> float:
     """A multi-phase plan's step at stages 0-2: every rank issues the world's reductions under the
     backward of its last micro-batch of the step, in its group of the last phase where it has
     one (a later group without micro-batches runs nothing), so the schedule
     (`schedule_fast.independent_s`) runs on those groups, each ending where the phases' timeline
-    ends it (`Plan.group_starts_s` + its busy time)."""
+    ends it (`Plan.group_starts_s` + its busy time; `starts` and `busy`, every group's, when the
+    caller has them)."""
     last: dict[int, int] = {}
     for gi, g in enumerate(plan.groups):
         if not g.microbatches:
@@ -163,6 +167,7 @@ def phased_step_s(plan: Plan, cm: CostModel, shapes: Sequence[GroupShape] | None
                 last[r] = gi
     finals = sorted(set(last.values()))
     shapes = group_shapes(plan, ends_only=True)[0] if shapes is None else shapes
-    starts = plan.group_starts_s()
+    busy = [g.busy_s for g in plan.groups] if busy is None else busy
+    starts = plan.group_starts_s(busy) if starts is None else starts
     return cm.step_price([shapes[gi] for gi in finals],
-                         busy_s=[starts[gi] + plan.groups[gi].busy_s for gi in finals]).step_time_s
+                         busy_s=[starts[gi] + busy[gi] for gi in finals]).step_time_s
