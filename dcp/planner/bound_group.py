@@ -47,6 +47,7 @@ class _GroupOf:
         self.solo: list[float] = []
         self.forms: list[list[tuple[float, np.ndarray]]] = []
         """Per size: (the longest sample's time, every sample's marginal GPU-seconds) per form."""
+        self.top: list[float] = []
         t0, a0 = tokens[longest], pairs[longest]
         for p in sizes:
             r0 = int(np.searchsorted(memory_cap[p], t0, side="left"))
@@ -69,6 +70,10 @@ class _GroupOf:
             self.sizes.append(p)
             self.solo.append(float(exact_times(cm, p, np.array([t0]), np.array([a0]), np.array([r0]))[0]))
             self.forms.append(forms)
+            # What its micro-batch runs outside the backward of layers K-2..0 (K forwards, the
+            # head, the top layer's backward), at the least over the layouts: `step_group_bound`.
+            self.top.append(min(k * lt.forward_s + cm.head_s(t0, p) + lt.backward_s
+                                for lt in (cm.layer_times(t0, a0, p, o) for o in cm.layouts(p))))
 
 
 def _exposure(ring: object, k: int) -> tuple[float, float, float]:
@@ -193,3 +198,84 @@ def group_bound(work: object, cm: CostModel, sizes: Sequence[int], lo: float,
         else:
             lo = mid
     return lo
+
+
+def step_group_bound(work: object, cm: CostModel, sizes: Sequence[int], lo: float, fixed_floor_s: float,
+                     least_exposed_s: float, chain_s: float) -> float:
+    """The largest step S (at least `lo`, a proven bound on the step) proven below every plan's
+    step by the longest sample's group and the gradient reductions (stages 0-2): for every plan
+    the executor can run, multi-phase ones included.
+
+    Every rank c issues layer K-1's reduction no sooner than its last micro-batch L ends less
+    that micro-batch's backward of layers K-2..0, and the link then runs the whole chain
+    (`chain_s`, `schedule.reduction_chain_s` at K-1), so S >= end(L) - below(L) + chain_s. On
+    the p ranks of the longest sample i's micro-batch X (time T >= i's exact time alone): if X
+    is a rank's last micro-batch, end(X) - below(X) is X's start plus what X runs outside that
+    backward, at least i's (`_GroupOf.top`: K forwards, the head, the top backward, which only
+    grow as samples join X), so X starts by S - chain_s - top and the rank runs at most that
+    before it. If some L runs after X, below(L) < time(L) <= end(L) - end(X) gives S > end(X) +
+    chain_s >= T + chain_s, so where S <= T + chain_s no rank runs anything after X. The
+    busy time is at most S - `least_exposed_s`, so each rank of the group runs other
+    micro-batches for at most min(M - T, S - chain_s - top) there, or M - T where S > T + chain_s,
+    and the knapsack of `group_bound` (with `fixed_floor_s`) holds with that room. It binds
+    where the reduction chain outlasts the longest sample's backward: wikipedia's 55,995-token
+    sample among 512 on 256 GPUs runs 0.181 s on 128 of them, its forwards and top backward
+    0.06 s, and the chain takes 0.226 s, so its ranks take no other work worth speaking of
+    (bound 0.2995 s to 0.3091 s)."""
+    tokens, pairs, weight = work.tokens, work.pairs, work.weight
+    if len(tokens) < 2 or not math.isfinite(lo) or lo <= 0:
+        return lo
+    n = cm.cluster.num_gpus
+    longest = int(np.argmax(work.solo_best))
+    group = _GroupOf(cm, sizes, tokens, pairs, longest, work.memory_caps, work.coefs)
+    rest = weight.copy()
+    rest[longest] -= 1
+
+    def feasible(step: float) -> bool:
+        m = step - least_exposed_s
+        cost = work.costs(m)
+        total = float(np.dot(np.where(rest > 0, cost, 0.0), rest))
+        if not math.isfinite(total):
+            return False
+        for k, p in enumerate(group.sizes):
+            solo = group.solo[k]
+            if solo > m:
+                continue
+            room = m - solo if step > solo + chain_s else min(m - solo, step - chain_s - group.top[k])
+            if room < 0:
+                continue  # no rank of the group can end X in time
+            outside = (n - p) * m + _FEAS_RTOL * total
+            if all(total - _taken(cost, marg, rest, p * (m - alone), p * room, room >= fixed_floor_s) <= outside
+                   for alone, marg in group.forms[k]):
+                return True
+        return False
+
+    if feasible(lo):
+        return lo
+    hi = 2 * lo
+    for _ in range(_STEPS):
+        if feasible(hi):
+            break
+        lo, hi = hi, 2 * hi
+    else:
+        return lo
+    for _ in range(_STEPS):
+        if hi - lo <= _RTOL * hi:
+            break
+        mid = (lo + hi) / 2
+        if feasible(mid):
+            hi = mid
+        else:
+            lo = mid
+    return lo
+
+
+def _taken(cost: np.ndarray, marg: np.ndarray, rest: np.ndarray, joins: float, room: float, others: bool) -> float:
+    """The most cheapest-cost GPU-seconds the group's ranks take off the others: samples J join
+    the longest sample's micro-batch within `joins` GPU-seconds of marginal time, and with
+    `others` the ranks run micro-batches of their own in `room` GPU-seconds, each GPU-second at
+    most a GPU-second of cost, and less the marginal time J adds: at most the less of J's
+    costs plus `room` and J's gains plus `joins` (`_room_or_saved`)."""
+    if not others:
+        return _saved(cost, marg, rest, joins)
+    return min(_room_or_saved(cost, marg, rest, joins), room + _saved(cost, marg, rest, joins))
