@@ -21,7 +21,7 @@ GPUs takes a 64- or 128-GPU group (with rings), and the bound on the busy time r
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -150,14 +150,10 @@ def group_bound(work: object, cm: CostModel, sizes: Sequence[int], lo: float,
     sample alone nearly fills the step on a large group: wikipedia's 168,456-token sample runs
     0.378 s on 512 of 1,024 GPUs, within the pooled bound of 0.378 s, while the other 2,047
     samples need more than the other 512 GPUs give in that time (bound 0.393 s)."""
-    tokens, pairs, weight = work.tokens, work.pairs, work.weight
-    if len(tokens) < 2 or not math.isfinite(lo) or lo <= 0:
+    if len(work.tokens) < 2 or not math.isfinite(lo) or lo <= 0:
         return lo
     n = cm.cluster.num_gpus
-    longest = int(np.argmax(work.solo_best))
-    group = _GroupOf(cm, sizes, tokens, pairs, longest, work.memory_caps, work.coefs)
-    rest = weight.copy()
-    rest[longest] -= 1  # the longest sample itself; its twins stay with the others
+    group, rest = _longest_group(work, cm, sizes)
 
     def feasible(m: float) -> bool:
         cost = work.costs(m)  # cheapest GPU-seconds of each sample within m, outside the group
@@ -180,24 +176,7 @@ def group_bound(work: object, cm: CostModel, sizes: Sequence[int], lo: float,
                 return True
         return False
 
-    if feasible(lo):
-        return lo
-    hi = 2 * lo
-    for _ in range(_STEPS):
-        if feasible(hi):
-            break
-        lo, hi = hi, 2 * hi
-    else:
-        return lo
-    for _ in range(_STEPS):
-        if hi - lo <= _RTOL * hi:
-            break
-        mid = (lo + hi) / 2
-        if feasible(mid):
-            hi = mid
-        else:
-            lo = mid
-    return lo
+    return _raised(feasible, lo)
 
 
 def step_group_bound(work: object, cm: CostModel, sizes: Sequence[int], lo: float, fixed_floor_s: float,
@@ -222,14 +201,10 @@ def step_group_bound(work: object, cm: CostModel, sizes: Sequence[int], lo: floa
     sample among 512 on 256 GPUs runs 0.181 s on 128 of them, its forwards and top backward
     0.06 s, and the chain takes 0.226 s, so its ranks take no other work worth speaking of
     (bound 0.2995 s to 0.3091 s)."""
-    tokens, pairs, weight = work.tokens, work.pairs, work.weight
-    if len(tokens) < 2 or not math.isfinite(lo) or lo <= 0:
+    if len(work.tokens) < 2 or not math.isfinite(lo) or lo <= 0:
         return lo
     n = cm.cluster.num_gpus
-    longest = int(np.argmax(work.solo_best))
-    group = _GroupOf(cm, sizes, tokens, pairs, longest, work.memory_caps, work.coefs)
-    rest = weight.copy()
-    rest[longest] -= 1
+    group, rest = _longest_group(work, cm, sizes)
 
     def feasible(step: float) -> bool:
         m = step - least_exposed_s
@@ -250,6 +225,24 @@ def step_group_bound(work: object, cm: CostModel, sizes: Sequence[int], lo: floa
                 return True
         return False
 
+    return _raised(feasible, lo)
+
+
+def _taken(cost: np.ndarray, marg: np.ndarray, rest: np.ndarray, joins: float, room: float, others: bool) -> float:
+    """The most cheapest-cost GPU-seconds the group's ranks take off the others: samples J join
+    the longest sample's micro-batch within `joins` GPU-seconds of marginal time, and with
+    `others` the ranks run micro-batches of their own in `room` GPU-seconds, each GPU-second at
+    most a GPU-second of cost, and less the marginal time J adds: at most the less of J's
+    costs plus `room` and J's gains plus `joins` (`_room_or_saved`)."""
+    if not others:
+        return _saved(cost, marg, rest, joins)
+    return min(_room_or_saved(cost, marg, rest, joins), room + _saved(cost, marg, rest, joins))
+
+
+def _raised(feasible: Callable[[float], bool], lo: float) -> float:
+    """The largest value found, from `lo` up, at which `feasible` fails (`lo` if it holds there):
+    doubling, then bisection. Feasibility only grows with the value, so every value below the
+    one returned fails too."""
     if feasible(lo):
         return lo
     hi = 2 * lo
@@ -270,12 +263,11 @@ def step_group_bound(work: object, cm: CostModel, sizes: Sequence[int], lo: floa
     return lo
 
 
-def _taken(cost: np.ndarray, marg: np.ndarray, rest: np.ndarray, joins: float, room: float, others: bool) -> float:
-    """The most cheapest-cost GPU-seconds the group's ranks take off the others: samples J join
-    the longest sample's micro-batch within `joins` GPU-seconds of marginal time, and with
-    `others` the ranks run micro-batches of their own in `room` GPU-seconds, each GPU-second at
-    most a GPU-second of cost, and less the marginal time J adds: at most the less of J's
-    costs plus `room` and J's gains plus `joins` (`_room_or_saved`)."""
-    if not others:
-        return _saved(cost, marg, rest, joins)
-    return min(_room_or_saved(cost, marg, rest, joins), room + _saved(cost, marg, rest, joins))
+def _longest_group(work: object, cm: CostModel, sizes: Sequence[int]) -> tuple[_GroupOf, np.ndarray]:
+    """The longest sample's costs per size (`_GroupOf`) and every distinct sample's count besides
+    it (the longest sample itself taken off; its twins stay with the others)."""
+    longest = int(np.argmax(work.solo_best))
+    group = _GroupOf(cm, sizes, work.tokens, work.pairs, longest, work.memory_caps, work.coefs)
+    rest = work.weight.copy()
+    rest[longest] -= 1
+    return group, rest
