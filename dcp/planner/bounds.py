@@ -16,7 +16,7 @@ import numpy as np
 
 from dcp.costmodel import CostModel
 from dcp.costmodel.schedule import least_exposed_s, least_link_s, least_step_s, reduction_chain_s
-from dcp.planner.bound_group import group_bound, step_group_bound
+from dcp.planner.bound_group import group_bound, longest_group, step_group_bound
 from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.pricing import exact_times
 from dcp.planner.sample import Sample
@@ -107,16 +107,17 @@ def _bounds(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | No
         pooled = _makespan_bound(work, cm.cluster.num_gpus)
         if coarse.weigh(pooled):
             pooled = _makespan_bound(coarse, cm.cluster.num_gpus, pooled)
-        makespan = group_bound(coarse, cm, sizes, pooled, coarse.fixed_floor)
+        group = longest_group(coarse, cm, sizes) if len(coarse.tokens) >= 2 else None  # read by all three below
+        makespan = group_bound(coarse, cm, sizes, pooled, coarse.fixed_floor, group)
         released = _released(cm, sizes, tokens, pairs)
         spread = _Spread(cm, sizes, coarse.tokens, coarse.pairs, coarse.weight) if released is not None else None
         link = _link_bound(float(tokens.sum()), cm, sizes)
-        single = group_bound(coarse, cm, sizes, makespan)
+        single = group_bound(coarse, cm, sizes, makespan, group=group)
         lower = max(_least_step(cm, makespan, sizes, released, spread), link)
         chain = reduction_chain_s(cm)
         if chain is not None:  # stages 0-2: the longest sample's group against the reduction chain
             lower = step_group_bound(coarse, cm, sizes, lower, coarse.fixed_floor, least_exposed_s(cm),
-                                     float(chain[-1]))
+                                     float(chain[-1]), group)
         memo[key] = _Floors(lower, max(_least_step(cm, single, sizes, released, spread), link, lower),
                             None if spread is None else np.maximum(released, spread.at(math.inf)), makespan)
     return memo[key]

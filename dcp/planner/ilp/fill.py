@@ -65,11 +65,11 @@ def fill_layouts(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], price
         work = no_ckpt.per_token * float(arrays.tokens.sum()) + no_ckpt.per_pair * float(arrays.pairs.sum())
         bound = max(float(pricer.times(p, arrays.tokens, arrays.pairs).max()), work / (cm.cluster.num_gpus // p))
         if bound < upper:
-            ranked.append((bound, -p))
-    for _, p in sorted(ranked):
+            ranked.append((bound, p))
+    for _, p in sorted(ranked, key=lambda bp: (bp[0], -bp[1])):  # ties: the larger size first
         if deadline.passed():
             break
-        layout = _fill(arrays, cm, -p, pricer, deadline)
+        layout = _fill(arrays, cm, p, pricer, deadline)
         if layout is not None:
             layouts.append(layout)
     return layouts
