@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import heapq
+
+import numpy as np
 import pytest
 from conftest import cost_model, make_batch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from dcp.planner import (
@@ -28,6 +31,7 @@ from dcp.planner.baselines import (
 )
 from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.greedy import profile_bucket, solve_greedy
+from dcp.planner.lpt import least_loaded
 
 HEURISTICS = {"bucket-per-batch": BucketOptions(), "packed-per-batch": PackedOptions(), "dcp-greedy": GreedyOptions(),
               "dcp-greedy-inter": GreedyOptions(pyramid=False)}
@@ -82,6 +86,29 @@ def test_lpt_assign() -> None:
     # 5 -> g0, 4 -> g1, 3 -> g1 (4 < 5), 3 -> g0 (5 < 7), 1 -> g1 (7 < 8): loads 8 and 8.
     assert lpt_assign([5.0, 1.0, 4.0, 3.0, 3.0], 2) == [[0, 4], [2, 3, 1]]
     assert lpt_assign([1.0], 3) == [[0], [], []]
+
+
+def _heap_lpt(times: list[float], groups: int) -> list[int]:
+    """The reference: a heap step per job to the least-loaded group, ties by the lower index."""
+    heap, owner = [(0.0, g) for g in range(groups)], []
+    for t in times:
+        load, g = heapq.heappop(heap)
+        owner.append(g)
+        heapq.heappush(heap, (load + t, g))
+    return owner
+
+
+@settings(max_examples=300)
+@given(times=st.lists(st.one_of(st.integers(1, 4).map(float), st.floats(0.01, 1000.0)), min_size=1, max_size=400),
+       groups=st.integers(1, 90), longest_first=st.booleans())
+@example(times=[1.0] * 16 + [2.0] * 16 + [1.0] * 32, groups=32, longest_first=False)
+def test_lpt_rounds_take_the_heap_steps_decisions(times: list[float], groups: int, longest_first: bool) -> None:
+    # Rounds of a job per group (from 16 groups up) must pop the groups in the heap's order, ties
+    # (equal integer loads) included, whether the jobs come longest first or in any order. The
+    # example: after the first round groups 0-15 hold 1 and 16-31 hold 2; the next 16 jobs bring
+    # 0-15 to 2, and the heap then pops group 0 again (2, 0) before group 16 (2, 16).
+    jobs = sorted(times, reverse=True) if longest_first else times
+    assert least_loaded(np.array(jobs), groups).tolist() == _heap_lpt(jobs, groups)
 
 
 def test_bucket_rules(wiki_batches) -> None:

@@ -11,7 +11,6 @@ indices), which the ILP's warm start prices without building a plan.
 
 from __future__ import annotations
 
-import heapq
 import time
 from collections.abc import Sequence
 
@@ -20,6 +19,7 @@ import numpy as np
 from dcp.costmodel import CostModel
 from dcp.planner.common import aligned_layout, assemble_indices
 from dcp.planner.feasibility import allowed_sp_sizes, check_feasible
+from dcp.planner.lpt import least_loaded
 from dcp.planner.options import DATASET, BucketOptions, PackedOptions
 from dcp.planner.plan import InfeasibleError, Plan
 from dcp.planner.pricing import BatchArrays, Layout, Pricer
@@ -182,13 +182,12 @@ def ffd_indices(tokens: np.ndarray, ids: np.ndarray, budget_tokens: float) -> li
 def lpt_assign(times: Sequence[float], n_groups: int) -> list[list[int]]:
     """Longest processing time first: each job (longest first, ties by index) goes to the least
     loaded group (ties by group index). Returns the job indices of each group, in run order."""
-    heap = [(0.0, g) for g in range(n_groups)]
-    out: list[list[int]] = [[] for _ in range(n_groups)]
-    for j in sorted(range(len(times)), key=lambda j: (-times[j], j)):
-        load, g = heapq.heappop(heap)
-        out[g].append(j)
-        heapq.heappush(heap, (load + times[j], g))
-    return out
+    t = np.asarray(times, dtype=np.float64)
+    order = np.lexsort((np.arange(len(t)), -t))
+    owner = least_loaded(t[order], n_groups)
+    by_group = order[np.argsort(owner, kind="stable")].tolist()
+    cuts = np.cumsum(np.bincount(owner, minlength=n_groups)).tolist()
+    return [by_group[a:b] for a, b in zip([0, *cuts[:-1]], cuts, strict=True)]
 
 
 def packed_layout(batch: Sequence[Sample], cm: CostModel, options: PackedOptions, sizes: Sequence[int],
