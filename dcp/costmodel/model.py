@@ -108,6 +108,7 @@ class CostModel(LayoutQueries):
         schedule gathers, autocast's weight copies, and the token-independent part of the peak."""
         self._linear: dict[tuple[int, int], LinearCost] = {}
         self._layout_linear: dict[tuple[SPLayout, int], LinearCost] = {}
+        self._less_below: dict[tuple[int, int], LinearCost] = {}
         self._init_layouts()
 
     # -- coefficients --------------------------------------------------------------------
@@ -206,6 +207,26 @@ class CostModel(LayoutQueries):
             self._linear[key] = forms[0] if len(forms) == 1 else LinearCost(
                 min(f.fixed for f in forms), min(f.per_token for f in forms), min(f.per_pair for f in forms))
         return self._linear[key]
+
+    def linear_less_below(self, sp_size: int, ckpt_layers: int) -> LinearCost:
+        """`linear_time` less the micro-batch's backward and recomputes of layers K-2..0 (what it
+        runs after issuing layer K-1's gradient reduction), coefficient by coefficient the least
+        over the layouts: a lower bound on every layout's exact time less that exact backward,
+        as the ring's exposed transfers add at least as much to the time as to the backward of
+        those layers. Cached like `linear_time`."""
+        key = (sp_size, ckpt_layers)
+        if key not in self._less_below:
+            k, r = self.model.num_layers, ckpt_layers
+            forms = []
+            for layout in self.layouts(sp_size):
+                _, bwd, rec = self.layer_linear(layout)
+                time, n_rec = self._linear_in(layout, r), min(k - 1, r)
+                forms.append(LinearCost(time.fixed - (k - 1) * bwd.fixed - n_rec * rec.fixed,
+                                        time.per_token - (k - 1) * bwd.per_token - n_rec * rec.per_token,
+                                        time.per_pair - (k - 1) * bwd.per_pair - n_rec * rec.per_pair))
+            self._less_below[key] = LinearCost(min(f.fixed for f in forms), min(f.per_token for f in forms),
+                                               min(f.per_pair for f in forms))
+        return self._less_below[key]
 
     def _linear_in(self, layout: SPLayout, ckpt_layers: int) -> LinearCost:
         """The linear part of a micro-batch's time in `layout`: exact without a ring, the ring's

@@ -32,6 +32,9 @@ rounded down to geometric length classes (a smaller sample never raises the boun
 _MEMO: weakref.WeakKeyDictionary[CostModel, dict[tuple, _Floors]] = weakref.WeakKeyDictionary()
 """Recent bounds per cost model: every baseline plan of a batch reports the same bound."""
 _MEMO_SIZE = 16
+_LEVELS: weakref.WeakKeyDictionary[CostModel, dict[tuple[int, bool], _Levels]] = weakref.WeakKeyDictionary()
+"""Each cost model's `_Levels` per (SP size, charged below): a pure function of them, which
+every batch's bounds read (33 levels x up to 11 sizes: 12 ms a batch)."""
 _COARSE = 2048
 """Classes of samples at most for the bounds that price every sample at many busy times..."""
 _COARSE_EXACT = 16
@@ -118,6 +121,7 @@ def _bounds(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | No
         if chain is not None:  # stages 0-2: the longest sample's group against the reduction chain
             lower = step_group_bound(coarse, cm, sizes, lower, coarse.fixed_floor, least_exposed_s(cm),
                                      float(chain[-1]), group)
+            lower = _exposure_bound(coarse, cm, sizes, lower, chain)
         memo[key] = _Floors(lower, max(_least_step(cm, single, sizes, released, spread), link, lower),
                             None if spread is None else np.maximum(released, spread.at(math.inf)), makespan)
     return memo[key]
@@ -307,32 +311,42 @@ def capacity_busy(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int
 
 class _Levels:
     """One SP size's coefficients at r = 0..K and the tokens that fit memory (and the profile's
-    priceable range) at each, with the validator's tolerance."""
+    priceable range) at each, with the validator's tolerance. `fixed`, `per_token` and
+    `per_pair` are the micro-batch's time; the `charge_` ones what the work bound charges, the
+    same, or with `below` the time less the backward below the top layer
+    (`CostModel.linear_less_below`: `_exposure_bound`)."""
 
-    def __init__(self, cm: CostModel, p: int) -> None:
+    def __init__(self, cm: CostModel, p: int, below: bool = False) -> None:
         k = cm.model.num_layers
         room = cm.cluster.memory_bytes * (1 + _MEMORY_RTOL) - cm.static_bytes
         lin = [cm.linear_time(p, r) for r in range(k + 1)]
         self.fixed = np.array([c.fixed for c in lin])
         self.per_token = np.array([c.per_token for c in lin])
         self.per_pair = np.array([c.per_pair for c in lin])
+        charged = [cm.linear_less_below(p, r) for r in range(k + 1)] if below else lin
+        self.charge_fixed = np.array([c.fixed for c in charged])
+        self.charge_per_token = np.array([c.per_token for c in charged])
+        self.charge_per_pair = np.array([c.per_pair for c in charged])
         # Each GPU holds ceil(T/p) tokens (CostModel.memory_bytes: the executor pads), so a
         # micro-batch fits when ceil(T/p) <= room / bytes per token on one GPU: T <= p * floor(..)
         # (CostModel.max_tokens, which also pads for rings and takes the least over layouts).
         memory = cm.cluster.memory_bytes * (1 + _MEMORY_RTOL)
         self.memory_cap = np.array([float(cm.max_tokens(p, r, memory)) if room > 0 else 0.0 for r in range(k + 1)])
         with np.errstate(divide="ignore", invalid="ignore"):
-            self.memory_share = np.where(self.fixed > 0, self.fixed / self.memory_cap, 0.0)
+            self.memory_share = np.where(self.charge_fixed > 0, self.charge_fixed / self.memory_cap, 0.0)
+        self.candidates = self._candidates()
 
-    def candidates(self) -> list[list[int]]:
+    def _candidates(self) -> list[list[int]]:
         """For a sample whose fewest layers at p are r0: the levels r >= r0 its cheapest cost can
         be at, for every makespan M. Level r2 > r1 never beats r1 when both fit, if the per-token
         price it adds is at least the memory share it saves (per_token(r2) - per_token(r1) >=
-        fixed(r1) / cap(r1) - fixed(r2) / cap(r2)): every other term, the time share and solo
-        time included, is no smaller at r2, as fixed, per_token and per_pair grow with r. When they
-        do not grow with r every level stays a candidate."""
+        fixed(r1) / cap(r1) - fixed(r2) / cap(r2), in the charged prices): every other term, the
+        time share and solo time included, is no smaller at r2, as fixed, per_token and per_pair
+        (the time's and the charged) grow with r. When they do not grow with r every level stays a
+        candidate."""
         k = len(self.fixed) - 1
-        grows = all((np.diff(c) >= 0).all() for c in (self.fixed, self.per_token, self.per_pair))
+        grows = all((np.diff(c) >= 0).all() for c in (self.fixed, self.per_token, self.per_pair, self.charge_fixed,
+                                                       self.charge_per_token, self.charge_per_pair))
         out = []
         for r0 in range(k + 1):
             if not grows:
@@ -340,9 +354,17 @@ class _Levels:
                 continue
             with np.errstate(invalid="ignore"):  # inf - inf: neither level holds a token
                 saved = self.memory_share[r0] - self.memory_share[r0 + 1:]
-            added = self.per_token[r0 + 1:] - self.per_token[r0]
+            added = self.charge_per_token[r0 + 1:] - self.charge_per_token[r0]
             out.append([r0] + [r0 + 1 + int(i) for i in np.flatnonzero(added < saved)])
         return out
+
+
+def _levels(cm: CostModel, p: int, below: bool = False) -> _Levels:
+    """`_Levels(cm, p, below)`, built once per cost model."""
+    cached = _LEVELS.setdefault(cm, {})
+    if (p, below) not in cached:
+        cached[p, below] = _Levels(cm, p, below)
+    return cached[p, below]
 
 
 def _makespan_bound(work: _Work, n: int, start: float = 0.0) -> float:
@@ -374,6 +396,59 @@ def _makespan_bound(work: _Work, n: int, start: float = 0.0) -> float:
             hi, f_hi = mid, f_mid
             f_lo, side = (f_lo / 2, -1) if side == -1 else (f_lo, -1)
     return lo
+
+
+_EXPOSURE_CLASSES = 256
+"""Classes of samples `_exposure_bound` prices at most (rounded down: a bound can only fall)."""
+
+
+class _Charged:
+    """`_Work` plus a constant: what `_makespan_bound` raises the exposure bound on."""
+
+    def __init__(self, work: _Work, extra: float) -> None:
+        self.work, self.extra, self.longest = work, extra, work.longest
+
+    def __call__(self, makespan: float) -> float:
+        return self.work(makespan) + self.extra
+
+
+def _exposure_bound(coarse: _Work, cm: CostModel, sizes: Sequence[int], start_s: float, chain: np.ndarray) -> float:
+    """Stages 0-2: a bound on the step S from every rank's need to hide the reduction chain
+    after its own last micro-batch: `start_s` (a proven step bound), raised where it holds.
+
+    Why it holds: rank c ends its last micro-batch at e_c and issues layer K-1's reduction at
+    e_c - below_c, below_c being that micro-batch's backward and recompute of layers K-2..0,
+    and the step ends no sooner than that plus `reduction_chain_s`[K-1] (`schedule.least_step_s`);
+    a rank in no group issues at 0. Summed over the N ranks: N S >= sum of (e_c - below_c) +
+    N chain[K-1]. A rank runs its micro-batches one after another, so the e_c sum to at least
+    every micro-batch's p times its time, and below_c is that of its last one: charging every
+    micro-batch p (time - below), which is at least its linear form less the linear backward
+    below the top layer (`CostModel.linear_less_below`), undercharges. That is `_Work` with
+    those coefficients, each micro-batch within the busy time M <= S - `least_exposed_s`, so
+    work'(S - least) + N chain[K-1] <= N (S - least) + N least for every plan, and any S where it
+    fails is below all of them (`_makespan_bound` on M = S - least, from `start_s` - least).
+    Multi-phase plans too: a rank's group may change between micro-batches, and its last
+    micro-batch issues its reductions.
+
+    The charge is at most `ratio` (the largest of charged over time coefficients) times the
+    work bound's cost, at every level, and the work bound fits N M at M = `start_s` - least
+    (above its own root): where that ratio of it plus the chain fits too, it cannot raise the
+    bound and is not computed (a screen only: returning `start_s` is always valid)."""
+    n, least = cm.cluster.num_gpus, least_exposed_s(cm)
+    extra = n * (float(chain[-1]) - least)
+    ratio = 0.0
+    for p in sizes:
+        time, charged = _levels(cm, p), _levels(cm, p, below=True)
+        for t, c in ((time.fixed, charged.charge_fixed), (time.per_token, charged.charge_per_token),
+                     (time.per_pair, charged.charge_per_pair)):
+            ratio = max(ratio, float(np.max(np.divide(c, t, out=np.zeros_like(c), where=t > 0))))
+    if ratio * n * (start_s - least) + extra <= n * (start_s - least):
+        return start_s
+    tokens, pairs, weight = coarse.tokens, coarse.pairs, coarse.weight
+    if len(tokens) > _EXPOSURE_CLASSES:
+        tokens, pairs, weight = _round_down(tokens, pairs, weight, _EXPOSURE_CLASSES)
+    work = _Work(tokens, pairs, weight, cm, sizes, below=True, longest=coarse.longest)
+    return max(start_s, _makespan_bound(_Charged(work, extra), n, start_s - least) + least)
 
 
 def _coarse(work: _Work) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -414,10 +489,10 @@ class _Work:
     everything but M is computed once."""
 
     def __init__(self, tokens: np.ndarray, pairs: np.ndarray, weight: np.ndarray, cm: CostModel,
-                 sizes: Sequence[int]) -> None:
+                 sizes: Sequence[int], below: bool = False, longest: float | None = None) -> None:
         k = cm.model.num_layers
-        levels = {p: _Levels(cm, p) for p in sizes}
-        cands = {p: lv.candidates() for p, lv in levels.items()}
+        levels = {p: _levels(cm, p, below) for p in sizes}
+        cands = {p: lv.candidates for p, lv in levels.items()}
         slots = sum(max(len(c) for c in cands[p]) for p in sizes)
         if slots * len(tokens) > _MAX_CELLS:
             tokens, pairs, weight = _round_down(tokens, pairs, weight, max(1, _MAX_CELLS // slots))
@@ -439,25 +514,28 @@ class _Work:
         per_token = np.stack([levels[p].per_token[r] for p, r, _ in rows])
         per_pair = np.stack([levels[p].per_pair[r] for p, r, _ in rows])
         memory_share = np.stack([levels[p].memory_share[r] for p, r, _ in rows])
+        charge = [np.stack([getattr(levels[p], f"charge_{c}")[r] for p, r, _ in rows])
+                  for c in ("fixed", "per_token", "per_pair")] if below else [fixed, per_token, per_pair]
         fits = np.stack([ok for _, _, ok in rows])
         t, a = tokens[None, :], pairs[None, :]
         self.busy = fixed + per_pair * a  # what a micro-batch holding i runs besides its tokens
         self.solo = self.busy + per_token * t
-        self.marginal = np.where(fits, gpus * (per_token * t + per_pair * a), np.inf)
+        self.marginal = np.where(fits, gpus * (charge[1] * t + charge[2] * a), np.inf)
         self.gpu_tokens = gpus * t
         # Alone at its cheapest level where it fits: no plan runs shorter than any sample's best.
         # That is its fewest layers (every cost grows with r), priced exactly: with a ring the
         # exact time adds the transfers its attention does not hide, and adding samples to a
         # micro-batch only lengthens every ring step (CostModel.time_s).
+        # `longest`, when given (a proven bound on the busy time), stands in for it.
         solo = np.full(len(tokens), math.inf)
-        for p in sizes:
+        for p in sizes if longest is None else ():
             r0 = np.searchsorted(levels[p].memory_cap, tokens, side="left")
             alone = exact_times(cm, p, tokens, pairs, np.minimum(r0, k))
             solo = np.minimum(solo, np.where(r0 <= k, alone, math.inf))
         self.solo_best = solo
-        self.longest = float(solo.max()) if len(solo) else 0.0
+        self.longest = longest if longest is not None else float(solo.max()) if len(solo) else 0.0
         self.memory_share = memory_share
-        self.time_share = fixed * per_token  # over M - busy: fixed seconds per token when time caps it
+        self.time_share = charge[0] * per_token  # over M - busy: fixed seconds per token when time caps it
         # For `weigh`: each row's size (rows of one size share a weighting) and its samples' fixed time.
         self.row_sizes = gpus[:, 0].astype(np.int64)
         self.fixed = fixed
@@ -572,7 +650,7 @@ def sample_floors(tokens: np.ndarray, pairs: np.ndarray, cm: CostModel,
     k = cm.model.num_layers
     work, solo = np.full(len(tokens), math.inf), np.full(len(tokens), math.inf)
     for p in sizes:
-        levels = _Levels(cm, p)
+        levels = _levels(cm, p)
         r = np.searchsorted(levels.memory_cap, tokens, side="left")
         fits = r <= k
         r = np.minimum(r, k)
