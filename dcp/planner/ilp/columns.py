@@ -124,8 +124,7 @@ def _price(y: np.ndarray, weight: np.ndarray, room: float, counts: np.ndarray, o
         return 0.0, a
     scaled = weight / room * UNITS
     units = np.ceil(scaled - 1e-9) if round_up else np.floor(scaled + 1e-9)
-    values = [np.zeros(UNITS + 1)]
-    steps: list[tuple[int, int, int]] = []
+    steps: list[tuple[int, int, int]] = []  # (shape, pieces of it, their weight)
     for t in np.flatnonzero(ok & (y > 1e-12)):
         w = int(units[t])
         if w > UNITS:
@@ -135,11 +134,19 @@ def _price(y: np.ndarray, weight: np.ndarray, room: float, counts: np.ndarray, o
         while left > 0:  # binary splitting: pieces 1, 2, 4, ... make every count up to `left`
             m = min(piece, left)
             left -= m
-            ww, vv, value = w * m, float(y[t]) * m, values[-1]
-            values.append(value + vv if ww == 0 else
-                          np.concatenate([value[:ww], np.maximum(value[ww:], value[:-ww] + vv)]))
-            steps.append((int(t), m, ww))
+            steps.append((int(t), m, w * m))
             piece *= 2
+    # values[k][c]: the most value of the first k pieces within c units, one row a piece, in place.
+    values = np.empty((len(steps) + 1, UNITS + 1))
+    values[0] = 0.0
+    for k, (t, m, ww) in enumerate(steps):
+        value, out, vv = values[k], values[k + 1], float(y[t]) * m
+        if ww == 0:
+            np.add(value, vv, out=out)
+            continue
+        out[:ww] = value[:ww]
+        np.add(value[:-ww], vv, out=out[ww:])
+        np.maximum(value[ww:], out[ww:], out=out[ww:])
     c = UNITS
     for k in range(len(steps) - 1, -1, -1):
         if values[k + 1][c] > values[k][c]:
