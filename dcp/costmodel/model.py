@@ -48,6 +48,17 @@ class LinearCost:
     def __call__(self, tokens: float, pairs: float) -> float:
         return self.fixed + self.per_token * tokens + self.per_pair * pairs
 
+    def terms(self) -> tuple[float, float, float]:
+        return self.fixed, self.per_token, self.per_pair
+
+
+def _least(forms: list[LinearCost]) -> LinearCost:
+    """The least of linear forms coefficient by coefficient (the one form when there is one): a
+    lower bound on each of them for non-negative (T, A)."""
+    if len(forms) == 1:
+        return forms[0]
+    return LinearCost(*(min(c) for c in zip(*(f.terms() for f in forms), strict=True)))
+
 
 @dataclass(frozen=True)
 class LayerTimes:
@@ -203,9 +214,7 @@ class CostModel(LayoutQueries):
         coefficients lower bounds and its dual bound proven."""
         key = (sp_size, ckpt_layers)
         if key not in self._linear:  # a pure function of (p, r) planners ask thousands of times: cached
-            forms = [self._linear_in(layout, ckpt_layers) for layout in self.layouts(sp_size)]
-            self._linear[key] = forms[0] if len(forms) == 1 else LinearCost(
-                min(f.fixed for f in forms), min(f.per_token for f in forms), min(f.per_pair for f in forms))
+            self._linear[key] = _least([self._linear_in(layout, ckpt_layers) for layout in self.layouts(sp_size)])
         return self._linear[key]
 
     def linear_less_below(self, sp_size: int, ckpt_layers: int) -> LinearCost:
@@ -220,12 +229,10 @@ class CostModel(LayoutQueries):
             forms = []
             for layout in self.layouts(sp_size):
                 _, bwd, rec = self.layer_linear(layout)
-                time, n_rec = self._linear_in(layout, r), min(k - 1, r)
-                forms.append(LinearCost(time.fixed - (k - 1) * bwd.fixed - n_rec * rec.fixed,
-                                        time.per_token - (k - 1) * bwd.per_token - n_rec * rec.per_token,
-                                        time.per_pair - (k - 1) * bwd.per_pair - n_rec * rec.per_pair))
-            self._less_below[key] = LinearCost(min(f.fixed for f in forms), min(f.per_token for f in forms),
-                                               min(f.per_pair for f in forms))
+                time = self._linear_in(layout, r)
+                forms.append(LinearCost(*(t - (k - 1) * b - min(k - 1, r) * c for t, b, c in
+                                          zip(time.terms(), bwd.terms(), rec.terms(), strict=True))))
+            self._less_below[key] = _least(forms)
         return self._less_below[key]
 
     def _linear_in(self, layout: SPLayout, ckpt_layers: int) -> LinearCost:

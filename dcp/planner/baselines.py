@@ -19,7 +19,7 @@ import numpy as np
 from dcp.costmodel import CostModel
 from dcp.planner.common import aligned_layout, assemble_indices
 from dcp.planner.feasibility import allowed_sp_sizes, check_feasible
-from dcp.planner.lpt import least_loaded
+from dcp.planner.lpt import by_group, least_loaded
 from dcp.planner.options import DATASET, BucketOptions, PackedOptions
 from dcp.planner.plan import InfeasibleError, Plan
 from dcp.planner.pricing import BatchArrays, Layout, Pricer
@@ -184,10 +184,7 @@ def lpt_assign(times: Sequence[float], n_groups: int) -> list[list[int]]:
     loaded group (ties by group index). Returns the job indices of each group, in run order."""
     t = np.asarray(times, dtype=np.float64)
     order = np.lexsort((np.arange(len(t)), -t))
-    owner = least_loaded(t[order], n_groups)
-    by_group = order[np.argsort(owner, kind="stable")].tolist()
-    cuts = np.cumsum(np.bincount(owner, minlength=n_groups)).tolist()
-    return [by_group[a:b] for a, b in zip([0, *cuts[:-1]], cuts, strict=True)]
+    return [order[jobs].tolist() for jobs in by_group(least_loaded(t[order], n_groups), n_groups)]
 
 
 def packed_layout(batch: Sequence[Sample], cm: CostModel, options: PackedOptions, sizes: Sequence[int],

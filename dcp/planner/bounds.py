@@ -367,19 +367,23 @@ def _levels(cm: CostModel, p: int, below: bool = False) -> _Levels:
     return cached[p, below]
 
 
-def _makespan_bound(work: _Work, n: int, start: float = 0.0) -> float:
+def _makespan_bound(work: _Work, n: int, start: float = 0.0, extra: float = 0.0) -> float:
     """The largest M proven below every plan's busy time: max(longest sample, work(inf) / N,
-    `start`, a proven bound), raised while work(M) > N * M by regula falsi (Illinois) on that
-    decreasing function; one evaluation more when it does not hold at the start."""
-    lo = max(work.longest, work(math.inf) / n, start)
-    f_lo = work(lo) - n * lo if 0 < lo < math.inf else 0.0
+    `start`, a proven bound), raised while work(M) + `extra` > N * M by regula falsi (Illinois)
+    on that decreasing function; one evaluation more when it does not hold at the start."""
+
+    def excess(m: float) -> float:
+        return work(m) + extra - n * m
+
+    lo = max(work.longest, (work(math.inf) + extra) / n, start)
+    f_lo = excess(lo) if 0 < lo < math.inf else 0.0
     if not f_lo > 0:
         return lo
     hi = 2 * lo
-    f_hi = work(hi) - n * hi
-    while f_hi > 0:  # work(hi) falls towards work(inf) <= n * lo, so this ends
+    f_hi = excess(hi)
+    while f_hi > 0:  # work(hi) falls towards work(inf) <= n * lo - extra, so this ends
         lo, f_lo, hi = hi, f_hi, 2 * hi
-        f_hi = work(hi) - n * hi
+        f_hi = excess(hi)
     side = 0
     for _ in range(_MAX_STEPS):
         if hi - lo <= _RTOL * hi:
@@ -388,7 +392,7 @@ def _makespan_bound(work: _Work, n: int, start: float = 0.0) -> float:
         if not math.isfinite(mid):
             mid = (lo + hi) / 2
         mid = min(max(mid, lo + 0.01 * (hi - lo)), hi - 0.01 * (hi - lo))  # stay strictly inside
-        f_mid = work(mid) - n * mid
+        f_mid = excess(mid)
         if f_mid > 0:
             lo, f_lo = mid, f_mid
             f_hi, side = (f_hi / 2, 1) if side == 1 else (f_hi, 1)  # Illinois: halve the stale end
@@ -400,16 +404,6 @@ def _makespan_bound(work: _Work, n: int, start: float = 0.0) -> float:
 
 _EXPOSURE_CLASSES = 256
 """Classes of samples `_exposure_bound` prices at most (rounded down: a bound can only fall)."""
-
-
-class _Charged:
-    """`_Work` plus a constant: what `_makespan_bound` raises the exposure bound on."""
-
-    def __init__(self, work: _Work, extra: float) -> None:
-        self.work, self.extra, self.longest = work, extra, work.longest
-
-    def __call__(self, makespan: float) -> float:
-        return self.work(makespan) + self.extra
 
 
 def _exposure_bound(coarse: _Work, cm: CostModel, sizes: Sequence[int], start_s: float, chain: np.ndarray) -> float:
@@ -438,9 +432,9 @@ def _exposure_bound(coarse: _Work, cm: CostModel, sizes: Sequence[int], start_s:
     extra = n * (float(chain[-1]) - least)
     ratio = 0.0
     for p in sizes:
-        time, charged = _levels(cm, p), _levels(cm, p, below=True)
-        for t, c in ((time.fixed, charged.charge_fixed), (time.per_token, charged.charge_per_token),
-                     (time.per_pair, charged.charge_per_pair)):
+        lv = _levels(cm, p, below=True)
+        for t, c in ((lv.fixed, lv.charge_fixed), (lv.per_token, lv.charge_per_token),
+                     (lv.per_pair, lv.charge_per_pair)):
             ratio = max(ratio, float(np.max(np.divide(c, t, out=np.zeros_like(c), where=t > 0))))
     if ratio * n * (start_s - least) + extra <= n * (start_s - least):
         return start_s
@@ -448,7 +442,7 @@ def _exposure_bound(coarse: _Work, cm: CostModel, sizes: Sequence[int], start_s:
     if len(tokens) > _EXPOSURE_CLASSES:
         tokens, pairs, weight = _round_down(tokens, pairs, weight, _EXPOSURE_CLASSES)
     work = _Work(tokens, pairs, weight, cm, sizes, below=True, longest=coarse.longest)
-    return max(start_s, _makespan_bound(_Charged(work, extra), n, start_s - least) + least)
+    return max(start_s, _makespan_bound(work, n, start_s - least, extra) + least)
 
 
 def _coarse(work: _Work) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -514,8 +508,11 @@ class _Work:
         per_token = np.stack([levels[p].per_token[r] for p, r, _ in rows])
         per_pair = np.stack([levels[p].per_pair[r] for p, r, _ in rows])
         memory_share = np.stack([levels[p].memory_share[r] for p, r, _ in rows])
-        charge = [np.stack([getattr(levels[p], f"charge_{c}")[r] for p, r, _ in rows])
-                  for c in ("fixed", "per_token", "per_pair")] if below else [fixed, per_token, per_pair]
+        charge = [fixed, per_token, per_pair]
+        if below:
+            charge = [np.stack([levels[p].charge_fixed[r] for p, r, _ in rows]),
+                      np.stack([levels[p].charge_per_token[r] for p, r, _ in rows]),
+                      np.stack([levels[p].charge_per_pair[r] for p, r, _ in rows])]
         fits = np.stack([ok for _, _, ok in rows])
         t, a = tokens[None, :], pairs[None, :]
         self.busy = fixed + per_pair * a  # what a micro-batch holding i runs besides its tokens

@@ -34,6 +34,7 @@ from dcp.costmodel import CostModel
 from dcp.planner.baselines import group_share, lpt_assign
 from dcp.planner.common import aligned_layout, assemble_indices
 from dcp.planner.feasibility import allowed_sp_sizes, check_feasible
+from dcp.planner.lpt import by_group
 from dcp.planner.options import GreedyOptions
 from dcp.planner.plan import Plan
 from dcp.planner.pricing import BatchArrays, Layout, Pricer
@@ -210,9 +211,7 @@ class _Schedule:
         # Groups are numbered largest size first: one contiguous block per size.
         first = np.unique(-size_of, return_index=True)[1]
         blocks = list(zip(first.tolist(), np.append(first[1:], n_groups).tolist(), strict=True))
-        order = np.argsort(self.where, kind="stable")
-        cuts = np.searchsorted(self.where[order], np.arange(n_groups + 1)).tolist()
-        members = [order[cuts[g]:cuts[g + 1]] for g in range(n_groups)]
+        members = by_group(self.where, n_groups)
         for _ in range(2 * len(self.where) + 64):
             c = int(np.argmax(loads))
             jc, mine = int(size_of[c]), members[c]

@@ -28,11 +28,11 @@ def least_loaded(times: np.ndarray, groups: int) -> np.ndarray:
     times = np.asarray(times, dtype=np.float64)
     owner = np.empty(len(times), dtype=np.int64)
     loads = np.zeros(groups)
+    if groups < SHORT_ROUND:
+        _heap_steps(times, 0, len(times), loads, owner)
+        return owner
     at = 0
     while at < len(times):
-        if groups < SHORT_ROUND:
-            _heap_steps(times, at, len(times), loads, owner)
-            break
         order = np.lexsort((np.arange(groups), loads))
         low = loads[order]
         r = min(groups, len(times) - at)
@@ -47,6 +47,13 @@ def least_loaded(times: np.ndarray, groups: int) -> np.ndarray:
         loads[order[:r]] = ends[:r]
         at += r
     return owner
+
+
+def by_group(owner: np.ndarray, groups: int) -> list[np.ndarray]:
+    """Each group's indices (ascending) from the group of every index, 0 to `groups` - 1."""
+    order = np.argsort(owner, kind="stable")
+    cuts = np.searchsorted(owner[order], np.arange(groups + 1)).tolist()
+    return [order[a:b] for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
 
 
 def _heap_steps(times: np.ndarray, at: int, stop: int, loads: np.ndarray, owner: np.ndarray) -> int:

@@ -24,6 +24,7 @@ from dcp.costmodel import Cluster, CostModel
 from dcp.planner.common import aligned_layout
 from dcp.planner.ilp.budget import Deadline
 from dcp.planner.ilp.costs import CostTable, form_microbatches
+from dcp.planner.lpt import by_group
 from dcp.planner.pricing import Layout
 
 Groups = list[tuple[int, list[int]]]
@@ -305,9 +306,7 @@ def with_free_groups(groups: Groups, table: CostTable, num_gpus: int) -> Groups:
 
 def _groups_of(where: np.ndarray, gj: np.ndarray) -> Groups:
     """Groups (size index, sample indices ascending) from each sample's group number."""
-    order = np.argsort(where, kind="stable")
-    cuts = np.searchsorted(where[order], np.arange(len(gj) + 1))
-    return [(int(gj[g]), order[cuts[g]:cuts[g + 1]].tolist()) for g in range(len(gj))]
+    return [(int(gj[g]), members.tolist()) for g, members in enumerate(by_group(where, len(gj)))]
 
 
 def spread(ids: Sequence[int], n_groups: int, j: int, table: CostTable) -> list[list[int]]:
