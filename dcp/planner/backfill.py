@@ -93,10 +93,15 @@ at 32,768 samples; lognormal's on 1,024 GPUs end 0.2% above it at the first)."""
 FILL_PASSES = 3
 """Passes filling a core group's short room: each takes the longest run of the remaining fillers
 (longest first) that fits what is left."""
-MIN_SAMPLES_PER_GPU = 4
-"""Backfill plans are built for batches of at least this many samples per GPU: with fewer, a
-rank's fillers are too few to even out (wikipedia, 2,048 samples on 1,024 GPUs: 30% and 39% above
-the bound on two of five batches, where the ILP's plans are 7-9%)."""
+MIN_SAMPLES_PER_GPU = 2
+"""Backfill plans are built for batches of at least this many samples per GPU. The planner keeps
+one only when it beats the single layout, so below the gate it costs only its time: at 2 samples
+per GPU it won 3 of wikipedia's 5 batches of 512 on 256 GPUs (5.45%, 3.88% and 5.54% above the
+bound with the single layout, 3.52%, 3.45% and 3.72% with it) and changed no plan of the other
+cells of 2 per GPU (wikipedia, lognormal and Open-Sora, 512 on 256 and 2,048 on 1,024 GPUs);
+with fewer (0.5 to 1.5 per GPU: 512 on 1,024 GPUs, 384 on 256, 1,024 on 1,024) it won none, as
+a rank's fillers are too few to even out (at 2 per GPU too, some of its plans are 30-39% above
+the bound: wikipedia, 2,048 samples on 1,024 GPUs)."""
 
 
 @dataclass

@@ -11,7 +11,7 @@ as soon as its part of a phase ends (`dcp.planner.plan`).
 
 The search (`solve_phased`), within the ILP's one deadline `time_limit_s`:
 
-0. with 4+ samples per GPU, the backfill plan (`dcp.planner.backfill`: the samples that need SP > 1
+0. with 2+ samples per GPU, the backfill plan (`dcp.planner.backfill`: the samples that need SP > 1
    first, the rest after them at SP 1 on every rank as it frees up), before the ILP, which then
    skips assembling its own plan when that cannot run faster (`solve_ilp_against`);
 1. the single-layout ILP (`dcp.planner.ilp.solve_ilp`), with the limit less what is kept back

@@ -35,10 +35,16 @@ PARTS = 8
 """A sample is large at a size when its load there exceeds theta / PARTS."""
 MAX_PATTERNS = 1500
 """Patterns per program at most; past it, fewer samples count as large (PARTS halves)."""
-ROOT_S_PER_COLUMN = 7e-4
-"""HiGHS's root node on this program, which its time limit and interrupt callback do not cut
-short, took up to 0.6 ms per integer column on the benchmark machine (837 columns: 0.5 s): the
-program gets only as many patterns as fit the time left, and is not solved when it would not."""
+ROOT_S_PER_COLUMN = 2.5e-4
+"""Seconds per pattern the program may take to pose and solve up to where the deadline stops it:
+it gets only as many patterns as fit the time left, and is not solved when it would not. HiGHS
+stops at the deadline (its time limit and the interrupt callback), so what runs past it is the
+posing and the root's last iterations: on 810 solves (10 cells of the planner grid from 64 to
+1,024 GPUs, 3 batches each, 9 levels from the bound to the incumbent, deadlines of 0.03, 0.08
+and 0.2 s), 0.006 s past the deadline at most with 7e-4 s, 0.008 s with this, 0.017 s with
+1e-4 s. At 7e-4 s the Llama batches of 512 samples on 1,024 GPUs had room for 280 patterns,
+too few for their 500-600 (the large samples then halve, `PARTS`), and their plans came out
+0.3 point of gap worse on average."""
 PATTERN_NODES = 50
 """Branch-and-bound node limit per solve (deterministic)."""
 _HIGHS_OPTIONS: dict[str, float | int] = {
