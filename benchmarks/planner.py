@@ -18,7 +18,10 @@ to each baseline's (<= 1 means never worse), how many of its solves the time lim
 and dcp-greedy's speedup over bucket (the worst over the cell's batches); per workload, how often
 and by how much multi-phase plans beat the single-layout ILP (benchmarks/phase_wins.py: each batch
 is planned once more with `max_phases=1`, JSON `phases`). The machine's load
-average is recorded per cell: wall times on a shared machine are inflated by the others' work.
+average is recorded per cell: wall times on a shared machine are inflated by the others' work;
+and its speed once, as the budget's probe (`budget.machine_probe_s`, fastest of 50; JSON
+`probe_ms`, against the `PROBE_S` the time budget was measured with): wall times from two
+machines compare only with it.
 Prints a table and writes JSON (default benchmarks/results/planner.json).
 """
 
@@ -43,6 +46,7 @@ from phase_wins import phase_columns, phase_lines, phase_summary  # noqa: E402
 from dcp.data.batches import make_batches  # noqa: E402
 from dcp.data.workloads import load_workload  # noqa: E402
 from dcp.planner import Sample, solve  # noqa: E402
+from dcp.planner.ilp.budget import PROBE_S, machine_probe_s  # noqa: E402
 from dcp.planner.options import IlpOptions  # noqa: E402
 from dcp.planner.run import build_cost_model, default_model, resolve_options  # noqa: E402
 from dcp.planner.status import program_outcome  # noqa: E402
@@ -132,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     # Import the solvers and warm them up outside the timed solves.
     warm_cm = build_cost_model("llama-7b", args.hardware, 8)
     solve(make_batches("wikipedia", warm_cm, global_batch=64, steps=1)[0], warm_cm.cluster, warm_cm, ilp)
+    # The machine's speed (the budget's fixed loop, fastest of 50): wall times compare across
+    # machines only with it (the solve's reserve scales with its ratio to PROBE_S).
+    probe_ms = 1e3 * min(machine_probe_s() for _ in range(50))
+    print(f"machine probe {probe_ms:.3f} ms (the budget's reference machine: {1e3 * PROBE_S:.3f} ms)")
     header = (f"{'workload':<19}{'gpus':>5}{'batch':>6}{'p50 s':>7}{'p95 s':>7}{'cpu95':>7}{'gap%':>6}{'max%':>6}"
               f"{'1gap%':>6}{'1max%':>6}{'cut':>4}" + "".join(f"{LABELS[n]:>9}" for n in BASELINES) + f"{'grd/bkt':>8}{'load':>6}")
     print(header)
@@ -150,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"argv": sys.argv[1:], "time_limit_s": args.time_limit, "solver": args.solver, "steps": args.steps,
             "hardware": args.hardware, "python": platform.python_version(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "duration_s": time.perf_counter() - started}
+            "duration_s": time.perf_counter() - started, "probe_ms": probe_ms, "probe_ref_ms": 1e3 * PROBE_S}
     phases = phase_summary(cases)
     print("\n".join(phase_lines(phases)))
     out.parent.mkdir(parents=True, exist_ok=True)
