@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -133,6 +134,79 @@ def _room_or_saved(cost: np.ndarray, marg: np.ndarray, rest: np.ndarray, room: f
     return room + _saved(np.maximum(gain, 0.0), np.where(gain > 0, marg, np.inf), rest, room)
 
 
+@dataclass(frozen=True)
+class _Own:
+    """What the group's ranks take off the others in micro-batches of their own, when they have
+    `own_s` seconds for them in a plan of busy time M: at most `rate` cheapest-cost GPU-seconds
+    per GPU-second past the least fixed part F (`fixed_floor`), not the GPU-second per
+    GPU-second `_room_or_saved` counts; so a room little longer than F takes little.
+
+    Why: a micro-batch of q ranks at level (q, r) that runs tau seconds takes at least its
+    linear form, fixed f >= F plus its samples' marginal times, so their marginal time is at
+    most tau - f. Each of its samples is charged (`bounds._Work.costs`) at most q times its
+    marginal time plus its fixed-cost charge at that level, where it runs alone within M: a
+    memory share t f / cap, whose sum is f T / cap <= (tau - f) f / (per_token cap) (the
+    tokens' time is within the marginal time), a time share t f per_token / (M - f - per_pair
+    a), whose sum is at most f (tau - f) / (M - tau), or weighting 1 (`bounds._weigh`), f x with
+    x the marginal time over M - f, whose sum is at most f (tau - f) / (M - f); weightings 2
+    and 3 charge only samples of over half of M - f or half of the memory, and none fits where
+    own_s - F is below both halves. So the micro-batch's charges are at most q (tau - f) (1 + a
+    + f / (M - own_s)), a = max over levels of f / (per_token cap); that falls as f grows
+    while own_s / (M - own_s) < 1, and a rank runs at least one micro-batch there, so per rank
+    they are at most (own_s - F) rate, rate = 1 + a + F / (M - own_s). Where rate (own_s - F)
+    <= own_s, the ranks outside the group that share such a micro-batch take no more than
+    their own time of it either, as the pooled count has them do. `rate` is None where a
+    condition fails (the plain count holds there); each fails only as M grows, so feasibility
+    still only grows with M."""
+
+    share: float
+    """a: the most any level's fixed cost is of its full micro-batch's token time."""
+    fixed_max: float
+    full_s: float
+    """The least token time of a full micro-batch (per_token cap) over the levels."""
+    floor: float
+    """F, the least fixed part of any micro-batch."""
+
+    @classmethod
+    def of(cls, work: object, floor: float) -> _Own:
+        levels = [(f, t * c) for p, (fixed, per_token, _) in work.coefs.items()
+                  for f, t, c in zip(fixed.tolist(), per_token.tolist(), work.memory_caps[p].tolist(), strict=True)
+                  if c > 0 and t > 0]
+        if not levels:
+            return cls(math.inf, math.inf, 0.0, floor)
+        return cls(max(f / full for f, full in levels), max(f for f, _ in levels), min(full for _, full in levels),
+                   floor)
+
+    def rate(self, m: float, own_s: float) -> float | None:
+        """Cost taken per second past the floor with `own_s` seconds in a plan of busy time `m`
+        (0 where no micro-batch fits), or None where the plain count must be used."""
+        spare = own_s - self.floor
+        if spare <= 0:
+            return 0.0
+        if own_s >= m - own_s or spare > (m - self.fixed_max) / 2 or spare > self.full_s / 2:
+            return None
+        rate = 1.0 + self.share + self.floor / (m - own_s)
+        return rate if rate * spare <= own_s else None
+
+    def taken(self, cost: np.ndarray, marg: np.ndarray, rest: np.ndarray, p: int, m: float, joins_s: float,
+              own_s: float) -> float | None:
+        """The most the group's p ranks take off the others when samples join the longest
+        sample's micro-batch within `joins_s` seconds of marginal time per rank and the ranks run
+        micro-batches of their own within `own_s` (<= `joins_s`) seconds, in what is left of the
+        `joins_s`: with J the joins' GPU-seconds, KS(J) the knapsack `_saved` and g(o) = rate (o
+        - F)+, the ranks take at most KS(J) + p g(min(own_s, joins_s - J / p)), whose maximum
+        over J is at most max(KS(p (joins_s - F)) + p g(own_s), KS(p joins_s)). None where
+        `rate` is."""
+        rate = self.rate(m, own_s)
+        if rate is None:
+            return None
+        full = _saved(cost, marg, rest, p * joins_s)
+        if rate == 0.0:
+            return full
+        return max(_saved(cost, marg, rest, p * max(joins_s - self.floor, 0.0)) + p * rate * (own_s - self.floor),
+                   full)
+
+
 def group_bound(work: object, cm: CostModel, sizes: Sequence[int], lo: float,
                 fixed_floor_s: float | None = None, group: LongestGroup | None = None) -> float:
     """The largest M (at least `lo`, a proven bound on the busy time) proven below every plan's
@@ -145,8 +219,9 @@ def group_bound(work: object, cm: CostModel, sizes: Sequence[int], lo: float,
     least `fixed_floor_s`, so where M - lin_p(i) is shorter, they run i's micro-batch alone and
     the knapsack above holds as it is. Where it is longer, their room takes off the others at
     most a GPU-second each, or a sample's cost less its marginal time at p where it joins i's
-    micro-batch (`_room_or_saved`). (Each condition only weakens as M grows, and the second is
-    weaker than the first, so feasibility still only grows with M.) It binds where the longest
+    micro-batch (`_room_or_saved`), and, as each micro-batch of their own pays a fixed part, at
+    most `_Own.taken` where its conditions hold. (Each condition only weakens as M grows, and the
+    second is weaker than the first, so feasibility still only grows with M.) It binds where the longest
     sample alone nearly fills the step on a large group: wikipedia's 168,456-token sample runs
     0.378 s on 512 of 1,024 GPUs, within the pooled bound of 0.378 s, while the other 2,047
     samples need more than the other 512 GPUs give in that time (bound 0.393 s)."""
@@ -154,6 +229,7 @@ def group_bound(work: object, cm: CostModel, sizes: Sequence[int], lo: float,
         return lo
     n = cm.cluster.num_gpus
     group, rest = group if group is not None else longest_group(work, cm, sizes)
+    own = _Own.of(work, fixed_floor_s) if fixed_floor_s is not None else None
 
     def feasible(m: float) -> bool:
         cost = work.costs(m)  # cheapest GPU-seconds of each sample within m, outside the group
@@ -164,9 +240,9 @@ def group_bound(work: object, cm: CostModel, sizes: Sequence[int], lo: float,
             if group.solo[k] > m:
                 continue
             outside = (n - p) * m + _FEAS_RTOL * total
-            if fixed_floor_s is not None and m - max(a for a, _ in group.forms[k]) >= fixed_floor_s:
+            if own is not None and m - max(a for a, _ in group.forms[k]) >= own.floor:
                 # Multi-phase plans whose p ranks have room for micro-batches of their own.
-                if all(total - _room_or_saved(cost, marg, rest, p * (m - alone)) <= outside
+                if all(total - _own_or_room(own, cost, marg, rest, p, m, m - alone, m - alone) <= outside
                        for alone, marg in group.forms[k]):
                     return True
                 continue
@@ -196,15 +272,17 @@ def step_group_bound(work: object, cm: CostModel, sizes: Sequence[int], lo: floa
     chain_s >= T + chain_s, so where S <= T + chain_s no rank runs anything after X. The
     busy time is at most S - `least_exposed_s`, so each rank of the group runs other
     micro-batches for at most min(M - T, S - chain_s - top) there, or M - T where S > T + chain_s,
-    and the knapsack of `group_bound` (with `fixed_floor_s`) holds with that room. It binds
-    where the reduction chain outlasts the longest sample's backward: wikipedia's 55,995-token
-    sample among 512 on 256 GPUs runs 0.181 s on 128 of them, its forwards and top backward
-    0.06 s, and the chain takes 0.226 s, so its ranks take no other work worth speaking of
-    (bound 0.2995 s to 0.3091 s)."""
+    and the knapsack of `group_bound` (with `fixed_floor_s`, `_Own` included) holds with that
+    room. It binds where the reduction chain outlasts the longest sample's backward: wikipedia's
+    55,995-token sample among 512 on 256 GPUs runs 0.181 s on 128 of them, its forwards and top
+    backward 0.06 s, and the chain takes 0.226 s, so its ranks take no other work worth speaking
+    of (bound 0.2995 s to 0.3091 s; seed 0, where they have 0.02-0.05 s before it, 0.3149 s with
+    the fixed part each of their own micro-batches pays, `_Own`, from 0.3091 s)."""
     if len(work.tokens) < 2 or not math.isfinite(lo) or lo <= 0:
         return lo
     n = cm.cluster.num_gpus
     group, rest = group if group is not None else longest_group(work, cm, sizes)
+    own = _Own.of(work, fixed_floor_s)
 
     def feasible(step: float) -> bool:
         m = step - least_exposed_s
@@ -220,7 +298,7 @@ def step_group_bound(work: object, cm: CostModel, sizes: Sequence[int], lo: floa
             if room < 0:
                 continue  # no rank of the group can end X in time
             outside = (n - p) * m + _FEAS_RTOL * total
-            if all(total - _taken(cost, marg, rest, p * (m - alone), p * room, room >= fixed_floor_s) <= outside
+            if all(total - _taken(own, cost, marg, rest, p, m, m - alone, room) <= outside
                    for alone, marg in group.forms[k]):
                 return True
         return False
@@ -228,15 +306,28 @@ def step_group_bound(work: object, cm: CostModel, sizes: Sequence[int], lo: floa
     return _raised(feasible, lo)
 
 
-def _taken(cost: np.ndarray, marg: np.ndarray, rest: np.ndarray, joins: float, room: float, others: bool) -> float:
-    """The most cheapest-cost GPU-seconds the group's ranks take off the others: samples J join
-    the longest sample's micro-batch within `joins` GPU-seconds of marginal time, and with
-    `others` the ranks run micro-batches of their own in `room` GPU-seconds, each GPU-second at
-    most a GPU-second of cost, and less the marginal time J adds: at most the less of J's
-    costs plus `room` and J's gains plus `joins` (`_room_or_saved`)."""
-    if not others:
-        return _saved(cost, marg, rest, joins)
-    return min(_room_or_saved(cost, marg, rest, joins), room + _saved(cost, marg, rest, joins))
+def _taken(own: _Own, cost: np.ndarray, marg: np.ndarray, rest: np.ndarray, p: int, m: float, joins_s: float,
+           own_s: float) -> float:
+    """The most cheapest-cost GPU-seconds the group's p ranks take off the others: samples J join
+    the longest sample's micro-batch within `joins_s` seconds of marginal time per rank, and
+    where `own_s` (the seconds each rank has for micro-batches of its own) reaches the least
+    fixed part the ranks run such micro-batches too, each GPU-second at most a GPU-second of
+    cost, and less the marginal time J adds: at most the less of J's costs plus p `own_s` and
+    J's gains plus p `joins_s` (`_room_or_saved`), and at most `_Own.taken`."""
+    if own_s < own.floor:
+        return _saved(cost, marg, rest, p * joins_s)
+    plain = min(_room_or_saved(cost, marg, rest, p * joins_s), p * own_s + _saved(cost, marg, rest, p * joins_s))
+    return _own_or_room(own, cost, marg, rest, p, m, joins_s, own_s, plain)
+
+
+def _own_or_room(own: _Own, cost: np.ndarray, marg: np.ndarray, rest: np.ndarray, p: int, m: float,
+                 joins_s: float, own_s: float, plain: float | None = None) -> float:
+    """The less of the plain count (`_room_or_saved` with the joins' room, unless given) and
+    `_Own.taken` where it holds."""
+    if plain is None:
+        plain = _room_or_saved(cost, marg, rest, p * joins_s)
+    better = own.taken(cost, marg, rest, p, m, joins_s, own_s)
+    return plain if better is None else min(plain, better)
 
 
 def _raised(feasible: Callable[[float], bool], lo: float) -> float:
