@@ -307,19 +307,28 @@ def test_every_rank_leaves_the_reduction_chain_its_time_after_its_last_microbatc
     follows, so the N ranks' ends less those backwards, plus N chains, are at most N steps
     (`_exposure_bound`). With about two samples a rank, few last micro-batches are long: the
     bound rises by more than 1%, and stays below every plan the planner prices."""
+    without, bound = _with_and_without(monkeypatch, 2, bounds, "_exposure_bound",
+                                       lambda coarse, cm, sizes, start_s, chain: start_s)
+    assert bound > without * 1.01
+
+
+def _with_and_without(monkeypatch: pytest.MonkeyPatch, seed: int, owner: object, name: str,
+                      stub: object) -> tuple[float, float]:
+    """Wikipedia, 512 samples on 256 GPUs: `multi_phase_bound` with `owner.name` replaced by
+    `stub`, then as it is; checks the latter is at most the single-layout bound and every plan
+    the planner prices."""
     cm = cost_model(gpus=256)
-    batch = make_batches("wikipedia", cm, global_batch=512, steps=1, seed=2)[0]
-    sizes = allowed_sp_sizes(cm)
-    monkeypatch.setattr(bounds, "_exposure_bound", lambda coarse, cm, sizes, start_s, chain: start_s)
+    batch = make_batches("wikipedia", cm, global_batch=512, steps=1, seed=seed)[0]
+    monkeypatch.setattr(owner, name, stub)
     _MEMO.clear()
     without = multi_phase_bound(batch, cm)
     monkeypatch.undo()
     _MEMO.clear()
     bound = multi_phase_bound(batch, cm)
-    assert bound > without * 1.01
     assert single_layout_bound(batch, cm) >= bound
-    plans = [solve(batch, cm.cluster, cm, IlpOptions(time_limit_s=1.0))] + baseline_plans(batch, cm, sizes)
+    plans = [solve(batch, cm.cluster, cm, IlpOptions(time_limit_s=1.0))] + baseline_plans(batch, cm, allowed_sp_sizes(cm))
     assert all(bound <= p.step_time_s * (1 + 1e-9) for p in plans)
+    return without, bound
 
 
 def test_micro_batches_of_a_groups_own_take_at_most_the_rate_past_the_fixed_floor() -> None:
@@ -373,16 +382,5 @@ def test_a_groups_own_micro_batches_pay_their_fixed_part_in_the_multi_phase_boun
     counting what they take at `_Own`'s rate rather than a GPU-second a second raises the bound
     for every plan by more than 1.5%, to the single-layout one, and below every plan the planner
     prices."""
-    cm = cost_model(gpus=256)
-    batch = make_batches("wikipedia", cm, global_batch=512, steps=1, seed=0)[0]
-    sizes = allowed_sp_sizes(cm)
-    monkeypatch.setattr(_Own, "taken", lambda self, *args: None)
-    _MEMO.clear()
-    without = multi_phase_bound(batch, cm)
-    monkeypatch.undo()
-    _MEMO.clear()
-    bound = multi_phase_bound(batch, cm)
+    without, bound = _with_and_without(monkeypatch, 0, _Own, "taken", lambda self, *args: None)
     assert bound > without * 1.015
-    assert single_layout_bound(batch, cm) >= bound
-    plans = [solve(batch, cm.cluster, cm, IlpOptions(time_limit_s=1.0))] + baseline_plans(batch, cm, sizes)
-    assert all(bound <= p.step_time_s * (1 + 1e-9) for p in plans)
