@@ -188,23 +188,20 @@ class _Own:
         rate = 1.0 + self.share + self.floor / (m - own_s)
         return rate if rate * spare <= own_s else None
 
-    def taken(self, cost: np.ndarray, marg: np.ndarray, rest: np.ndarray, p: int, m: float, joins_s: float,
-              own_s: float) -> float | None:
-        """The most the group's p ranks take off the others when samples join the longest
-        sample's micro-batch within `joins_s` seconds of marginal time per rank and the ranks run
-        micro-batches of their own within `own_s` (<= `joins_s`) seconds, in what is left of the
-        `joins_s`: with J the joins' GPU-seconds, KS(J) the knapsack `_saved` and g(o) = rate (o
-        - F)+, the ranks take at most KS(J) + p g(min(own_s, joins_s - J / p)), whose maximum
-        over J is at most max(KS(p (joins_s - F)) + p g(own_s), KS(p joins_s)). None where
-        `rate` is."""
+    def capped(self, plain: float, cost: np.ndarray, marg: np.ndarray, rest: np.ndarray, p: int, m: float,
+               joins_s: float, own_s: float) -> float:
+        """`plain` (what the plain count lets the group's p ranks take off the others), capped
+        where `rate` holds: samples join the longest sample's micro-batch within `joins_s`
+        seconds of marginal time per rank and the ranks run micro-batches of their own within
+        `own_s` (<= `joins_s`) seconds, in what is left of the `joins_s`. With J the joins'
+        GPU-seconds, KS(J) the knapsack `_saved` and g(o) = rate (o - F)+, the ranks take at most
+        KS(J) + p g(min(own_s, joins_s - J / p)), whose maximum over J is at most
+        max(KS(p (joins_s - F)) + p g(own_s), KS(p joins_s))."""
         rate = self.rate(m, own_s)
         if rate is None:
-            return None
-        full = _saved(cost, marg, rest, p * joins_s)
-        if rate == 0.0:
-            return full
-        return max(_saved(cost, marg, rest, p * max(joins_s - self.floor, 0.0)) + p * rate * (own_s - self.floor),
-                   full)
+            return plain
+        return min(plain, max(_saved(cost, marg, rest, p * max(joins_s - self.floor, 0.0))
+                              + p * rate * (own_s - self.floor), _saved(cost, marg, rest, p * joins_s)))
 
 
 def group_bound(work: object, cm: CostModel, sizes: Sequence[int], lo: float,
@@ -220,7 +217,7 @@ def group_bound(work: object, cm: CostModel, sizes: Sequence[int], lo: float,
     the knapsack above holds as it is. Where it is longer, their room takes off the others at
     most a GPU-second each, or a sample's cost less its marginal time at p where it joins i's
     micro-batch (`_room_or_saved`), and, as each micro-batch of their own pays a fixed part, at
-    most `_Own.taken` where its conditions hold. (Each condition only weakens as M grows, and the
+    most `_Own.capped` where its conditions hold. (Each condition only weakens as M grows, and the
     second is weaker than the first, so feasibility still only grows with M.) It binds where the longest
     sample alone nearly fills the step on a large group: wikipedia's 168,456-token sample runs
     0.378 s on 512 of 1,024 GPUs, within the pooled bound of 0.378 s, while the other 2,047
@@ -242,7 +239,8 @@ def group_bound(work: object, cm: CostModel, sizes: Sequence[int], lo: float,
             outside = (n - p) * m + _FEAS_RTOL * total
             if own is not None and m - max(a for a, _ in group.forms[k]) >= own.floor:
                 # Multi-phase plans whose p ranks have room for micro-batches of their own.
-                if all(total - _own_or_room(own, cost, marg, rest, p, m, m - alone, m - alone) <= outside
+                if all(total - own.capped(_room_or_saved(cost, marg, rest, p * (m - alone)), cost, marg, rest, p,
+                                          m, m - alone, m - alone) <= outside
                        for alone, marg in group.forms[k]):
                     return True
                 continue
@@ -313,21 +311,11 @@ def _taken(own: _Own, cost: np.ndarray, marg: np.ndarray, rest: np.ndarray, p: i
     where `own_s` (the seconds each rank has for micro-batches of its own) reaches the least
     fixed part the ranks run such micro-batches too, each GPU-second at most a GPU-second of
     cost, and less the marginal time J adds: at most the less of J's costs plus p `own_s` and
-    J's gains plus p `joins_s` (`_room_or_saved`), and at most `_Own.taken`."""
+    J's gains plus p `joins_s` (`_room_or_saved`), and at most `_Own.capped`."""
     if own_s < own.floor:
         return _saved(cost, marg, rest, p * joins_s)
     plain = min(_room_or_saved(cost, marg, rest, p * joins_s), p * own_s + _saved(cost, marg, rest, p * joins_s))
-    return _own_or_room(own, cost, marg, rest, p, m, joins_s, own_s, plain)
-
-
-def _own_or_room(own: _Own, cost: np.ndarray, marg: np.ndarray, rest: np.ndarray, p: int, m: float,
-                 joins_s: float, own_s: float, plain: float | None = None) -> float:
-    """The less of the plain count (`_room_or_saved` with the joins' room, unless given) and
-    `_Own.taken` where it holds."""
-    if plain is None:
-        plain = _room_or_saved(cost, marg, rest, p * joins_s)
-    better = own.taken(cost, marg, rest, p, m, joins_s, own_s)
-    return plain if better is None else min(plain, better)
+    return own.capped(plain, cost, marg, rest, p, m, joins_s, own_s)
 
 
 def _raised(feasible: Callable[[float], bool], lo: float) -> float:
