@@ -580,8 +580,10 @@ class _Work:
     def weigh(self, makespan: float) -> dict[int, int]:
         """Charges each size's fixed costs by the weighting (`_weigh`; 0: the token shares) that
         adds most at `makespan` to the samples whose cheapest row it holds, among those that
-        leave no sample below its least over the token shares; returns the sizes that took one
-        (and which).
+        leave no sample below its least over the token shares; then over the sizes again, each
+        against the others' choices, while one changes (at most `WEIGH_PASSES` in all): a size
+        whose rows lie below another's adds nothing until that one's weighting has raised them.
+        Returns the sizes that took one (and which).
 
         Why any choice holds: a micro-batch B at level (p, r) in a plan of busy time at most M
         costs p (fixed + its samples' marginal times) GPU-seconds, so charging each of its samples
@@ -595,28 +597,40 @@ class _Work:
         if rows < 2 or not math.isfinite(makespan):
             return {}
         open_ = np.isfinite(cost)
-        least = cost.min(axis=0)
-        first = np.argmin(cost, axis=0)
-        second = np.partition(cost, 1, axis=0)[1]
-        other = np.where(np.arange(rows)[:, None] == first[None, :], second[None, :], least[None, :])
+        floor = cost.min(axis=0) * (1 - 1e-12)
         sizes, row_size = np.unique(self.row_sizes, return_inverse=True)
-
-        def value(c: np.ndarray) -> np.ndarray:  # per size: what its rows hold below the other rows
-            return np.bincount(row_size, np.where(open_, np.minimum(c, other), 0.0).sum(axis=1), len(sizes))
-
-        choice, score = np.zeros(len(sizes), dtype=np.int64), value(cost)
-        floor = least * (1 - 1e-12)
-        for k in range(1, len(_WEIGHTINGS) + 1):
-            alt = self._weighed(k, makespan, slice(None), open_)
-            unsafe = np.bincount(row_size, ((alt < floor[None, :]) & open_).any(axis=1), len(sizes)) > 0
-            gain = value(alt)
-            take = ~unsafe & (gain > score * (1 + 1e-12))
-            choice, score = np.where(take, k, choice), np.where(take, gain, score)
+        # Each weighting's costs on every row (0: the token shares), and the sizes where it would
+        # leave a sample below its least over the token shares.
+        alts = [cost] + [self._weighed(k, makespan, slice(None), open_) for k in range(1, len(_WEIGHTINGS) + 1)]
+        unsafe = [np.bincount(row_size, ((alt < floor[None, :]) & open_).any(axis=1), len(sizes)) > 0
+                  for alt in alts]
+        choice = np.zeros(len(sizes), dtype=np.int64)
+        for _ in range(WEIGH_PASSES):  # each size against the others' choices, until none changes
+            now = cost.copy()
+            for k in range(1, len(alts)):
+                on = choice[row_size] == k
+                now[on] = alts[k][on]
+            least = now.min(axis=0)
+            first = np.argmin(now, axis=0)
+            second = np.partition(now, 1, axis=0)[1]
+            other = np.where(np.arange(rows)[:, None] == first[None, :], second[None, :], least[None, :])
+            # Per size: what its rows hold below the other rows.
+            values = [np.bincount(row_size, np.where(open_, np.minimum(alt, other), 0.0).sum(axis=1), len(sizes))
+                      for alt in alts]
+            before = choice.copy()
+            score = np.choose(choice, values)
+            for k in range(len(alts)):
+                take = ~unsafe[k] & (values[k] > score * (1 + 1e-12))
+                choice, score = np.where(take, k, choice), np.where(take, values[k], score)
+            if (choice == before).all():
+                break
         if choice.any():
             self.weighting = choice[row_size]
         return {int(p): int(k) for p, k in zip(sizes, choice, strict=True) if k}
 
 
+WEIGH_PASSES = 3
+"""Passes `_Work.weigh` makes over the sizes at most (wikipedia's batches settle within three)."""
 _WEIGHTINGS = ("time share", "over half the time", "over half the memory")
 """The fixed-cost weightings `_weigh` computes, numbered from 1 (0: the token shares)."""
 
