@@ -630,7 +630,8 @@ class _Work:
 
 
 WEIGH_PASSES = 3
-"""Passes `_Work.weigh` makes over the sizes at most (wikipedia's batches settle within three)."""
+"""Passes `_Work.weigh` makes over the sizes at most: on the grid's 180 batches the second and
+third raised 18 bounds, by up to 0.57%; eight passes raised one of them 0.013% further."""
 _WEIGHTINGS = ("time share", "over half the time", "over half the memory")
 """The fixed-cost weightings `_weigh` computes, numbered from 1 (0: the token shares)."""
 
