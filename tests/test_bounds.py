@@ -73,27 +73,32 @@ def test_weighed_fixed_costs_raise_the_bound_and_stay_below_every_multi_phase_pl
         assert weighed >= best * (1 - 1e-4)
 
 
-def test_weighing_the_sizes_again_raises_what_one_pass_left_below_another_size(
+def test_each_size_takes_the_weighting_that_raises_the_work_most_given_the_others(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Wikipedia, 512 samples on 256 GPUs: one pass of `_Work.weigh` leaves SP 4, 32 and 256 on
-    the token shares, as their rows lie below other sizes' until those take their weighting;
-    going over the sizes again weighs them too. The work at the pooled bound then rises by over
-    3%, the batch's bound by 0.1%, and stays below the planner's plan."""
+    """`_Work.weigh` on wikipedia's 2,048 samples on 256 GPUs (batch 2), at the pooled bound:
+    with its choice the work is 2% above the token shares', and no size's other weighting
+    raises it further (a choice by what each size's rows hold below the others' left 0.09% to
+    gain); one pass over the sizes leaves it 0.5% lower, as a size gains from its weighting only
+    once the sizes whose rows lay below its own have theirs. The batch's bound stays below the
+    planner's plan."""
     cm = cost_model(gpus=256)
-    batch = make_batches("wikipedia", cm, global_batch=512, steps=1, seed=0)[0]
+    batch = make_batches("wikipedia", cm, global_batch=2048, steps=1, seed=2)[0]
     work = _Work(*distinct_samples(*sample_arrays(batch)), cm, allowed_sp_sizes(cm))
     m = _makespan_bound(work, cm.cluster.num_gpus)
-    _MEMO.clear()
-    again, again_sizes, again_work = lower_bound(batch, cm), work.weigh(m), work(m)
+    plain = work(m)
+    work.weigh(m)
+    weighed, weighting = work(m), work.weighting.copy()
+    assert weighed > plain * 1.02
+    for p in np.unique(work.row_sizes).tolist():
+        for k in range(4):
+            work.weighting = np.where(work.row_sizes == p, k, weighting)
+            assert work(m) <= weighed * (1 + 1e-12)
     monkeypatch.setattr(bounds, "WEIGH_PASSES", 1)
-    _MEMO.clear()
-    once, once_sizes, once_work = lower_bound(batch, cm), work.weigh(m), work(m)
-    assert set(once_sizes) < set(again_sizes)
-    assert again_work > once_work * 1.03
-    assert again > once * (1 + 5e-4)
-    _MEMO.clear()
+    work.weigh(m)
+    assert work(m) < weighed * 0.995
     monkeypatch.undo()
-    assert again <= solve(batch, cm.cluster, cm, IlpOptions(time_limit_s=0.3)).step_time_s
+    _MEMO.clear()
+    assert lower_bound(batch, cm) <= solve(batch, cm.cluster, cm, IlpOptions(time_limit_s=0.3)).step_time_s
 
 
 @pytest.mark.parametrize("zero_stage", [1, 3])
