@@ -606,12 +606,11 @@ class _Work:
             for q in range(len(sizes)):
                 mine = row_size == q
                 others = now[~mine].min(axis=0) if not mine.all() else np.full(now.shape[1], np.inf)
-                best = float(np.minimum(others, now[mine].min(axis=0)) @ self.weight)
-                for k, alt in enumerate(alts):
-                    work = float(np.minimum(others, alt[mine].min(axis=0)) @ self.weight)
-                    if k != choice[q] and work > best * (1 + 1e-12):
-                        best, choice[q], changed = work, k, True
-                now[mine] = alts[choice[q]][mine]
+                works = [float(np.minimum(others, alt[mine].min(axis=0)) @ self.weight) for alt in alts]
+                k = int(np.argmax(works))
+                if works[k] > works[choice[q]] * (1 + 1e-12):
+                    choice[q], changed = k, True
+                    now[mine] = alts[k][mine]
             if not changed:
                 break
         if choice.any():
