@@ -136,8 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     # Import the solvers and warm them up outside the timed solves.
     warm_cm = build_cost_model("llama-7b", args.hardware, 8)
     solve(make_batches("wikipedia", warm_cm, global_batch=64, steps=1)[0], warm_cm.cluster, warm_cm, ilp)
-    # The machine's speed (the budget's fixed loop, fastest of 50): wall times compare across
-    # machines only with it (the solve's reserve scales with its ratio to PROBE_S).
+    # The machine's speed, the budget's probe at its fastest of 50 (the module docstring says why).
     probe_ms = 1e3 * min(machine_probe_s() for _ in range(50))
     print(f"machine probe {probe_ms:.3f} ms (the budget's reference machine: {1e3 * PROBE_S:.3f} ms)")
     header = (f"{'workload':<19}{'gpus':>5}{'batch':>6}{'p50 s':>7}{'p95 s':>7}{'cpu95':>7}{'gap%':>6}{'max%':>6}"
