@@ -91,7 +91,6 @@ def nested_candidate(table: CostTable, cm, arrays: BatchArrays, pricer, target_s
                             arrays, pricer).busy_s
         for (s, j, _), e in zip(first, busy.tolist(), strict=True):
             ready[s:s + sizes[j]] = e
-    ends1 = [float(ready[s]) for s, _, _ in first]
     rest = ids[size_arr[choice] < q1]
     rest = rest[np.lexsort((-add[rest, choice[rest]], -size_arr[choice[rest]]))]
     owner = np.full(n, -1)
@@ -104,7 +103,7 @@ def nested_candidate(table: CostTable, cm, arrays: BatchArrays, pricer, target_s
         best = None
         for g, (s, j, _) in enumerate(first):  # into a phase-1 group no phase-2 group has claimed
             if (owner[s:s + sizes[j]] == -1).all():
-                end = ends1[g] + add[i, j]
+                end = float(ready[s]) + add[i, j]  # the group's end, on each of its ranks
                 k = key(end, add[i, j] * sizes[j], True)
                 if best is None or k < best[0]:
                     best = (k, j, ("first", g), s, end)
@@ -125,7 +124,6 @@ def nested_candidate(table: CostTable, cm, arrays: BatchArrays, pricer, target_s
         _, j, (how, b), s, end = best
         if how == "first":
             first[b][2].append(i)
-            ends1[b] = end
             ready[s:s + sizes[j]] = end
         elif how == "open":
             blocks[b][2].append(i)
