@@ -109,7 +109,7 @@ the bound: wikipedia, 2,048 samples on 1,024 GPUs)."""
 
 
 @dataclass
-class _Candidate:
+class Candidate:
     """One target's plan before assembly: each phase's groups (first rank, SP size, micro-batches
     of batch indices) and the busy time."""
 
@@ -138,7 +138,7 @@ def backfill_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], 
     pricer, table = costs if costs is not None else batch_costs(arrays, cm, sizes)
     reductions = reduction_chain_s(cm)
     hide = _hiding_tokens(cm, table, reductions)
-    best: _Candidate | None = None
+    best: Candidate | None = None
     started = time.perf_counter()
     solve_started = started if solve_started is None else solve_started
     for k, level in enumerate(FILL_LEVELS):
@@ -159,7 +159,7 @@ def backfill_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], 
                     best = cand
             if cand is None or not cand.fills_first:
                 break
-    return None if best is None else _assemble(batch, cm, arrays, pricer, best)
+    return None if best is None else assemble_candidate(batch, cm, arrays, pricer, best)
 
 
 def _hiding_tokens(cm: CostModel, table: CostTable, reductions: np.ndarray | None) -> float:
@@ -183,7 +183,7 @@ def _hiding_tokens(cm: CostModel, table: CostTable, reductions: np.ndarray | Non
 
 
 def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pricer, target_s: float,
-               hide: float, reductions: np.ndarray | None, fill_first: bool = True) -> _Candidate | None:
+               hide: float, reductions: np.ndarray | None, fill_first: bool = True) -> Candidate | None:
     """The plan for one target (module docstring), or None if its cores need more GPUs."""
     n, sizes = cm.cluster.num_gpus, table.sizes
     size_arr = np.asarray(sizes)
@@ -193,25 +193,8 @@ def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pri
     within = table.solo[cores] <= target_s
     gpu_s = np.where(within, table.solo[cores] * size_arr, np.inf)
     choice = np.where(within.any(axis=1), np.argmin(gpu_s, axis=1), np.argmin(table.solo[cores], axis=1))
-    groups: list[tuple[int, int, list[int]]] = []
-    rank = 0
-    for j in sorted(set(choice.tolist()), key=lambda j: -sizes[j]):
-        mine = cores[choice == j]
-        mine = mine[np.lexsort((mine, -table.solo[mine, j]))]
-        rooms: list[tuple[float, int]] = []  # worst fit: the group with the most room left
-        members: list[list[int]] = []
-        for i, t in zip(mine.tolist(), table.solo[mine, j].tolist(), strict=True):
-            if rooms and -rooms[0][0] >= t:
-                room, g = heapq.heappop(rooms)
-                members[g].append(i)
-                heapq.heappush(rooms, (room + t, g))
-            else:
-                members.append([i])
-                heapq.heappush(rooms, (t - target_s, len(members) - 1))
-        for ids in members:
-            groups.append((rank, j, ids))
-            rank += sizes[j]
-    if rank > n:
+    groups = pack_per_size(cores, choice, table.solo, target_s, sizes)
+    if sum(sizes[j] for _, j, _ in groups) > n:
         return None
     layout: Layout = [(start, sizes[j], form_microbatches(ids, j, table, cm)) for start, j, ids in groups]
     ready = price_layout(layout, arrays, pricer).busy_s if groups else np.zeros(0)
@@ -278,9 +261,37 @@ def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pri
     # its fillers ends when its last rank's do plus its own time: its slots' ends already say so.
     late = {g for g, (start, _, _) in enumerate(groups) if before[start]}
     ones = [(int(slots[k]), 1, mbs) for k, mbs in enumerate(fills) if mbs]
-    return _Candidate([c for g, c in enumerate(layout) if g not in late] + [o for o in ones if before[o[0]]],
+    return Candidate([c for g, c in enumerate(layout) if g not in late] + [o for o in ones if before[o[0]]],
                       [c for g, c in enumerate(layout) if g in late] + [o for o in ones if not before[o[0]]],
                       max(float(ends.max()) if len(ends) else 0.0, core_ends), bool(late))
+
+
+def pack_per_size(ids: np.ndarray, choice: np.ndarray, cost: np.ndarray, target_s: float,
+                  sizes: Sequence[int]) -> list[tuple[int, int, list[int]]]:
+    """Samples `ids`, each at size index `choice` (aligned with `ids`), packed per size into as
+    few groups as keep their summed `cost` (per sample and size index) within `target_s`: worst
+    fit (the group with the most room left), longest first, ties by index. The groups as (first
+    rank, size index, samples), the largest sizes on the first ranks (aligned, as the sizes are
+    powers of two); their ranks may run past the cluster's."""
+    groups: list[tuple[int, int, list[int]]] = []
+    rank = 0
+    for j in sorted(set(choice.tolist()), key=lambda j: -sizes[j]):
+        mine = ids[choice == j]
+        mine = mine[np.lexsort((mine, -cost[mine, j]))]
+        rooms: list[tuple[float, int]] = []  # (minus the room left, group)
+        members: list[list[int]] = []
+        for i, t in zip(mine.tolist(), cost[mine, j].tolist(), strict=True):
+            if rooms and -rooms[0][0] >= t:
+                room, g = heapq.heappop(rooms)
+                members[g].append(i)
+                heapq.heappush(rooms, (room + t, g))
+            else:
+                members.append([i])
+                heapq.heappush(rooms, (t - target_s, len(members) - 1))
+        for m in members:
+            groups.append((rank, j, m))
+            rank += sizes[j]
+    return groups
 
 
 def _lpt(fillers: np.ndarray, ready: np.ndarray, tokens: np.ndarray, marg: np.ndarray, fixed: float,
@@ -462,8 +473,8 @@ def _rebalance(fills: list[list[list[int]]], ends: np.ndarray, tokens: np.ndarra
     return ends
 
 
-def _assemble(batch: Sequence[Sample], cm: CostModel, arrays: BatchArrays, pricer: Pricer,
-              cand: _Candidate) -> Plan:
+def assemble_candidate(batch: Sequence[Sample], cm: CostModel, arrays: BatchArrays, pricer: Pricer,
+              cand: Candidate) -> Plan:
     """The candidate as a validated two-phase plan (one phase if either is empty), priced on the
     executor's schedule, each group's longest micro-batch last (`sync.longest_last`)."""
     parts = [assemble_indices("ilp", batch, cm, part, arrays=arrays, pricer=pricer, solver_status="backfill",

@@ -12,8 +12,12 @@ as soon as its part of a phase ends (`dcp.planner.plan`).
 The search (`solve_phased`), within the ILP's one deadline `time_limit_s`:
 
 0. with 2+ samples per GPU, the backfill plan (`dcp.planner.backfill`: the samples that need SP > 1
-   first, the rest after them at SP 1 on every rank as it frees up), before the ILP, which then
-   skips assembling its own plan when that cannot run faster (`solve_ilp_against`);
+   first, the rest after them at SP 1 on every rank as it frees up), with fewer the nested plan
+   (`dcp.planner.nested`: the samples at the largest size first, the rest after them on groups
+   of their own sizes as ranks free), before the ILP, which then skips assembling its own plan
+   when that cannot run faster (`solve_ilp_against`); a nested plan so kept still faces step 2's
+   splits (with one sample needing most of the cluster, a split planned part by part by the ILP
+   can run faster);
 1. the single-layout ILP (`dcp.planner.ilp.solve_ilp`), with the limit less what is kept back
    for step 2 (`PHASE_SHARE` or `REACHING_SHARE` of it, none below `MIN_SEARCH_S`), whatever it
    leaves unused going to step 2 too;
@@ -26,7 +30,7 @@ The search (`solve_phased`), within the ILP's one deadline `time_limit_s`:
    its biggest groups start on the ranks the first phase frees first; and, when the k need
    fewer GPUs than the cluster's, the k on their own GPUs with the rest beside them
    (`_plan_beside`: part of it on the other GPUs meanwhile, the rest on theirs after);
-3. the fastest plan found (the backfill's included), its bound `bounds.multi_phase_bound` and
+3. the fastest plan found (the backfill's or nested plan included), its bound `bounds.multi_phase_bound` and
    the gap to it; a note names the single-layout bound when the ILP proved a higher one (it
    holds only for single layouts).
 """
@@ -47,6 +51,7 @@ from dcp.planner.feasibility import allowed_sp_sizes, check_feasible
 from dcp.planner.ilp import SECONDS, SOURCE, Beaten, solve_ilp, solve_ilp_against
 from dcp.planner.ilp.budget import final_pricing_s
 from dcp.planner.ilp.costs import batch_costs
+from dcp.planner.nested import nested_plan
 from dcp.planner.options import IlpOptions
 from dcp.planner.plan import InfeasibleError, Plan, PlanError
 from dcp.planner.pricing import BatchArrays, Pricer
@@ -90,7 +95,8 @@ BESIDE_SHARE = 0.85
 """Share of a split's time for planning the rest beside the k samples (`_plan_beside`), when
 they leave GPUs free; the sequential split gets the rest."""
 _TOL = 1e-9
-BACKFILL = "the samples that need SP > 1 first, the rest after them at SP 1"
+BACKFILL = "backfill (the samples that need SP > 1 first, the rest after them at SP 1)"
+NESTED = "nested (the samples at the largest size first, the rest after them at their own sizes)"
 
 
 def split_order(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], makespan_s: float,
@@ -164,23 +170,32 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
     # The backfill plan first (a few tenths of a second at 32,768 samples): the single layout's
     # limit counts from `started`, so it gets what is left, and is not assembled if it cannot win.
     costs = batch_costs(arrays, cm, sizes)  # the cost table both read
-    fill = backfill_plan(batch, cm, sizes, busy_s, arrays, options.max_microbatches, costs, options.time_limit_s,
-                         started) if options.max_phases >= 2 else None
+    fill, fill_how = None, BACKFILL
+    if options.max_phases >= 2:
+        fill = backfill_plan(batch, cm, sizes, busy_s, arrays, options.max_microbatches, costs, options.time_limit_s,
+                             started)
+        if fill is None:  # fewer samples than the backfill needs: the nested plan
+            fill, fill_how = nested_plan(batch, cm, sizes, busy_s, arrays, options.max_microbatches, costs,
+                                         options.time_limit_s), NESTED
     single = solve_ilp_against(batch, cm, dataclasses.replace(options, time_limit_s=single_s), started, arrays,
                                warn=warn, beat_s=fill.step_time_s if fill is not None else None, costs=costs)
     if isinstance(single, Beaten):
         assert fill is not None
-        return _report(fill, single, bound_s,
-                       f"phases: backfill ({BACKFILL}), {fill.step_time_s:.3f} s; the single layout cannot "
-                       "run faster (not assembled)", started, source="backfill")
+        why = f"phases: {fill_how}, {fill.step_time_s:.3f} s; the single layout cannot run faster (not assembled)"
+        if fill_how == NESTED:  # few samples: a split, planned by the ILP part by part, may still beat it
+            phased, how = _search(batch, cm, options, fill, bound_s, deadline, splits, order, need, estimate,
+                                  against="the nested plan's")
+            if phased is not None:
+                return _report(phased, single, bound_s, f"{how}; {why}", started, source="a split of the batch")
+        return _report(fill, single, bound_s, why, started, source=fill_how.split(" (")[0])
     phased, why = _search(batch, cm, options, single, bound_s, deadline, splits, order, need, estimate)
     best = phased or single
     if fill is not None and fill.step_time_s < best.step_time_s * (1 - _TOL):
-        why = (f"phases: backfill ({BACKFILL}), {fill.step_time_s:.3f} s against the single layout's "
+        why = (f"phases: {fill_how}, {fill.step_time_s:.3f} s against the single layout's "
                f"{single.step_time_s:.3f} s" + (f" and the split's {phased.step_time_s:.3f} s" if phased else "")
                + f"; {why}")
         best = fill
-    source = None if best is single else "backfill" if best is fill else "a split of the batch"
+    source = None if best is single else fill_how.split(" (")[0] if best is fill else "a split of the batch"
     return _report(best, single, bound_s, why, started, source=source)
 
 
@@ -200,9 +215,9 @@ def _splits(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, sizes: 
 
 def _search(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, single: Plan, bound_s: float,
             deadline: float, splits: list[int], order: np.ndarray, need: np.ndarray,
-            estimate: np.ndarray) -> tuple[Plan | None, str]:
+            estimate: np.ndarray, against: str = "the single layout's") -> tuple[Plan | None, str]:
     """The best multi-phase plan found faster than `single` (None if none), and what the search
-    did, in words."""
+    did, in words (`against` names `single` there)."""
     if options.max_phases < 2 or len(batch) < 2:
         return None, "phases: one allowed" if options.max_phases < 2 else "phases: one sample"
     if cm.training.zero_stage == 3:
@@ -241,9 +256,9 @@ def _search(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, single:
                 best, best_k, best_how = plan, k, how
     cut = f", {CUT_SHORT}" if tried < len(ranked) and deadline - time.perf_counter() < MIN_SOLVE_S else ""
     if best is None:
-        return None, f"phases: {tried} of {len(ranked)} promising splits planned, none beat the single layout{cut}"
+        return None, f"phases: {tried} of {len(ranked)} promising splits planned, none beat {against[:-2]}{cut}"
     return best, (f"phases: the {best_k} longest sample{'s' * (best_k > 1)} {best_how}, {best.step_time_s:.3f} s "
-                  f"against the single layout's {single.step_time_s:.3f} s ({tried} of {len(ranked)} splits planned{cut})")
+                  f"against {against} {single.step_time_s:.3f} s ({tried} of {len(ranked)} splits planned{cut})")
 
 
 def _plan_split(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, order: np.ndarray, k: int,
