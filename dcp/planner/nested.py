@@ -99,20 +99,16 @@ def nested_candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, price
     first = pack_per_size(head, choice[head], add, target_s, sizes)
     if sum(sizes[j] for _, j, _ in first) > n:
         return None
-    ready = np.zeros(n)
-    f_start = np.array([s for s, _, _ in first], dtype=np.int64)
-    f_j = np.array([j for _, j, _ in first], dtype=np.int64)
-    if first:
-        busy = price_layout([(s, sizes[j], form_microbatches(m, j, table, cm)) for s, j, m in first],
-                            arrays, pricer).busy_s
-        for (s, j, _), e in zip(first, busy.tolist(), strict=True):
-            ready[s:s + sizes[j]] = e
+    ready = np.zeros(n)  # head is not empty (q1 is some sample's size): phase 1 has groups
+    busy = price_layout([(s, sizes[j], form_microbatches(m, j, table, cm)) for s, j, m in first], arrays,
+                        pricer).busy_s
+    for (s, j, _), e in zip(first, busy.tolist(), strict=True):
+        ready[s:s + sizes[j]] = e
     rest = ids[size_arr[choice] < q1]
     rest = rest[np.lexsort((-add[rest, choice[rest]], -size_arr[choice[rest]]))]
-    phase2 = _Phase2(n, sizes, ready, f_start, f_j)
-    members1 = [m for _, _, m in first]
+    phase2 = _Phase2(n, sizes, ready, first)
     for i in rest.tolist():
-        phase2.place(i, add[i], solo[i], target_s, members1)
+        phase2.place(i, add[i], solo[i], target_s)
     lay1 = [(s, sizes[j], form_microbatches(m, j, table, cm)) for s, j, m in first]
     lay2 = [(s, sizes[j], form_microbatches(m, j, table, cm)) for s, j, m in phase2.groups()]
     return Candidate(lay1, lay2, phase2.end(), False)
@@ -122,15 +118,17 @@ class _Phase2:
     """Phase 2's groups as they are placed: where each sample goes (step 3 of the module
     docstring), each choice among all of the options at once."""
 
-    def __init__(self, n: int, sizes: Sequence[int], ready: np.ndarray, f_start: np.ndarray,
-                 f_j: np.ndarray) -> None:
-        self.n, self.sizes = n, list(sizes)
+    def __init__(self, n: int, sizes: Sequence[int], ready: np.ndarray,
+                 first: list[tuple[int, int, list[int]]]) -> None:
+        self.sizes = list(sizes)
         self.size_arr = np.asarray(sizes, dtype=np.int64)
         self.ready = ready  # per rank: when its phase-1 group ends
         self.owner = np.full(n, -1, dtype=np.int64)  # per rank: the phase-2 group holding it
-        self.f_start, self.f_j = f_start, f_j
-        self.f_size = self.size_arr[f_j] if len(f_j) else np.zeros(0, dtype=np.int64)
-        self.f_free = np.ones(len(f_j), dtype=bool)  # no phase-2 group holds a rank of it
+        self.first = [m for _, _, m in first]  # phase 1's samples, group by group (extended here)
+        self.f_start = np.array([s for s, _, _ in first], dtype=np.int64)
+        self.f_j = np.array([j for _, j, _ in first], dtype=np.int64)
+        self.f_size = self.size_arr[self.f_j]
+        self.f_free = np.ones(len(first), dtype=bool)  # no phase-2 group holds a rank of it
         self.b_start = np.zeros(n, dtype=np.int64)  # phase-2 groups, at most one per rank
         self.b_j = np.zeros(n, dtype=np.int64)
         self.b_end = np.zeros(n)
@@ -158,10 +156,10 @@ class _Phase2:
             self._slots = (start, at)
         return self._slots
 
-    def place(self, i: int, add: np.ndarray, solo: np.ndarray, target_s: float, first: list[list[int]]) -> None:
+    def place(self, i: int, add: np.ndarray, solo: np.ndarray, target_s: float) -> None:
         """Sample i (its marginal and solo times per size index) where step 3 puts it."""
         m = len(self.members)
-        f = np.flatnonzero(self.f_free & np.isfinite(add[self.f_j])) if len(self.f_j) else np.zeros(0, np.int64)
+        f = np.flatnonzero(self.f_free & np.isfinite(add[self.f_j]))
         bj = self.b_j[:m]
         b = np.flatnonzero(np.isfinite(add[bj]))
         start, at = self.slots()
@@ -176,7 +174,7 @@ class _Phase2:
         pick = int(np.lexsort((np.where(ok, -end, end), fresh, np.where(ok, np.round(gpu_s, 9), end), ~ok))[0])
         if pick < len(f):
             g = int(f[pick])
-            first[g].append(i)
+            self.first[g].append(i)
             s, p = int(self.f_start[g]), int(self.f_size[g])
             self.ready[s:s + p] = end[pick]
             self._slots = None
@@ -190,6 +188,6 @@ class _Phase2:
             self.owner[s:s + q] = m
             self.b_start[m], self.b_j[m], self.b_end[m] = s, j, end[pick]
             self.members.append([i])
-            if len(self.f_j):  # the phase-1 groups it overlaps take no more samples
-                self.f_free &= (self.f_start + self.f_size <= s) | (self.f_start >= s + q)
+            # The phase-1 groups it overlaps take no more samples.
+            self.f_free &= (self.f_start + self.f_size <= s) | (self.f_start >= s + q)
             self._slots = None

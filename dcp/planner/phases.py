@@ -97,6 +97,8 @@ they leave GPUs free; the sequential split gets the rest."""
 _TOL = 1e-9
 BACKFILL = "backfill (the samples that need SP > 1 first, the rest after them at SP 1)"
 NESTED = "nested (the samples at the largest size first, the rest after them at their own sizes)"
+"""How the phase notes name the plan built before the ILP (its source, the first word, names it
+in the first note)."""
 
 
 def split_order(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], makespan_s: float,
@@ -170,24 +172,24 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
     # The backfill plan first (a few tenths of a second at 32,768 samples): the single layout's
     # limit counts from `started`, so it gets what is left, and is not assembled if it cannot win.
     costs = batch_costs(arrays, cm, sizes)  # the cost table both read
-    fill, fill_how = None, BACKFILL
+    fill, fill_source, fill_how = None, "backfill", BACKFILL
     if options.max_phases >= 2:
         fill = backfill_plan(batch, cm, sizes, busy_s, arrays, options.max_microbatches, costs, options.time_limit_s,
                              started)
         if fill is None:  # fewer samples than the backfill needs: the nested plan
-            fill, fill_how = nested_plan(batch, cm, sizes, busy_s, arrays, options.max_microbatches, costs,
-                                         options.time_limit_s), NESTED
+            fill, fill_source, fill_how = nested_plan(batch, cm, sizes, busy_s, arrays, options.max_microbatches,
+                                                      costs, options.time_limit_s), "nested", NESTED
     single = solve_ilp_against(batch, cm, dataclasses.replace(options, time_limit_s=single_s), started, arrays,
                                warn=warn, beat_s=fill.step_time_s if fill is not None else None, costs=costs)
     if isinstance(single, Beaten):
         assert fill is not None
         why = f"phases: {fill_how}, {fill.step_time_s:.3f} s; the single layout cannot run faster (not assembled)"
-        if fill_how == NESTED:  # few samples: a split, planned by the ILP part by part, may still beat it
+        if fill_source == "nested":  # few samples: a split, planned by the ILP part by part, may still beat it
             phased, how = _search(batch, cm, options, fill, bound_s, deadline, splits, order, need, estimate,
                                   against="the nested plan's")
             if phased is not None:
                 return _report(phased, single, bound_s, f"{how}; {why}", started, source="a split of the batch")
-        return _report(fill, single, bound_s, why, started, source=fill_how.split(" (")[0])
+        return _report(fill, single, bound_s, why, started, source=fill_source)
     phased, why = _search(batch, cm, options, single, bound_s, deadline, splits, order, need, estimate)
     best = phased or single
     if fill is not None and fill.step_time_s < best.step_time_s * (1 - _TOL):
@@ -195,7 +197,7 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
                f"{single.step_time_s:.3f} s" + (f" and the split's {phased.step_time_s:.3f} s" if phased else "")
                + f"; {why}")
         best = fill
-    source = None if best is single else fill_how.split(" (")[0] if best is fill else "a split of the batch"
+    source = None if best is single else fill_source if best is fill else "a split of the batch"
     return _report(best, single, bound_s, why, started, source=source)
 
 
