@@ -30,7 +30,7 @@ from dcp.planner.baselines import (
     solve_packed,
 )
 from dcp.planner.feasibility import allowed_sp_sizes
-from dcp.planner.greedy import profile_bucket, solve_greedy
+from dcp.planner.greedy import _MicroBatches, _Schedule, profile_bucket, solve_greedy
 from dcp.planner.lpt import least_loaded
 
 HEURISTICS = {"bucket-per-batch": BucketOptions(), "packed-per-batch": PackedOptions(), "dcp-greedy": GreedyOptions(),
@@ -109,6 +109,56 @@ def test_lpt_rounds_take_the_heap_steps_decisions(times: list[float], groups: in
     # 0-15 to 2, and the heap then pops group 0 again (2, 0) before group 16 (2, 16).
     jobs = sorted(times, reverse=True) if longest_first else times
     assert least_loaded(np.array(jobs), groups).tolist() == _heap_lpt(jobs, groups)
+
+
+def _balanced_by_scan(times: np.ndarray, where: list[int], size_of: list[int]) -> list[int]:
+    """The greedy's balancing rule as plain loops: while it lowers the slowest group, move the
+    first of its micro-batches (in number order), to the first size's least-loaded other group
+    (first by number), that gives the least larger-of-the-two loads."""
+    where = list(where)
+    loads = [0.0] * len(size_of)
+    for mb, g in enumerate(where):
+        loads[g] += times[mb, size_of[g]]
+    for _ in range(2 * len(where) + 64):
+        c = max(range(len(loads)), key=lambda g: (loads[g], -g))
+        best = None
+        for j in sorted(set(size_of), key=lambda j: size_of.index(j)):
+            block = [g for g in range(len(loads)) if size_of[g] == j and g != c]
+            if not block:
+                continue
+            h = min(block, key=lambda g: (loads[g], g))
+            for i, mb in enumerate(m for m in range(len(where)) if where[m] == c):
+                val = max(loads[h] + times[mb, j], loads[c] - times[mb, size_of[c]])
+                if best is None or val < best[0] or (val == best[0] and i < best[1]):
+                    best = (val, i, h, mb)
+        if best is None or not best[0] < loads[c] * (1 - 1e-9):
+            return where
+        _, _, h, mb = best
+        loads[c] -= times[mb, size_of[c]]
+        loads[h] += times[mb, size_of[h]]
+        where[mb] = h
+    return where
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), sizes=st.integers(1, 4), groups=st.integers(1, 12), mbs=st.integers(1, 40))
+def test_greedy_balance_follows_its_rule(data, sizes: int, groups: int, mbs: int) -> None:  # noqa: ANN001
+    # The balancing step keeps each size's least-loaded group and values every size's move at once;
+    # it must make exactly the moves of the rule scanned group by group (ties on integer times;
+    # groups numbered largest size first, as the schedule numbers them).
+    size_of = sorted(data.draw(st.lists(st.integers(0, sizes - 1), min_size=groups, max_size=groups)), reverse=True)
+    times = np.array(data.draw(st.lists(st.lists(st.integers(1, 9).map(float), min_size=sizes, max_size=sizes),
+                                        min_size=mbs, max_size=mbs)))
+    where = data.draw(st.lists(st.integers(0, groups - 1), min_size=mbs, max_size=mbs))
+    expected = _balanced_by_scan(times, where, size_of)
+    schedule = object.__new__(_Schedule)  # the placement as given, then balanced
+    schedule.mbs = _MicroBatches(np.arange(mbs), np.arange(mbs + 1), np.zeros(mbs, dtype=np.int64), times)
+    schedule.size_of = np.array(size_of, dtype=np.int64)
+    schedule.where = np.array(where, dtype=np.int64)
+    schedule.loads = np.bincount(schedule.where, weights=times[np.arange(mbs), schedule.size_of[schedule.where]],
+                                 minlength=groups)
+    schedule._balance()
+    assert schedule.where.tolist() == expected
 
 
 def test_bucket_rules(wiki_batches) -> None:

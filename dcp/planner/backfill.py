@@ -51,6 +51,7 @@ import numpy as np
 from dcp.costmodel import CostModel
 from dcp.costmodel.schedule import reduction_chain_s
 from dcp.planner.common import assemble_indices, chain
+from dcp.planner.ilp.budget import final_pricing_s
 from dcp.planner.ilp.costs import CostTable, batch_costs, form_microbatches
 from dcp.planner.plan import Plan
 from dcp.planner.pricing import BatchArrays, Layout, Pricer, price_layout
@@ -73,10 +74,13 @@ past this share of the time limit (wikipedia, 8,192 samples on 1,024 GPUs: about
 so three; lognormal, 32,768 on 256: 0.15 s, so two, as the ILP's warm start and final pricing
 need what is left)."""
 FIRST_END_SHARE = 0.5
-"""Nor does any target after the first when, at that mean time, it would end past this share of
-the time limit counted from the solve's start: on a machine 1.5-2.3 times slower than the one
-`LEVELS_SHARE` was set on (32,768 samples: 0.25-0.4 s a target, after 0.2-0.45 s of bounds and
-costs) the second target alone took lognormal's solves on 256 and 1,024 GPUs to 1.3-1.9 s."""
+"""Nor does any target after the first when, at that mean time and with the chosen candidate's
+assembly after it (`budget.final_pricing_s`: 0.1 s at 32,768 samples), it would end past this
+share of the time limit counted from the solve's start: on a machine 1.5-2.3 times slower than
+the one `LEVELS_SHARE` was set on (32,768 samples: 0.25-0.4 s a target, after 0.2-0.45 s of
+bounds and costs) the second target alone took lognormal's solves on 256 and 1,024 GPUs to
+1.3-1.9 s; at 1.8 times slower, without the assembly counted, a second target of 0.1 s still
+took lognormal's on 256 GPUs to 1.12-1.27 s (the assembly: 0.12-0.17 s)."""
 WATER_FROM, LPT_SHARE = 256, 1 / 64
 """`_lpt` places fillers one round at a time (a round per filler per slot), the rest by water
 filling at once once more than `WATER_FROM` per slot remain, each below `LPT_SHARE` of the mean
@@ -141,11 +145,12 @@ def backfill_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], 
     best: Candidate | None = None
     started = time.perf_counter()
     solve_started = started if solve_started is None else solve_started
+    assembly_s = final_pricing_s(len(batch))  # the chosen candidate's, after the last target
     for k, level in enumerate(FILL_LEVELS):
         if best is not None and best.busy_s <= busy_floor_s * (1 + CLOSE_ENOUGH):
             break
         now = time.perf_counter()
-        if k >= 1 and now + (now - started) / k > solve_started + FIRST_END_SHARE * time_limit_s:
+        if k >= 1 and now + (now - started) / k + assembly_s > solve_started + FIRST_END_SHARE * time_limit_s:
             break
         if k >= 2 and (now - started) * (k + 1) / k > LEVELS_SHARE * time_limit_s:
             break

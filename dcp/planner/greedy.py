@@ -201,41 +201,62 @@ class _Schedule:
         """While it lowers the slowest group: move one of its micro-batches to the least-loaded
         group of the SP size where it finishes earliest (it must fit there). The move is the
         first best (member, then size, in order), its value the larger of the two groups' loads
-        after it; each group's members are kept in order, so a move costs work over the slowest
-        group's members, not over every micro-batch (32,768 lognormal samples on 32 GPUs: 1,056
-        moves of 24,487 micro-batches, 0.26 s with a full scan a move, 0.11 s so)."""
+        after it. Groups are numbered largest size first, one contiguous block per size; each
+        block's least-loaded group is kept (only the two blocks a move touches look again) and
+        every size's candidates are valued at once, a sizes x members array; each group's
+        members are kept in order, so a move costs work over the slowest group's members, not
+        over every micro-batch (32,768 lognormal samples on 32 GPUs: 1,056 moves of 24,487
+        micro-batches, 0.26 s with a full scan a move, 0.11 s so; wikipedia, 2,048 samples on
+        1,024 GPUs, 11 sizes: the whole greedy 0.13 s with a scan of the sizes a move, 0.076 s
+        with them valued at once, the same moves)."""
         times = self.mbs.times
         by_size = np.ascontiguousarray(times.T)  # one size's times of any members, contiguous
         size_of, loads = self.size_of, self.loads
         n_groups = len(size_of)
-        # Groups are numbered largest size first: one contiguous block per size.
         first = np.unique(-size_of, return_index=True)[1]
-        blocks = list(zip(first.tolist(), np.append(first[1:], n_groups).tolist(), strict=True))
+        starts = first.tolist()
+        ends = np.append(first[1:], n_groups).tolist()
+        block_of = np.repeat(np.arange(len(starts)), np.diff(np.append(first, n_groups)))
+        block_size = size_of[first]
+
+        def least_of(b: int) -> int:  # the block's first least-loaded group
+            return starts[b] + int(np.argmin(loads[starts[b]:ends[b]]))
+
+        least = np.array([least_of(b) for b in range(len(starts))], dtype=np.int64)
         members = by_group(self.where, n_groups)
         for _ in range(2 * len(self.where) + 64):
             c = int(np.argmax(loads))
-            jc, mine = int(size_of[c]), members[c]
-            others = loads.copy()
-            others[c] = np.inf
-            left = loads[c] - by_size[jc, mine]
-            best: tuple[float, int, int] | None = None  # value, member's position, target group
-            for f, e in blocks:
-                if e - f == 1 and f == c:
-                    continue
-                h = f + int(np.argmin(others[f:e]))
-                val = np.maximum(loads[h] + by_size[size_of[h], mine], left)
-                i = int(np.argmin(val))
-                if best is None or val[i] < best[0] or (val[i] == best[0] and i < best[1]):
-                    best = (float(val[i]), i, h)
-            if best is None or not best[0] < loads[c] * (1 - 1e-9):
+            jc, mine, bc = int(size_of[c]), members[c], int(block_of[c])
+            heads, sizes = least, block_size
+            if least[bc] == c:  # the slowest group is its block's least loaded: the next one there
+                f, e = starts[bc], ends[bc]
+                if e - f == 1:
+                    keep = np.arange(len(starts)) != bc
+                    heads, sizes = least[keep], block_size[keep]
+                else:
+                    others = loads[f:e].copy()
+                    others[c - f] = np.inf
+                    heads = least.copy()
+                    heads[bc] = f + int(np.argmin(others))
+            if not len(heads):
                 return
-            _, i, h = best
+            left = loads[c] - by_size[jc, mine]
+            val = np.maximum(loads[heads][:, None] + by_size[sizes[:, None], mine], left[None, :])
+            best = float(val.min())
+            if not best < loads[c] * (1 - 1e-9):
+                return
+            hit = val == best
+            i = int(np.argmax(hit.any(axis=0)))  # the first member with the best value, then its first size
+            h = int(heads[int(np.argmax(hit[:, i]))])
             mb = int(mine[i])
             loads[c] -= times[mb, jc]
             loads[h] += times[mb, size_of[h]]
             self.where[mb] = h
-            members[c] = np.delete(mine, i)
-            members[h] = np.insert(members[h], int(np.searchsorted(members[h], mb)), mb)
+            members[c] = np.concatenate((mine[:i], mine[i + 1:]))
+            at, there = int(np.searchsorted(members[h], mb)), members[h]
+            members[h] = np.concatenate((there[:at], mine[i:i + 1], there[at:]))
+            for b in {bc, int(block_of[h])}:
+                least[b] = least_of(b)
 
 
 def _promote(mbs: _MicroBatches, target_s: float) -> np.ndarray:
