@@ -15,6 +15,7 @@ from dcp.planner.bound_group import _exposure, _Own
 from dcp.planner.bounds import (
     _MEMO,
     _bounds,
+    _front,
     _link_bound,
     _makespan_bound,
     _Work,
@@ -27,7 +28,7 @@ from dcp.planner.bounds import (
 )
 from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.ilp.warm import baseline_plans
-from dcp.planner.pricing import Pricer
+from dcp.planner.pricing import Pricer, exact_times
 from tests.brute_helpers import (
     TINY_CASES,
     brute_force,
@@ -412,3 +413,34 @@ def test_a_groups_own_micro_batches_pay_their_fixed_part_in_the_multi_phase_boun
     prices."""
     without, bound = _with_and_without(monkeypatch, 0, _Own, "capped", lambda self, plain, *args: plain)
     assert bound > without * 1.015
+
+
+@settings(max_examples=150, deadline=None)
+@given(points=st.lists(st.tuples(st.integers(1, 6), st.integers(1, 6)), min_size=1, max_size=30))
+def test_front_keeps_exactly_the_undominated_samples(points: list[tuple[int, int]]) -> None:
+    tokens, pairs = (np.array(v, dtype=np.float64) for v in zip(*points, strict=True))
+    undominated = {i for i, (t, a) in enumerate(points)
+                   if not any(u >= t and b >= a and (u, b) != (t, a) for u, b in points)}
+    assert set(_front(tokens, pairs).tolist()) == undominated
+
+
+@pytest.mark.parametrize("model,gpus", [("llama-7b", 32), ("llama-3-8b", 64)])
+def test_longest_priced_on_the_front_is_the_longest_of_all(model: str, gpus: int) -> None:
+    # The work bound prices alone only the samples on the (tokens, pairs) front; with pairs drawn
+    # apart from tokens (videos, documents packed or not) the largest least-time-alone over every
+    # sample, each at every size where it fits (rings included on Llama-3-8B past its 8 KV heads),
+    # must be the same.
+    cm = cost_model(model, gpus=gpus)
+    sizes = allowed_sp_sizes(cm, None)
+    rng = np.random.default_rng(7)
+    tokens = rng.integers(1_000, 400_000, 300).astype(np.float64)
+    pairs = tokens * rng.uniform(1.0, tokens / 2)
+    work = _Work(tokens, pairs, np.ones(len(tokens)), cm, tuple(sizes))
+    k = cm.model.num_layers
+    least = np.full(len(tokens), np.inf)
+    for p in sizes:
+        cap = np.array([cm.max_tokens(p, r, cm.cluster.memory_bytes * (1 + 1e-9)) for r in range(k + 1)], dtype=float)
+        r0 = np.searchsorted(cap, tokens, side="left")
+        least = np.minimum(least, np.where(r0 <= k, exact_times(cm, p, tokens, pairs, np.minimum(r0, k)), np.inf))
+    assert work.longest == float(least.max())
+    assert work.solo_best[int(np.argmax(work.solo_best))] == work.longest

@@ -445,6 +445,18 @@ def _exposure_bound(coarse: _Work, cm: CostModel, sizes: Sequence[int], start_s:
     return max(start_s, _makespan_bound(work, n, start_s - least, extra) + least)
 
 
+def _front(tokens: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+    """The indices of the samples that no other has at least as many tokens and pairs as, with
+    more of one (equal ones all kept): the maximal ones, whatever order the costs take."""
+    order = np.lexsort((-pairs, -tokens))  # most tokens first, then most pairs
+    t, a = tokens[order], pairs[order]
+    first = np.concatenate([[True], t[1:] != t[:-1]])  # each token count's most pairs come first
+    group = np.cumsum(first) - 1
+    starts = np.flatnonzero(first)
+    above = np.concatenate([[-math.inf], np.maximum.accumulate(a)[starts[1:] - 1]])  # most pairs with more tokens
+    return order[(a == a[starts][group]) & (a > above[group])]
+
+
 def _coarse(work: _Work) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`work`'s samples in at most `_COARSE` classes: the `_COARSE_EXACT` longest as they are
     (the group bound charges the longest), the rest rounded down (`_round_down`)."""
@@ -523,13 +535,20 @@ class _Work:
         # That is its fewest layers (every cost grows with r), priced exactly: with a ring the
         # exact time adds the transfers its attention does not hide, and adding samples to a
         # micro-batch only lengthens every ring step (CostModel.time_s).
-        # `longest`, when given (a proven bound on the busy time), stands in for it.
-        solo = np.full(len(tokens), math.inf)
-        for p in sizes if longest is None else ():
-            r0 = np.searchsorted(levels[p].memory_cap, tokens, side="left")
-            alone = exact_times(cm, p, tokens, pairs, np.minimum(r0, k))
-            solo = np.minimum(solo, np.where(r0 <= k, alone, math.inf))
+        # `longest`, when given (a proven bound on the busy time), stands in for it. Only the
+        # samples no other has as many tokens and pairs as (`_front`) are priced: that time
+        # only grows with both, so the largest is among them (the others keep 0).
+        solo = np.zeros(len(tokens))
+        if longest is None and len(tokens):
+            front = _front(tokens, pairs)
+            least = np.full(len(front), math.inf)
+            for p in sizes:
+                r0 = np.searchsorted(levels[p].memory_cap, tokens[front], side="left")
+                alone = exact_times(cm, p, tokens[front], pairs[front], np.minimum(r0, k))
+                least = np.minimum(least, np.where(r0 <= k, alone, math.inf))
+            solo[front] = least
         self.solo_best = solo
+        """Per sample, its least time alone where it fits, on the (tokens, pairs) front; 0 off it."""
         self.longest = longest if longest is not None else float(solo.max()) if len(solo) else 0.0
         self.memory_share = memory_share
         self.time_share = charge[0] * per_token  # over M - busy: fixed seconds per token when time caps it
