@@ -548,7 +548,8 @@ class _Work:
                 least = np.minimum(least, np.where(r0 <= k, alone, math.inf))
             solo[front] = least
         self.solo_best = solo
-        """Per sample, its least time alone where it fits, on the (tokens, pairs) front; 0 off it."""
+        """Per sample, its least time alone where it fits, on the (tokens, pairs) front; 0 off it
+        (everywhere when `longest` is given)."""
         self.longest = longest if longest is not None else float(solo.max()) if len(solo) else 0.0
         self.memory_share = memory_share
         self.time_share = charge[0] * per_token  # over M - busy: fixed seconds per token when time caps it
