@@ -246,24 +246,25 @@ def column_bound(table: CostTable, shapes: Shapes, num_gpus: int, lower: float, 
 def column_plan(table: CostTable, shapes: Shapes, num_gpus: int, theta: float, deadline: Deadline,
                 start: Columns = ()) -> Groups | None:
     """Groups that fit theta by the additive estimate, from the integer program over the columns
-    column generation finds at theta (from those of `start` that fit); None when it finds none
-    in time."""
+    column generation finds at theta (from those of `start` that fit), or its last fractional
+    optimum rounded (`_rounded`) when the integer program or the time runs out; None when the
+    program needs more than the GPUs or never solved in time."""
 
     rows = shapes.first
     fit = [(j, a) for j, a in start
            if float(a @ table.add[rows, j]) <= theta and (table.solo[rows[a > 0], j] <= theta).all()]
     master = _master(table, shapes, theta, fit)
     fits = _generate(master, table, shapes, theta, num_gpus, True, deadline)
-    if fits is None and master.last is not None and master.last[0] <= num_gpus * (1 + 1e-9):
+    if fits is False or master.last is None or master.last[0] > num_gpus * (1 + 1e-9):
+        return None
+    values = master.last_values()
+    if fits is None:
         # Out of time with a fractional program that fits the GPUs: its values rounded (slower
         # machines: the generation there needs 0.1-0.24 s at 2,048 videos on 1,024 GPUs).
-        return _rounded(master.cols, master.last_values(), shapes, table, num_gpus)
-    if not fits:
-        return None
+        return _rounded(master.cols, values, shapes, table, num_gpus)
     # The integer program over the columns the fractional optimum uses (and the single-sample
     # ones): a tenth of the columns, and its root node a tenth of the time; over all of them
     # when that finds nothing. Any solution within N GPUs will do: every column fits theta.
-    values = np.array(master.h.getSolution().col_value)
     used = values > 1e-9
     for cols in ([c for c, on in zip(master.cols, used, strict=True) if on or c[1].sum() == 1], master.cols):
         z = _integer(cols, shapes, table.sizes, num_gpus, deadline)
