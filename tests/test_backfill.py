@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dcp.costmodel import TrainingSetup
 from dcp.costmodel.model import CostModel
@@ -19,6 +21,8 @@ from dcp.planner.backfill import (
     _rebalance,
     _unexposed,
     backfill_plan,
+    least_groups_gpus,
+    pack_per_size,
 )
 from dcp.planner.bounds import multi_phase_bound, multi_phase_busy
 from dcp.planner.feasibility import allowed_sp_sizes
@@ -122,6 +126,40 @@ def test_a_core_group_whose_size_costs_the_fillers_less_than_a_fixed_cost_takes_
     inside = [g for g in plan.phases()[0] if g.sp > 1 and any(i in fits_one for mb in g.microbatches for i in mb.samples)]
     assert inside
     assert plan.step_time_s <= 1.03 * multi_phase_bound(batch, cm, sizes)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.01, 2.5), st.integers(0, 3)), min_size=1, max_size=60),
+       st.floats(0.2, 2.0))
+def test_least_groups_gpus_never_exceeds_the_packing(items: list[tuple[float, int]], target: float) -> None:
+    """The count `_candidate` rejects a target by before packing its cores: at most the GPUs of
+    `pack_per_size`'s groups (so no target that packing would fit is skipped), and equal to them
+    where each sample must be alone (every cost over half the target)."""
+    sizes = [1, 2, 4, 8]
+    cost = np.zeros((len(items), len(sizes)))
+    choice = np.array([j for _, j in items])
+    cost[np.arange(len(items)), choice] = [c for c, _ in items]
+    groups = pack_per_size(np.arange(len(items)), choice, cost, target, sizes)
+    packed = sum(sizes[j] for _, j, _ in groups)
+    least = least_groups_gpus(cost[np.arange(len(items)), choice], choice, target, sizes)
+    assert least <= packed
+    if all(c > target / 2 for c, _ in items):
+        assert least == packed == sum(sizes[j] for _, j in items)
+
+
+def test_a_target_whose_cores_cannot_fit_is_refused_as_packing_would() -> None:
+    """Too many cores for the GPUs: the count refuses the target and the backfill gives no plan."""
+    cm = cost_model(gpus=4)
+    batch = mixed_batch(n_short=40)
+    sizes = allowed_sp_sizes(cm)
+    assert backfill_plan(batch, cm, sizes, multi_phase_busy(batch, cm, sizes)) is None
+    table = cost_table(BatchArrays.of(batch), cm, sizes)
+    cores = np.flatnonzero(table.ckpt[:, 0] != 0)
+    choice = np.argmin(np.where(table.ckpt[cores] >= 0, table.solo[cores] * np.asarray(sizes), np.inf), axis=1)
+    target = float(multi_phase_busy(batch, cm, sizes))
+    least = least_groups_gpus(table.solo[cores, choice], choice, target, sizes)
+    packed = sum(sizes[j] for _, j, _ in pack_per_size(cores, choice, table.solo, target, sizes))
+    assert cm.cluster.num_gpus < least <= packed  # refused by the count, before any packing
 
 
 @pytest.mark.parametrize("n, free, busy", [(3000, 40, 24), (40_000, 10, 6)])  # rounds; rounds, then water

@@ -198,6 +198,8 @@ def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pri
     within = table.solo[cores] <= target_s
     gpu_s = np.where(within, table.solo[cores] * size_arr, np.inf)
     choice = np.where(within.any(axis=1), np.argmin(gpu_s, axis=1), np.argmin(table.solo[cores], axis=1))
+    if least_groups_gpus(table.solo[cores, choice], choice, target_s, sizes) > n:
+        return None  # no packing of the cores fits: skip packing them (32,768 samples on 32 GPUs)
     groups = pack_per_size(cores, choice, table.solo, target_s, sizes)
     if sum(sizes[j] for _, j, _ in groups) > n:
         return None
@@ -269,6 +271,21 @@ def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pri
     return Candidate([c for g, c in enumerate(layout) if g not in late] + [o for o in ones if before[o[0]]],
                       [c for g, c in enumerate(layout) if g in late] + [o for o in ones if not before[o[0]]],
                       max(float(ends.max()) if len(ends) else 0.0, core_ends), bool(late))
+
+
+def least_groups_gpus(cost: np.ndarray, choice: np.ndarray, target_s: float, sizes: Sequence[int]) -> int:
+    """The fewest GPUs any packing of `pack_per_size`'s kind takes: samples of `cost` (each at its
+    size index `choice`) in groups whose costs sum to at most `target_s`, one over it alone. Per
+    size, a group each for those over the target, and for the rest at least their sum over the
+    target, and at least one each for those over half of it (no two of them share a group)."""
+    gpus = 0
+    for j in np.unique(choice).tolist():
+        c = cost[choice == j]
+        alone = int(np.count_nonzero(c > target_s))
+        rest = c[c <= target_s]
+        by_sum = math.ceil(float(rest.sum()) / target_s * (1 - 1e-12)) if target_s > 0 else len(rest)
+        gpus += sizes[j] * (alone + max(by_sum, int(np.count_nonzero(rest > target_s / 2))))
+    return gpus
 
 
 def pack_per_size(ids: np.ndarray, choice: np.ndarray, cost: np.ndarray, target_s: float,
