@@ -132,17 +132,20 @@ def test_a_core_group_whose_size_costs_the_fillers_less_than_a_fixed_cost_takes_
 @given(st.lists(st.tuples(st.floats(0.01, 2.5), st.integers(0, 3)), min_size=1, max_size=60),
        st.floats(0.2, 2.0))
 def test_least_groups_gpus_never_exceeds_the_packing(items: list[tuple[float, int]], target: float) -> None:
-    """The count `_candidate` rejects a target by before packing its cores: at most the GPUs of
-    `pack_per_size`'s groups (so no target that packing would fit is skipped), and equal to them
-    where each sample must be alone (every cost over half the target)."""
+    """The count `pack_per_size` refuses a cluster by before packing: at most the GPUs of its
+    groups (so no packing that fits is refused), and equal to them where each sample must be
+    alone (every cost over half the target); with the cap, None exactly when they do not fit."""
     sizes = [1, 2, 4, 8]
     cost = np.zeros((len(items), len(sizes)))
     choice = np.array([j for _, j in items])
     cost[np.arange(len(items)), choice] = [c for c, _ in items]
-    groups = pack_per_size(np.arange(len(items)), choice, cost, target, sizes)
+    groups = pack_per_size(np.arange(len(items)), choice, cost, target, sizes, num_gpus=10**9)
     packed = sum(sizes[j] for _, j, _ in groups)
     least = least_groups_gpus(cost[np.arange(len(items)), choice], choice, target, sizes)
     assert least <= packed
+    for cap in (packed - 1, packed):
+        capped = pack_per_size(np.arange(len(items)), choice, cost, target, sizes, cap)
+        assert capped == (None if cap < packed else groups)
     if all(c > target / 2 for c, _ in items):
         assert least == packed == sum(sizes[j] for _, j in items)
 
@@ -158,8 +161,9 @@ def test_a_target_whose_cores_cannot_fit_is_refused_as_packing_would() -> None:
     choice = np.argmin(np.where(table.ckpt[cores] >= 0, table.solo[cores] * np.asarray(sizes), np.inf), axis=1)
     target = float(multi_phase_busy(batch, cm, sizes))
     least = least_groups_gpus(table.solo[cores, choice], choice, target, sizes)
-    packed = sum(sizes[j] for _, j, _ in pack_per_size(cores, choice, table.solo, target, sizes))
+    packed = sum(sizes[j] for _, j, _ in pack_per_size(cores, choice, table.solo, target, sizes, num_gpus=10**9))
     assert cm.cluster.num_gpus < least <= packed  # refused by the count, before any packing
+    assert pack_per_size(cores, choice, table.solo, target, sizes, cm.cluster.num_gpus) is None
 
 
 @pytest.mark.parametrize("n, free, busy", [(3000, 40, 24), (40_000, 10, 6)])  # rounds; rounds, then water

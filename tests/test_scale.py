@@ -10,8 +10,6 @@ import warnings
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from dcp.costmodel import SPLayout
 from dcp.data.batches import make_batches
@@ -19,7 +17,7 @@ from dcp.planner import GreedyOptions, IlpOptions, lower_bound, solve
 from dcp.planner.baselines import solve_bucket
 from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.greedy import solve_greedy
-from dcp.planner.ilp.classes import MAX_BUCKETS, MAX_EXACT, _unique_rows, program_items
+from dcp.planner.ilp.classes import MAX_BUCKETS, MAX_EXACT, program_items
 from dcp.planner.ilp.costs import cost_table, pack_tokens
 from dcp.planner.ilp.pack import lpt_fast
 from dcp.planner.ilp.warm import baseline_plans
@@ -147,27 +145,3 @@ def test_long_samples_are_exact_items_on_large_clusters() -> None:
     exact = np.concatenate([it.members for it in items if it.exact] or [np.zeros(0, dtype=np.int64)])
     assert set(range(64)) <= set(exact.tolist())
     assert not set(range(64, len(batch))) & set(exact.tolist())  # 100 tokens: a fraction of a percent
-
-
-def _rows_by_sort(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The rows' numbering by a plain sort column by column: first index, row number."""
-    order = np.lexsort(keys.T[::-1])
-    sk = keys[order]
-    new = np.concatenate([[True], (sk[1:] != sk[:-1]).any(axis=1)])
-    inverse = np.empty(len(keys), dtype=np.int64)
-    inverse[order] = np.cumsum(new) - 1
-    return order[new], inverse
-
-
-@settings(max_examples=100, deadline=None)
-@given(st.integers(1, 300), st.integers(1, 7), st.sampled_from([3, 1000, 2**40]), st.integers(0, 2**32 - 1))
-def test_unique_rows_numbers_rows_in_sorted_order(n: int, cols: int, spread: int, seed: int) -> None:
-    """The length classes' row numbering (one integer per row where the spans allow, one sort a
-    column where they would overflow: the 2**40 spread) is the rows' lexicographic order, with
-    each distinct row's first index."""
-    rng = np.random.default_rng(seed)
-    keys = rng.integers(-spread, spread, size=(n, cols), dtype=np.int64)
-    keys[rng.random(n) < 0.5] = keys[0]  # repeats
-    first, inverse = _unique_rows(keys)
-    want_first, want_inverse = _rows_by_sort(keys)
-    assert np.array_equal(first, want_first) and np.array_equal(inverse, want_inverse)

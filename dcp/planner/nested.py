@@ -96,8 +96,8 @@ def nested_candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, price
         return None
     ids = np.arange(len(table.tokens))
     head = ids[size_arr[choice] >= q1]
-    first = pack_per_size(head, choice[head], add, target_s, sizes)
-    if sum(sizes[j] for _, j, _ in first) > n:
+    first = pack_per_size(head, choice[head], add, target_s, sizes, n)
+    if first is None:
         return None
     ready = np.zeros(n)  # head is not empty (q1 is some sample's size): phase 1 has groups
     busy = price_layout([(s, sizes[j], form_microbatches(m, j, table, cm)) for s, j, m in first], arrays,
