@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/planner.py                    # the grid: about 6 minutes on 2 cores
     .venv/bin/python benchmarks/planner.py --quick --time-limit 0.2   # 64 GPUs x 512 samples
     .venv/bin/python benchmarks/planner.py --gpus 32 --batch 8192 --workloads wikipedia --steps 2
+    .venv/bin/python benchmarks/planner.py --cells wikipedia,256,512 opensora,1024,2048 --time-limit 5
 
 The grid is {32, 256, 1024} GPUs x {512, 2048, 8192, 32768} samples per global batch on
 wikipedia, lognormal (scale 16: up to 128K tokens) and opensora (balanced), `--steps` batches per
@@ -44,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from phase_wins import phase_columns, phase_lines, phase_summary  # noqa: E402
 
 from dcp.data.batches import make_batches  # noqa: E402
+from dcp.data.lengths import WorkloadError  # noqa: E402
 from dcp.data.workloads import load_workload  # noqa: E402
 from dcp.planner import Sample, solve  # noqa: E402
 from dcp.planner.ilp.budget import PROBE_S, machine_probe_s  # noqa: E402
@@ -117,12 +119,26 @@ def run_case(workload: str, gpus: int, batch: int, steps: int, ilp: IlpOptions, 
     return {"summary": summary, "steps": rows}
 
 
+def cell(text: str) -> tuple[str, int, int]:
+    """One cell of `--cells`: WORKLOAD,GPUS,BATCH (the workload may hold colons: lognormal:scale=16)."""
+    parts = text.rsplit(",", 2)
+    try:
+        gpus, batch = int(parts[1]), int(parts[2])
+    except (IndexError, ValueError):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected WORKLOAD,GPUS,BATCH (wikipedia,256,512)") from None
+    if not parts[0] or gpus < 1 or batch < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a workload and positive GPUS and BATCH")
+    return parts[0], gpus, batch
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="only 64 GPUs x 512 samples (all workloads)")
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
     ap.add_argument("--gpus", nargs="+", type=int, default=None)
     ap.add_argument("--batch", nargs="+", type=int, default=None)
+    ap.add_argument("--cells", nargs="+", type=cell, default=None, metavar="WORKLOAD,GPUS,BATCH",
+                    help="only these cells (instead of the grid of --workloads x --gpus x --batch)")
     ap.add_argument("--steps", type=int, default=5, help="global batches per cell")
     ap.add_argument("--time-limit", type=float, default=1.0, help="ILP time limit per batch (s)")
     ap.add_argument("--solver", default="highs", choices=("highs", "cbc"))
@@ -143,17 +159,21 @@ def main(argv: list[str] | None = None) -> int:
               f"{'1gap%':>6}{'1max%':>6}{'cut':>4}" + "".join(f"{LABELS[n]:>9}" for n in BASELINES) + f"{'grd/bkt':>8}{'load':>6}")
     print(header)
     cases, started = [], time.perf_counter()
-    for workload in args.workloads:
-        for n in gpus:
-            for b in sizes:
-                case = run_case(workload, n, b, args.steps, ilp, args.hardware)
-                s = case["summary"]
-                print(f"{workload:<19}{n:>5}{b:>6}{s['solve_p50_s']:>7.3f}{s['solve_p95_s']:>7.3f}{s['cpu_p95_s']:>7.3f}"
-                      f"{100 * s['gap_mean']:>6.2f}{100 * s['gap_max']:>6.2f}"
-                      f"{100 * s['single_gap_mean']:>6.2f}{100 * s['single_gap_max']:>6.2f}{s['cut_short']:>4}"
-                      + "".join(f"{s[f'worst_vs_{name}']:>9.3f}" for name in BASELINES)
-                      + f"{s['greedy_vs_bucket_min']:>8.2f}{max(s['load_avg_1min']):>6.1f}", flush=True)
-                cases.append(case)
+    cells = args.cells or [(w, n, b) for w in args.workloads for n in gpus for b in sizes]
+    for workload in dict.fromkeys(w for w, _, _ in cells):  # a bad name stops the run before any cell
+        try:
+            load_workload(workload)
+        except WorkloadError as e:
+            ap.error(str(e))
+    for workload, n, b in cells:
+        case = run_case(workload, n, b, args.steps, ilp, args.hardware)
+        s = case["summary"]
+        print(f"{workload:<19}{n:>5}{b:>6}{s['solve_p50_s']:>7.3f}{s['solve_p95_s']:>7.3f}{s['cpu_p95_s']:>7.3f}"
+              f"{100 * s['gap_mean']:>6.2f}{100 * s['gap_max']:>6.2f}"
+              f"{100 * s['single_gap_mean']:>6.2f}{100 * s['single_gap_max']:>6.2f}{s['cut_short']:>4}"
+              + "".join(f"{s[f'worst_vs_{name}']:>9.3f}" for name in BASELINES)
+              + f"{s['greedy_vs_bucket_min']:>8.2f}{max(s['load_avg_1min']):>6.1f}", flush=True)
+        cases.append(case)
     meta = {"argv": sys.argv[1:], "time_limit_s": args.time_limit, "solver": args.solver, "steps": args.steps,
             "hardware": args.hardware, "python": platform.python_version(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
