@@ -13,8 +13,11 @@ from dcp.costmodel import TrainingSetup
 from dcp.costmodel.model import CostModel
 from dcp.costmodel.schedule import reduction_chain_s
 from dcp.data.batches import make_batches
-from dcp.planner import IlpOptions, solve
+from dcp.planner import IlpOptions, backfill, solve
 from dcp.planner.backfill import (
+    FEW_PER_GPU,
+    FEW_TARGETS,
+    FILL_LEVELS,
     MIN_SAMPLES_PER_GPU,
     _hiding_tokens,
     _lpt,
@@ -232,6 +235,29 @@ def test_gates_give_none() -> None:
     assert backfill_plan(batch, zero3, sizes, busy) is None  # stage 3 runs one layout
     capped = backfill_plan(batch, cm, sizes, busy, max_microbatches=2)
     assert capped is None or all(len(g.microbatches) <= 2 for g in capped.groups)
+
+
+@pytest.mark.parametrize("per_gpu", [MIN_SAMPLES_PER_GPU, FEW_PER_GPU])
+def test_few_samples_per_gpu_try_only_the_first_targets(per_gpu: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Below FEW_PER_GPU samples per GPU the backfill stops after FEW_TARGETS targets, however much
+    # time is left; from it on it goes on through FILL_LEVELS. Targets are recorded as multiples of
+    # a floor far below any plan, so no plan ends close enough to it to stop them early.
+    cm = cost_model(gpus=32)
+    batch = mixed_batch(n_short=per_gpu * 32 - 5)
+    sizes = allowed_sp_sizes(cm)
+    floor = multi_phase_busy(batch, cm, sizes) / 2
+    tried: list[float] = []
+    original = backfill._candidate
+
+    def recording(table, cm, arrays, pricer, target_s, *rest):  # noqa: ANN001, ANN002, ANN202
+        tried.append(round(target_s / floor, 6))
+        return original(table, cm, arrays, pricer, target_s, *rest)
+
+    monkeypatch.setattr(backfill, "_candidate", recording)
+    backfill_plan(batch, cm, sizes, floor)
+    levels = list(dict.fromkeys(tried))  # each target once (two placements may try it)
+    expected = FILL_LEVELS[:FEW_TARGETS] if per_gpu < FEW_PER_GPU else FILL_LEVELS
+    assert levels == [round(x, 6) for x in expected]
 
 
 def test_the_planner_keeps_a_backfill_only_when_it_beats_the_single_layout() -> None:

@@ -101,6 +101,17 @@ at 32,768 samples; lognormal's on 1,024 GPUs end 0.2% above it at the first)."""
 FILL_PASSES = 3
 """Passes filling a core group's short room: each takes the longest run of the remaining fillers
 (longest first) that fits what is left."""
+FEW_PER_GPU, FEW_TARGETS = 4, 2
+"""Batches of fewer than `FEW_PER_GPU` samples per GPU try only the first `FEW_TARGETS` targets:
+there the backfill rarely wins (`MIN_SAMPLES_PER_GPU`), and its later targets take the time the
+single layout's program needs (wikipedia, 2,048 samples on 1,024 GPUs: 0.3 s of the 1 s limit
+for five targets). Against all of them, in one session at 1 s (mean and worst gap over 5
+batches): wikipedia 2,048 on 1,024 GPUs 5.55%, 15.41% to 4.82%, 11.98%, lognormal 0.83%, 1.49%
+to 0.56%, 1.09%; at 3 per GPU wikipedia 768 on 256 GPUs 2.75% to 2.45%, 3,072 on 1,024 5.69% to
+4.92%, lognormal 3,072 on 1,024 0.53% to 0.54%; the other cells of 2 per GPU (wikipedia, Open-Sora
+and lognormal, 512 on 256; Open-Sora 2,048 on 1,024) within 0.15 points. At 4 per GPU the later
+targets pay: two would take wikipedia 4,096 on 1,024 GPUs from 3.36% to 4.76%, 1,024 on 256 from
+2.73% to 2.93%, Open-Sora 4,096 on 1,024 from 1.94% to 2.16%."""
 MIN_SAMPLES_PER_GPU = 2
 """Backfill plans are built for batches of at least this many samples per GPU. The planner keeps
 one only when it beats the single layout, so below the gate it costs only its time: at 2 samples
@@ -146,7 +157,8 @@ def backfill_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], 
     started = time.perf_counter()
     solve_started = started if solve_started is None else solve_started
     assembly_s = final_pricing_s(len(batch))  # the chosen candidate's, after the last target
-    for k, level in enumerate(FILL_LEVELS):
+    levels = FILL_LEVELS if len(batch) >= FEW_PER_GPU * n else FILL_LEVELS[:FEW_TARGETS]
+    for k, level in enumerate(levels):
         if best is not None and best.busy_s <= busy_floor_s * (1 + CLOSE_ENOUGH):
             break
         now = time.perf_counter()
