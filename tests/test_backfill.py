@@ -16,8 +16,8 @@ from dcp.data.batches import make_batches
 from dcp.planner import IlpOptions, backfill, solve
 from dcp.planner.backfill import (
     FEW_PER_GPU,
-    FEW_TARGETS,
     FILL_LEVELS,
+    FILL_ONWARD,
     MIN_SAMPLES_PER_GPU,
     _hiding_tokens,
     _lpt,
@@ -238,26 +238,37 @@ def test_gates_give_none() -> None:
 
 
 @pytest.mark.parametrize("per_gpu", [MIN_SAMPLES_PER_GPU, FEW_PER_GPU])
-def test_few_samples_per_gpu_try_only_the_first_targets(per_gpu: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Below FEW_PER_GPU samples per GPU the backfill stops after FEW_TARGETS targets, however much
-    # time is left; from it on it goes on through FILL_LEVELS. Targets are recorded as multiples of
-    # a floor far below any plan, so no plan ends close enough to it to stop them early.
+def test_targets_after_the_first_two_go_the_faster_ones_way(per_gpu: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Below FEW_PER_GPU samples per GPU the backfill stops after the first two targets, however
+    # much time is left; from it on it goes on through the targets on the side of the faster of
+    # those two (FILL_ONWARD). Targets are recorded as multiples of a floor far below any plan, so
+    # no plan ends close enough to it to stop them early.
     cm = cost_model(gpus=32)
     batch = mixed_batch(n_short=per_gpu * 32 - 5)
     sizes = allowed_sp_sizes(cm)
     floor = multi_phase_busy(batch, cm, sizes) / 2
     tried: list[float] = []
+    busy: dict[float, float] = {}
     original = backfill._candidate
 
     def recording(table, cm, arrays, pricer, target_s, *rest):  # noqa: ANN001, ANN002, ANN202
-        tried.append(round(target_s / floor, 6))
-        return original(table, cm, arrays, pricer, target_s, *rest)
+        level = round(target_s / floor, 6)
+        tried.append(level)
+        cand = original(table, cm, arrays, pricer, target_s, *rest)
+        if cand is not None:
+            busy[level] = min(busy.get(level, np.inf), cand.busy_s)
+        return cand
 
     monkeypatch.setattr(backfill, "_candidate", recording)
     backfill_plan(batch, cm, sizes, floor)
     levels = list(dict.fromkeys(tried))  # each target once (two placements may try it)
-    expected = FILL_LEVELS[:FEW_TARGETS] if per_gpu < FEW_PER_GPU else FILL_LEVELS
-    assert levels == [round(x, 6) for x in expected]
+    assert levels[:2] == list(FILL_LEVELS)
+    if per_gpu < FEW_PER_GPU:
+        assert levels == list(FILL_LEVELS)
+    else:
+        up = busy.get(FILL_LEVELS[1], np.inf) < busy.get(FILL_LEVELS[0], np.inf)
+        assert levels[2:] == [round(x, 6) for x in FILL_ONWARD[up]]
+        assert sorted(FILL_ONWARD[0]) == sorted(FILL_ONWARD[1])  # the same targets either way
 
 
 def test_the_planner_keeps_a_backfill_only_when_it_beats_the_single_layout() -> None:

@@ -6,8 +6,8 @@ A single layout runs a long sample's group at its size for the whole step: the s
 that fill the rest of its time pay that size's all-to-alls (wikipedia, 8,192 samples on 1,024
 GPUs: their marginal GPU-seconds are 31% higher at SP 16 than at SP 1, 97% at SP 128). Here
 they run after it, in phase 2, at SP 1, on each of its ranks (`dcp.planner.plan`: a rank goes
-on to its next group when its part of the phase ends). The plan, for a target T (`FILL_LEVELS`
-times the batch's busy bound):
+on to its next group when its part of the phase ends). The plan, for a target T (`FILL_LEVELS`, then
+`FILL_ONWARD`, times the batch's busy bound):
 
 1. cores, the samples that do not fit SP 1 without checkpointing or run longer than T there:
    each at the allowed size where it fits within T on the fewest GPU-seconds (the fastest if
@@ -41,6 +41,7 @@ imports torch.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import time
 from collections.abc import Sequence
@@ -58,16 +59,22 @@ from dcp.planner.pricing import BatchArrays, Layout, Pricer, price_layout
 from dcp.planner.sample import Sample
 from dcp.planner.sync import longest_last
 
-FILL_LEVELS = (1.0, 1.02, 1.01, 1.03, 1.015, 1.025, 1.0225, 1.0075)
-"""Targets T for the cores, as multiples of the batch's busy bound, in the order tried: a higher
-T puts a core on fewer GPUs (fewer GPU-seconds) but the plan ends near T. The best lies between
-1.0 and 1.03 (wikipedia, 2,048 to 32,768 samples on 256 and 1,024 GPUs: 1.04 and 1.08 end 4-8%
-above the bound), and which one varies from batch to batch: 1.01 or 1.03 beats both 1.0 and 1.02
-on 3 of 5 batches of 2,048 samples on 256 GPUs and 2 of 5 of 8,192 on 1,024. The last two, tried
-while `LEVELS_SHARE` allows, fall between those that win most: 1.0225 beat every other on 3 of 5
-wikipedia batches of 8,192 on 1,024 GPUs (mean gap 2.36% to 2.29%; 32,768 on 1,024: 1.26% to
-1.21%, worst 1.82% to 1.59%; Open-Sora, 8,192 on 1,024: 0.71% to 0.69%), and no other cell of
-4+ samples per GPU changed."""
+FILL_LEVELS = (1.0, 1.02)
+"""The first two targets T for the cores, as multiples of the batch's busy bound, in the order
+tried: a higher T puts a core on fewer GPUs (fewer GPU-seconds) but the plan ends near T. The
+best lies between 1.0 and 1.03 (wikipedia, 2,048 to 32,768 samples on 256 and 1,024 GPUs: 1.04
+and 1.08 end 4-8% above the bound), and which one varies from batch to batch."""
+FILL_ONWARD = ((1.0075, 1.01, 1.015, 1.0225, 1.025, 1.03), (1.0225, 1.015, 1.025, 1.01, 1.03, 1.0075))
+"""The targets after the first two, while `LEVELS_SHARE` allows: the first tuple when 1.0's plan
+was at least as fast as 1.02's, the second when 1.02's was faster, nearest first. The best target
+lies on the side of the faster of the two: on wikipedia's 8,192 samples on 1,024 GPUs 1.02 beats
+1.0 on every batch and the best are 1.0225 (2 of 5), 1.015 and 1.02; on 32,768 samples on 256
+and 1,024 GPUs and Open-Sora's 8,192 and 32,768 on 1,024, 1.0 beats 1.02 on every batch and the
+best are 1.0 and 1.0075 (busy times of every target on 5 batches each). Against the fixed order
+1.0, 1.02, 1.01, 1.03, 1.015, 1.025, 1.0225, 1.0075, in one session at 1 s (mean and worst gap):
+wikipedia 8,192 on 1,024 GPUs 2.03%, 2.42% to 1.91%, 2.34%; 32,768 on 1,024 1.26%, 1.82% to 1.21%,
+1.59%; Open-Sora 8,192 on 1,024 0.68%, 0.80% to 0.66%, 0.74%; six other cells of 4+ per GPU
+(wikipedia 2,048-32,768 on 256, Open-Sora 32,768 and lognormal 8,192 and 32,768 on 1,024) the same."""
 LEVELS_SHARE = 0.3
 """No target after the first two starts when, at the mean time of those before it, it would end
 past this share of the time limit (wikipedia, 8,192 samples on 1,024 GPUs: about 0.1 s a target,
@@ -101,8 +108,8 @@ at 32,768 samples; lognormal's on 1,024 GPUs end 0.2% above it at the first)."""
 FILL_PASSES = 3
 """Passes filling a core group's short room: each takes the longest run of the remaining fillers
 (longest first) that fits what is left."""
-FEW_PER_GPU, FEW_TARGETS = 4, 2
-"""Batches of fewer than `FEW_PER_GPU` samples per GPU try only the first `FEW_TARGETS` targets:
+FEW_PER_GPU = 4
+"""Batches of fewer than `FEW_PER_GPU` samples per GPU try only the first two targets:
 there the backfill rarely wins (`MIN_SAMPLES_PER_GPU`), and its later targets take the time the
 single layout's program needs (wikipedia, 2,048 samples on 1,024 GPUs: 0.3 s of the 1 s limit
 for five targets). Against all of them, in one session at 1 s (mean and worst gap over 5
@@ -139,7 +146,7 @@ def backfill_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], 
                   arrays: BatchArrays | None = None, max_microbatches: int | None = None,
                   costs: tuple[Pricer, CostTable] | None = None, time_limit_s: float = math.inf,
                   solve_started: float | None = None) -> Plan | None:
-    """The best backfill plan over the targets `FILL_LEVELS` x `busy_floor_s` (a lower bound on
+    """The best backfill plan over the targets `FILL_LEVELS` and `FILL_ONWARD` x `busy_floor_s` (a lower bound on
     the batch's busy time), priced and validated; None when the batch has fewer than
     `MIN_SAMPLES_PER_GPU` samples per GPU, SP 1 is not allowed, ZeRO stage 3 runs one layout, or
     no target's plan fits the cluster with at most `max_microbatches` per group. `costs`, when
@@ -157,8 +164,14 @@ def backfill_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], 
     started = time.perf_counter()
     solve_started = started if solve_started is None else solve_started
     assembly_s = final_pricing_s(len(batch))  # the chosen candidate's, after the last target
-    levels = FILL_LEVELS if len(batch) >= FEW_PER_GPU * n else FILL_LEVELS[:FEW_TARGETS]
-    for k, level in enumerate(levels):
+    levels = list(FILL_LEVELS)
+    busy_at: dict[float, float] = {}
+    for k in itertools.count():
+        if k == len(FILL_LEVELS) and len(batch) >= FEW_PER_GPU * n:
+            levels += _onward(busy_at)
+        if k >= len(levels):
+            break
+        level = levels[k]
         if best is not None and best.busy_s <= busy_floor_s * (1 + CLOSE_ENOUGH):
             break
         now = time.perf_counter()
@@ -174,9 +187,16 @@ def backfill_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], 
                     len(mbs) for _, _, mbs in cand.first + cand.second) > max_microbatches):
                 if best is None or cand.busy_s < best.busy_s:
                     best = cand
+                busy_at[level] = min(busy_at.get(level, math.inf), cand.busy_s)
             if cand is None or not cand.fills_first:
                 break
     return None if best is None else assemble_candidate(batch, cm, arrays, pricer, best)
+
+
+def _onward(busy_at: dict[float, float]) -> tuple[float, ...]:
+    """The targets after the first two (`FILL_ONWARD`): on the side of the faster of them."""
+    low, high = FILL_LEVELS
+    return FILL_ONWARD[busy_at.get(high, math.inf) < busy_at.get(low, math.inf)]
 
 
 def _hiding_tokens(cm: CostModel, table: CostTable, reductions: np.ndarray | None) -> float:
