@@ -60,11 +60,13 @@ def test_gates_give_none() -> None:
 
 def test_the_planner_keeps_a_nested_plan_that_beats_the_single_layout() -> None:
     """Lognormal, 512 samples on 1,024 GPUs: the single layout runs every group at SP 16, the
-    short samples beside the long ones; the nested plan runs them after at SP 1-8."""
+    short samples beside the long ones; the nested plan runs them after at SP 1-8. How far the
+    single layout's time-limited program gets varies with the machine (4.920-5.003 s at 1 s, 4.937 s
+    at 3 s, 4.945 s at 10 s, against the nested plan's 4.913 s), so only the order is asserted."""
     cm, batch = lognormal_batch()
     options = IlpOptions(time_limit_s=1.0)
     single = solve_ilp(batch, cm, options)
     plan = solve(batch, cm.cluster, cm, options)
     assert plan.num_phases == 2 and plan.notes[0].startswith("best plan from: nested (the single layout's: ")
-    assert plan.step_time_s < single.step_time_s * 0.99
+    assert plan.step_time_s < single.step_time_s
     assert plan.gap < 0.03
