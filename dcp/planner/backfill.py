@@ -41,7 +41,6 @@ imports torch.
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
 import time
 from collections.abc import Sequence
@@ -165,12 +164,12 @@ def backfill_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], 
     solve_started = started if solve_started is None else solve_started
     assembly_s = final_pricing_s(len(batch))  # the chosen candidate's, after the last target
     levels = list(FILL_LEVELS)
-    busy_at: dict[float, float] = {}
-    for k in itertools.count():
-        if k == len(FILL_LEVELS) and len(batch) >= FEW_PER_GPU * n:
-            levels += _onward(busy_at)
-        if k >= len(levels):
-            break
+    best_level: float | None = None  # the target `best` came from
+    for k in range(len(FILL_LEVELS) + len(FILL_ONWARD[0])):
+        if k == len(FILL_LEVELS):  # the rest on the side of the faster of the first two
+            if len(batch) < FEW_PER_GPU * n:
+                break
+            levels += FILL_ONWARD[best_level == FILL_LEVELS[1]]
         level = levels[k]
         if best is not None and best.busy_s <= busy_floor_s * (1 + CLOSE_ENOUGH):
             break
@@ -186,17 +185,10 @@ def backfill_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], 
             if cand is not None and not (max_microbatches is not None and max(
                     len(mbs) for _, _, mbs in cand.first + cand.second) > max_microbatches):
                 if best is None or cand.busy_s < best.busy_s:
-                    best = cand
-                busy_at[level] = min(busy_at.get(level, math.inf), cand.busy_s)
+                    best, best_level = cand, level
             if cand is None or not cand.fills_first:
                 break
     return None if best is None else assemble_candidate(batch, cm, arrays, pricer, best)
-
-
-def _onward(busy_at: dict[float, float]) -> tuple[float, ...]:
-    """The targets after the first two (`FILL_ONWARD`): on the side of the faster of them."""
-    low, high = FILL_LEVELS
-    return FILL_ONWARD[busy_at.get(high, math.inf) < busy_at.get(low, math.inf)]
 
 
 def _hiding_tokens(cm: CostModel, table: CostTable, reductions: np.ndarray | None) -> float:
