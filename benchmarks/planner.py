@@ -46,7 +46,7 @@ from phase_wins import phase_columns, phase_lines, phase_summary  # noqa: E402
 
 from dcp.data.batches import make_batches  # noqa: E402
 from dcp.data.lengths import WorkloadError  # noqa: E402
-from dcp.data.workloads import load_workload  # noqa: E402
+from dcp.data.workloads import Workload, load_workload  # noqa: E402
 from dcp.planner import Sample, solve  # noqa: E402
 from dcp.planner.ilp.budget import PROBE_S, machine_probe_s  # noqa: E402
 from dcp.planner.options import IlpOptions  # noqa: E402
@@ -67,11 +67,12 @@ def _timed_solve(batch: list[Sample], cm, options) -> tuple[object, float, float
     return plan, time.perf_counter() - t0, time.process_time() - c0
 
 
-def run_case(workload: str, gpus: int, batch: int, steps: int, ilp: IlpOptions, hardware: str) -> dict:
-    """Plan `steps` batches of one cell with the ILP and every baseline; per-step rows and a summary."""
+def run_case(workload: str, data: Workload, gpus: int, batch: int, steps: int, ilp: IlpOptions,
+             hardware: str) -> dict:
+    """Plan `steps` batches of one cell (`data`: the workload `workload` names, loaded) with the
+    ILP and every baseline; per-step rows and a summary."""
     model = default_model(workload)
     cm = build_cost_model(model, hardware, gpus)
-    data = load_workload(workload)
     longest = int(data.tokens.max())  # bucket and packed: one SP size for the dataset's longest sample
     # One batch per seed: a full batch each, however large against the workload's 100,000 samples.
     batches = [make_batches(data, cm, global_batch=batch, steps=1, seed=seed)[0] for seed in range(steps)]
@@ -160,13 +161,14 @@ def main(argv: list[str] | None = None) -> int:
     print(header)
     cases, started = [], time.perf_counter()
     cells = args.cells or [(w, n, b) for w in args.workloads for n in gpus for b in sizes]
-    for workload in dict.fromkeys(w for w, _, _ in cells):  # a bad name stops the run before any cell
+    loaded = {}
+    for workload in dict.fromkeys(w for w, _, _ in cells):  # once each; a bad name stops the run before any cell
         try:
-            load_workload(workload)
+            loaded[workload] = load_workload(workload)
         except WorkloadError as e:
             ap.error(str(e))
     for workload, n, b in cells:
-        case = run_case(workload, n, b, args.steps, ilp, args.hardware)
+        case = run_case(workload, loaded[workload], n, b, args.steps, ilp, args.hardware)
         s = case["summary"]
         print(f"{workload:<19}{n:>5}{b:>6}{s['solve_p50_s']:>7.3f}{s['solve_p95_s']:>7.3f}{s['cpu_p95_s']:>7.3f}"
               f"{100 * s['gap_mean']:>6.2f}{100 * s['gap_max']:>6.2f}"
