@@ -201,6 +201,25 @@ def test_solving_prints_nothing_to_stdout() -> None:
     assert out.stdout == ""
 
 
+
+def test_the_first_solve_loads_no_module() -> None:
+    """Everything an ILP solve runs is loaded by `import dcp.planner`, not inside the first
+    solve's time limit (there, loading PuLP, HiGHS and the ILP's modules took 0.1-0.25 s of 1 s):
+    in a fresh process, a solve through the program and the phase search adds no module."""
+    code = ("import sys\n"
+            "from tests.conftest import cost_model, make_batch\n"
+            "from dcp.planner import IlpOptions, solve\n"
+            "cm = cost_model(gpus=16)\n"
+            "batch = make_batch([300 * (1 + (7 * i) % 23) for i in range(600)] + [60_000, 30_000])\n"
+            "before = set(sys.modules)\n"
+            "plan = solve(batch, cm.cluster, cm, IlpOptions())\n"
+            "assert plan.solver_status.startswith('highs') and plan.num_phases > 1, plan.solver_status\n"
+            "print(sorted(set(sys.modules) - before))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).parents[1])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
 def test_group_estimate_with_ring_exposure_stays_below_the_exact_price() -> None:
     """The local search's group estimate (`pack._Loads`) at sizes whose every layout has a ring
     adds the transfers the shared micro-batches leave exposed at least (`CostTable.exposure`):
@@ -328,16 +347,16 @@ def test_solve_pauses_garbage_collection_and_restores_the_callers_state(collecti
     heap in the final assembly cost 0.1-0.3 s past the limit) and leaves it as it found it."""
     import gc
 
-    from dcp.planner import phases
+    import dcp.planner
 
     seen = []
-    real = phases.solve_phased
+    real = dcp.planner.solve_phased
 
     def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         seen.append(gc.isenabled())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(phases, "solve_phased", spy)
+    monkeypatch.setattr(dcp.planner, "solve_phased", spy)
     cm = tiny_cm(2, 2)
     was = gc.isenabled()
     (gc.enable if collecting else gc.disable)()
