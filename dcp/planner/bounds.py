@@ -99,7 +99,8 @@ def _bounds(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | No
     if key not in memo:
         if len(memo) >= _MEMO_SIZE:
             del memo[next(iter(memo))]
-        work = _Work(*distinct_samples(tokens, pairs), cm, sizes)
+        distinct = distinct_samples(tokens, pairs)
+        work = _Work(*distinct, cm, sizes)
         # The longest sample's group and the spread release on at most _COARSE classes of samples,
         # each rounded down (`_round_down`: a bound can only fall): they evaluate every sample at
         # many busy times, and 20,000 distinct lengths made them a quarter of a 1 s solve.
@@ -122,8 +123,11 @@ def _bounds(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | No
             lower = step_group_bound(coarse, cm, sizes, lower, coarse.fixed_floor, least_exposed_s(cm),
                                      float(chain[-1]), group)
             lower = _exposure_bound(coarse, cm, sizes, lower, chain)
+        floor_work, solo = sample_floors(distinct[0], distinct[1], cm, sizes)
+        capacity = max(float(floor_work @ distinct[2]) / cm.cluster.num_gpus, float(solo.max()))
         memo[key] = _Floors(lower, max(_least_step(cm, single, sizes, released, spread), link, lower),
-                            None if spread is None else np.maximum(released, spread.at(math.inf)), makespan)
+                            None if spread is None else np.maximum(released, spread.at(math.inf)), makespan,
+                            capacity)
     return memo[key]
 
 
@@ -138,6 +142,8 @@ class _Floors:
     release of any busy time (`_Spread.at(inf)`)."""
     makespan: float
     """The makespan bound on every plan's busy time (`_makespan_bound`)."""
+    capacity: float
+    """`capacity_busy`: a solve reads it three times (32,768 samples: 12 ms each)."""
 
 
 def _released(cm: CostModel, sizes: Sequence[int], tokens: np.ndarray, pairs: np.ndarray) -> np.ndarray | None:
@@ -303,10 +309,7 @@ def capacity_busy(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int
     marginal cost at r_i(p), plus its tokens' share p * fixed(p, 0) / max_tokens(p, K) of the
     micro-batch's fixed cost (it holds at most max_tokens(p, K) tokens).
     """
-    sizes = allowed_sp_sizes(cm, sp_sizes)
-    tokens, pairs, weight = distinct_samples(*(arrays if arrays is not None else sample_arrays(batch)))
-    work, solo = sample_floors(tokens, pairs, cm, sizes)
-    return max(float(work @ weight) / cm.cluster.num_gpus, float(solo.max()))
+    return _bounds(batch, cm, sp_sizes, arrays).capacity
 
 
 class _Levels:

@@ -16,6 +16,7 @@ operations (tests/test_pricing.py checks them against the cost model's scalar qu
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -82,6 +83,19 @@ class _Level:
         return t
 
 
+_LEVEL_MEMO: weakref.WeakKeyDictionary[CostModel, dict[int, _Level]] = weakref.WeakKeyDictionary()
+"""Each cost model's `_Level` per SP size: a pure function of both, which every solve's pricers
+and bounds read (1,024 GPUs, 32,768 samples: the bounds built 44 of them, 30 of their 140 ms)."""
+
+
+def _level(cm: CostModel, p: int) -> _Level:
+    """`_Level(cm, p)`, built once per cost model and size."""
+    memo = _LEVEL_MEMO.setdefault(cm, {})
+    if p not in memo:
+        memo[p] = _Level(cm, p)
+    return memo[p]
+
+
 class Pricer:
     """Fewest layers and exact times of micro-batches at each allowed SP size, vectorized."""
 
@@ -89,7 +103,7 @@ class Pricer:
         self.num_layers = cm.model.num_layers
         self.static_bytes = cm.static_bytes
         self.sizes = list(sizes)
-        self._levels = {p: _Level(cm, p) for p in self.sizes}
+        self._levels = {p: _level(cm, p) for p in self.sizes}
 
     def layers(self, p: int, tokens: np.ndarray) -> np.ndarray:
         """Fewest checkpointed layers at which each micro-batch fits at p; K + 1 where none does."""
@@ -133,7 +147,7 @@ class Pricer:
 
 def exact_times(cm: CostModel, p: int, tokens: np.ndarray, pairs: np.ndarray, ckpt: np.ndarray) -> np.ndarray:
     """`CostModel.time_s(T, A, p, r)` elementwise at the given levels r (<= K), in the fastest layout."""
-    lv = _Level(cm, p)
+    lv = _level(cm, p)
     return np.min([lv.times(i, tokens, pairs, ckpt) for i in range(len(lv.layouts))], axis=0)
 
 
