@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -256,6 +257,28 @@ def test_group_estimate_with_ring_exposure_stays_below_the_exact_price() -> None
         exposed += extra > 0
         tight += extra > 0 and est >= exact * 0.98
     assert exposed >= 10 and tight >= 5
+
+
+def test_the_planner_imports_without_the_solver(tmp_path: Path) -> None:
+    """Where PuLP and HiGHS are missing (the GPU machines), `dcp.planner` still imports and plans
+    with dcp-greedy; asking for ilp raises the import error, naming the missing package."""
+    for name in ("pulp", "highspy"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f"raise ImportError('no {name} here')\n")
+    code = ("from dcp.planner import GreedyOptions, Sample, solve\n"
+            "from dcp.planner.run import build_cost_model, default_model\n"
+            "cm = build_cost_model(default_model('wikipedia'), 'h200-sxm', 16)\n"
+            "batch = [Sample(i, 300 * (1 + i % 7), 300 * (1 + i % 7) * (301 + 300 * (i % 7)) // 2) for i in range(40)]\n"
+            "print(solve(batch, cm.cluster, cm, GreedyOptions()).strategy)\n"
+            "try:\n"
+            "    solve(batch, cm.cluster, cm)\n"
+            "except ImportError as e:\n"
+            "    print(e)\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).parents[1], env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["dcp-greedy", "no pulp here"]
 
 
 def test_rebalance_spreads_small_samples_across_classes() -> None:
