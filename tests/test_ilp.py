@@ -188,38 +188,60 @@ def test_nodes_that_are_not_a_power_of_two() -> None:
     assert {g.sp for g in plan.groups} <= set(allowed_sp_sizes(cm))
 
 
+def _fresh_python(code: str, path: Path | None = None) -> str:
+    """What `code` prints, run by a fresh Python from the repository's root (with `path` first on
+    its import path); its failure fails the test with its stderr."""
+    env = {**os.environ, "PYTHONPATH": str(path)} if path is not None else None
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).parents[1], env=env)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 def test_solving_prints_nothing_to_stdout() -> None:
     """HiGHS's start-up banner must not leak into stdout (it would corrupt `--format json`)."""
-    code = ("from tests.conftest import cost_model, make_batch\n"
-            "from dcp.planner import IlpOptions, solve\n"
-            "cm = cost_model(gpus=16)\n"
-            "batch = make_batch([300 * (1 + (7 * i) % 23) for i in range(60)] + [60_000])\n"
-            "plan = solve(batch, cm.cluster, cm, IlpOptions(mip_rel_gap=0.0))\n"
-            "assert plan.solver_status.startswith('highs')\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=Path(__file__).parents[1])
-    assert out.returncode == 0, out.stderr
-    assert out.stdout == ""
-
+    assert _fresh_python("from tests.conftest import cost_model, make_batch\n"
+                         "from dcp.planner import IlpOptions, solve\n"
+                         "cm = cost_model(gpus=16)\n"
+                         "batch = make_batch([300 * (1 + (7 * i) % 23) for i in range(60)] + [60_000])\n"
+                         "plan = solve(batch, cm.cluster, cm, IlpOptions(mip_rel_gap=0.0))\n"
+                         "assert plan.solver_status.startswith('highs')\n") == ""
 
 
 def test_the_first_solve_loads_no_module() -> None:
     """Everything an ILP solve runs is loaded by `import dcp.planner`, not inside the first
     solve's time limit (there, loading PuLP, HiGHS and the ILP's modules took 0.1-0.25 s of 1 s):
     in a fresh process, a solve through the program and the phase search adds no module."""
-    code = ("import sys\n"
-            "from tests.conftest import cost_model, make_batch\n"
-            "from dcp.planner import IlpOptions, solve\n"
-            "cm = cost_model(gpus=16)\n"
-            "batch = make_batch([300 * (1 + (7 * i) % 23) for i in range(600)] + [60_000, 30_000])\n"
-            "before = set(sys.modules)\n"
-            "plan = solve(batch, cm.cluster, cm, IlpOptions())\n"
-            "assert plan.solver_status.startswith('highs') and plan.num_phases > 1, plan.solver_status\n"
-            "print(sorted(set(sys.modules) - before))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=Path(__file__).parents[1])
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
+    out = _fresh_python("import sys\n"
+                        "from tests.conftest import cost_model, make_batch\n"
+                        "from dcp.planner import IlpOptions, solve\n"
+                        "cm = cost_model(gpus=16)\n"
+                        "batch = make_batch([300 * (1 + (7 * i) % 23) for i in range(600)] + [60_000, 30_000])\n"
+                        "before = set(sys.modules)\n"
+                        "plan = solve(batch, cm.cluster, cm, IlpOptions())\n"
+                        "assert plan.solver_status.startswith('highs') and plan.num_phases > 1, plan.solver_status\n"
+                        "print(sorted(set(sys.modules) - before))\n")
+    assert out.strip() == "[]"
+
+
+def test_the_planner_imports_without_the_solver(tmp_path: Path) -> None:
+    """Where PuLP and HiGHS are missing (the GPU machines), `dcp.planner` still imports and plans
+    with dcp-greedy; asking for ilp raises the import error, naming the missing package."""
+    for name in ("pulp", "highspy"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f"raise ImportError('no {name} here')\n")
+    out = _fresh_python("from dcp.planner import GreedyOptions, Sample, solve\n"
+                        "from dcp.planner.run import build_cost_model, default_model\n"
+                        "cm = build_cost_model(default_model('wikipedia'), 'h200-sxm', 16)\n"
+                        "t = [300 * (1 + i % 7) for i in range(40)]\n"
+                        "batch = [Sample(i, n, n * (n + 1) // 2) for i, n in enumerate(t)]\n"
+                        "print(solve(batch, cm.cluster, cm, GreedyOptions()).strategy)\n"
+                        "try:\n"
+                        "    solve(batch, cm.cluster, cm)\n"
+                        "except ImportError as e:\n"
+                        "    print(e)\n", tmp_path)
+    assert out.split("\n")[:2] == ["dcp-greedy", "no pulp here"]
+
 
 def test_group_estimate_with_ring_exposure_stays_below_the_exact_price() -> None:
     """The local search's group estimate (`pack._Loads`) at sizes whose every layout has a ring
@@ -257,28 +279,6 @@ def test_group_estimate_with_ring_exposure_stays_below_the_exact_price() -> None
         exposed += extra > 0
         tight += extra > 0 and est >= exact * 0.98
     assert exposed >= 10 and tight >= 5
-
-
-def test_the_planner_imports_without_the_solver(tmp_path: Path) -> None:
-    """Where PuLP and HiGHS are missing (the GPU machines), `dcp.planner` still imports and plans
-    with dcp-greedy; asking for ilp raises the import error, naming the missing package."""
-    for name in ("pulp", "highspy"):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "__init__.py").write_text(f"raise ImportError('no {name} here')\n")
-    code = ("from dcp.planner import GreedyOptions, Sample, solve\n"
-            "from dcp.planner.run import build_cost_model, default_model\n"
-            "cm = build_cost_model(default_model('wikipedia'), 'h200-sxm', 16)\n"
-            "batch = [Sample(i, 300 * (1 + i % 7), 300 * (1 + i % 7) * (301 + 300 * (i % 7)) // 2) for i in range(40)]\n"
-            "print(solve(batch, cm.cluster, cm, GreedyOptions()).strategy)\n"
-            "try:\n"
-            "    solve(batch, cm.cluster, cm)\n"
-            "except ImportError as e:\n"
-            "    print(e)\n")
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=Path(__file__).parents[1], env=env)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n")[:2] == ["dcp-greedy", "no pulp here"]
 
 
 def test_rebalance_spreads_small_samples_across_classes() -> None:
