@@ -27,11 +27,13 @@ from dcp.planner.options import (
 from dcp.planner.plan import Group, InfeasibleError, MicroBatch, Plan, PlanError
 from dcp.planner.sample import Sample
 
+_NO_SOLVER: ImportError | None = None
+"""Why the ILP could not be loaded (None where it was): what asking for ilp raises."""
 try:  # the ILP and its solver, loaded with the package so that no solve's time limit pays for it
     from dcp.planner.ilp.budget import paused_gc
     from dcp.planner.phases import solve_phased
-except ImportError:  # no PuLP or HiGHS here (the GPU machines run the executor): ilp fails when asked for
-    paused_gc = solve_phased = None
+except ImportError as e:  # no PuLP or HiGHS here (the GPU machines run the executor): ilp fails when asked for
+    _NO_SOLVER = e
 
 
 def solve(batch: Sequence[Sample] | Sequence[int], cluster: Cluster, cost_model: CostModel,
@@ -61,8 +63,8 @@ def solve(batch: Sequence[Sample] | Sequence[int], cluster: Cluster, cost_model:
 
 def _solve(batch: Sequence[Sample], cost_model: CostModel, options: StrategyOptions, started: float) -> Plan:
     if isinstance(options, IlpOptions):
-        if solve_phased is None:  # raises the import error the package met
-            from dcp.planner.phases import solve_phased as _  # noqa: F401
+        if _NO_SOLVER is not None:
+            raise _NO_SOLVER
         with paused_gc():  # within its time limit, whatever the caller's heap
             return solve_phased(batch, cost_model, options, started)
     if isinstance(options, GreedyOptions):
