@@ -99,8 +99,8 @@ def _bounds(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | No
     if key not in memo:
         if len(memo) >= _MEMO_SIZE:
             del memo[next(iter(memo))]
-        distinct = distinct_samples(tokens, pairs)
-        work = _Work(*distinct, cm, sizes)
+        d_tokens, d_pairs, weight = distinct_samples(tokens, pairs)  # each distinct sample once, weighted
+        work = _Work(d_tokens, d_pairs, weight, cm, sizes)
         # The longest sample's group and the spread release on at most _COARSE classes of samples,
         # each rounded down (`_round_down`: a bound can only fall): they evaluate every sample at
         # many busy times, and 20,000 distinct lengths made them a quarter of a 1 s solve.
@@ -123,8 +123,8 @@ def _bounds(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | No
             lower = step_group_bound(coarse, cm, sizes, lower, coarse.fixed_floor, least_exposed_s(cm),
                                      float(chain[-1]), group)
             lower = _exposure_bound(coarse, cm, sizes, lower, chain)
-        floor_work, solo = sample_floors(distinct[0], distinct[1], cm, sizes)
-        capacity = max(float(floor_work @ distinct[2]) / cm.cluster.num_gpus, float(solo.max()))
+        floor_work, solo = sample_floors(d_tokens, d_pairs, cm, sizes)
+        capacity = max(float(floor_work @ weight) / cm.cluster.num_gpus, float(solo.max()))
         memo[key] = _Floors(lower, max(_least_step(cm, single, sizes, released, spread), link, lower),
                             None if spread is None else np.maximum(released, spread.at(math.inf)), makespan,
                             capacity)
