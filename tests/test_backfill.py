@@ -15,6 +15,7 @@ from dcp.costmodel.schedule import reduction_chain_s
 from dcp.data.batches import make_batches
 from dcp.planner import IlpOptions, backfill, solve
 from dcp.planner.backfill import (
+    FEW_COST_SHARE,
     FEW_PER_GPU,
     FILL_LEVELS,
     FILL_ONWARD,
@@ -30,6 +31,7 @@ from dcp.planner.backfill import (
 from dcp.planner.bounds import multi_phase_bound, multi_phase_busy
 from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.ilp import Beaten, solve_ilp, solve_ilp_against
+from dcp.planner.ilp.budget import final_pricing_s
 from dcp.planner.ilp.costs import cost_table
 from dcp.planner.plan import Plan
 from dcp.planner.pricing import BatchArrays, Pricer
@@ -181,6 +183,9 @@ def test_lpt_places_every_filler_once_within_capacity_and_balanced(n: int, free:
     placed = sorted(i for mbs in fills for mb in mbs for i in mb)
     assert placed == list(range(n))
     assert all(tokens[mb].sum() <= cap for mbs in fills for mb in mbs)
+    # Next fit, in arrival order: a slot opens a micro-batch only when its next filler overflows
+    # the open one (no fixed cost paid for room left behind).
+    assert all(tokens[a].sum() + tokens[b[0]] > cap for mbs in fills for a, b in zip(mbs[:-1], mbs[1:], strict=True))
     for s, mbs in enumerate(fills):  # each slot's end is its ready time plus what it runs, exactly
         assert ends[s] == pytest.approx(ready[s] + sum(marg[mb].sum() + fixed for mb in mbs))
         assert total[s] == pytest.approx(sum(tokens[mb].sum() for mb in mbs))
@@ -235,6 +240,22 @@ def test_gates_give_none() -> None:
     assert backfill_plan(batch, zero3, sizes, busy) is None  # stage 3 runs one layout
     capped = backfill_plan(batch, cm, sizes, busy, max_microbatches=2)
     assert capped is None or all(len(g.microbatches) <= 2 for g in capped.groups)
+
+
+def test_few_per_gpu_on_a_cluster_too_large_for_the_limit_gets_no_backfill() -> None:
+    # Its assembly alone (a group per GPU) would take more than FEW_COST_SHARE of the limit: the
+    # time goes to the single layout instead. Many per GPU keep it at any limit.
+    cm = cost_model(gpus=64)
+    sizes = allowed_sp_sizes(cm)
+    few = mixed_batch(n_short=MIN_SAMPLES_PER_GPU * 64)
+    assert len(few) < FEW_PER_GPU * 64
+    predicted = final_pricing_s(len(few), len(few), 64, 1.0)
+    busy = multi_phase_busy(few, cm, sizes)
+    assert backfill_plan(few, cm, sizes, busy, time_limit_s=predicted / FEW_COST_SHARE * 1.01) is not None
+    assert backfill_plan(few, cm, sizes, busy, time_limit_s=predicted / FEW_COST_SHARE * 0.99) is None
+    many = mixed_batch(n_short=FEW_PER_GPU * 64)
+    tight = final_pricing_s(len(many), len(many), 64, 1.0) / FEW_COST_SHARE * 0.99
+    assert backfill_plan(many, cm, sizes, multi_phase_busy(many, cm, sizes), time_limit_s=tight) is not None
 
 
 @pytest.mark.parametrize("per_gpu", [MIN_SAMPLES_PER_GPU, FEW_PER_GPU])

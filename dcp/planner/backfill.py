@@ -118,6 +118,16 @@ to 0.56%, 1.09%; at 3 per GPU wikipedia 768 on 256 GPUs 2.75% to 2.45%, 3,072 on
 and lognormal, 512 on 256; Open-Sora 2,048 on 1,024) within 0.15 points. At 4 per GPU the later
 targets pay: two would take wikipedia 4,096 on 1,024 GPUs from 3.36% to 4.76%, 1,024 on 256 from
 2.73% to 2.93%, Open-Sora 4,096 on 1,024 from 1.94% to 2.16%."""
+FEW_COST_SHARE = 0.25
+"""Batches of fewer than `FEW_PER_GPU` samples per GPU get no backfill plan when assembling one
+plan of a group per GPU (`budget.final_pricing_s` on the reference machine: about what its two
+targets and its assembly take) would cost more than this share of the time limit: there it
+rarely wins, and the time it takes is the single layout's. Wikipedia, 16,384 samples on 8,192
+GPUs (predicted 0.48 s): the backfill took 0.30-0.42 s, the single layout's warm start then had
+no time for its heuristic, and the plans came out 4.5% above the bound on average, 11.9% at
+worst (13.6% slower than the single layout's alone), some solves in 1.1-1.3 s; without it, all
+five at the bound in 0.58-0.64 s. The grid's cells of 2 per GPU predict 0.02 s (256 GPUs) and
+0.06 s (1,024); 8,192 samples on 4,096 GPUs 0.24 s."""
 MIN_SAMPLES_PER_GPU = 2
 """Backfill plans are built for batches of at least this many samples per GPU. The planner keeps
 one only when it beats the single layout, so below the gate it costs only its time: at 2 samples
@@ -147,13 +157,17 @@ def backfill_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], 
                   solve_started: float | None = None) -> Plan | None:
     """The best backfill plan over the targets `FILL_LEVELS` and `FILL_ONWARD` x `busy_floor_s` (a lower bound on
     the batch's busy time), priced and validated; None when the batch has fewer than
-    `MIN_SAMPLES_PER_GPU` samples per GPU, SP 1 is not allowed, ZeRO stage 3 runs one layout, or
+    `MIN_SAMPLES_PER_GPU` samples per GPU, fewer than `FEW_PER_GPU` and a cluster so large that
+    the plan would take too much of the time limit (`FEW_COST_SHARE`), SP 1 is not allowed, ZeRO
+    stage 3 runs one layout, or
     no target's plan fits the cluster with at most `max_microbatches` per group. `costs`, when
     given, are the batch's pricer and cost table (`costs.batch_costs`); `time_limit_s` (the
     solve's, which began at `solve_started`, perf_counter, default now) bounds how many targets
     past the first are tried (`FIRST_END_SHARE`, `LEVELS_SHARE`)."""
     n = cm.cluster.num_gpus
     if len(batch) < MIN_SAMPLES_PER_GPU * n or not sizes or sizes[0] != 1 or cm.training.zero_stage == 3:
+        return None
+    if len(batch) < FEW_PER_GPU * n and final_pricing_s(len(batch), len(batch), n, 1.0) > FEW_COST_SHARE * time_limit_s:
         return None
     arrays = arrays if arrays is not None else BatchArrays.of(batch)
     pricer, table = costs if costs is not None else batch_costs(arrays, cm, sizes)
@@ -239,6 +253,7 @@ def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pri
     # after it, or before it where its room is too short for a hiding backfill after it.
     taken = np.zeros(len(fillers), dtype=bool)  # by position in `fillers`
     costs: dict[int, tuple[np.ndarray, float]] = {}
+    least: dict[int, float] = {}  # the cheapest filler at each size: a room below it takes none
     slot_ready = np.zeros(n)
     in_slots = np.ones(n, dtype=bool)
     before = np.zeros(n, dtype=bool)  # ranks whose fillers run before their core group
@@ -252,6 +267,7 @@ def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pri
         if j not in costs:  # the fillers' costs at size j, and their markup over SP 1
             cost_j = table.add[fillers, j]
             costs[j] = (cost_j, float(cost_j.sum()) * p / max(float(table.add[fillers, 0].sum()), 1e-300))
+            least[j] = float(cost_j.min()) if len(cost_j) else math.inf
         cost, markup = costs[j]
         # SP-1 work a rank's room holds either way: room - fixed at SP 1, room / markup inside.
         inside = room / markup > room - fixed
@@ -262,10 +278,12 @@ def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pri
             continue
         in_slots[start:start + p] = False
         for _ in range(FILL_PASSES):  # the longest run of free fillers that fits, then again
+            if room < least[j]:
+                break
             fit = np.flatnonzero((cost <= room) & ~taken)
             if not len(fit):
                 break
-            run = fit[np.cumsum(cost[fit]) <= room]
+            run = fit[:_fitting_prefix(cost, fit, room)]
             if not changed or changed[-1] != g:
                 changed.append(g)
             ids += fillers[run].tolist()
@@ -293,6 +311,21 @@ def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pri
     return Candidate([c for g, c in enumerate(layout) if g not in late] + [o for o in ones if before[o[0]]],
                       [c for g, c in enumerate(layout) if g in late] + [o for o in ones if not before[o[0]]],
                       max(float(ends.max()) if len(ends) else 0.0, core_ends), bool(late))
+
+
+def _fitting_prefix(cost: np.ndarray, fit: np.ndarray, room: float) -> int:
+    """How many of `fit`, in order, fit `room` together (their running sum of positive `cost` at
+    most it): the running sum over growing prefixes only (a prefix's running sum is the whole
+    one's prefix, exactly), as a core group's room holds a few fillers of thousands (wikipedia,
+    16,384 samples on 8,192 GPUs: sums over every free filler took 0.22 s of the 0.71 s of four
+    candidates, profiled; the plans are the same)."""
+    size = 64
+    while True:
+        head = np.cumsum(cost[fit[:size]])
+        count = int(np.searchsorted(head, room, side="right"))
+        if count < len(head) or size >= len(fit):
+            return count
+        size *= 8
 
 
 def least_groups_gpus(cost: np.ndarray, choice: np.ndarray, target_s: float, sizes: Sequence[int]) -> int:
@@ -409,25 +442,32 @@ def _water_fill(fillers: np.ndarray, at: int, cost: np.ndarray, ends: np.ndarray
     place = by_end[np.minimum(np.searchsorted(np.cumsum(room), mid, side="right"), len(low) - 1)]
     t = tokens[rest].astype(np.float64)
     slot_of[at:] = place
-    for s in np.unique(place).tolist():
-        where = np.flatnonzero(place == s)
-        run_t = t[where]
-        fresh = np.zeros(len(where), dtype=bool)
-        room_t, start = cap - held[s] if held[s] > 0 else 0.0, 0
-        while start < len(where):  # the longest prefix that fits the open micro-batch, then a new one
-            fit = int(np.searchsorted(np.cumsum(run_t[start:]), room_t * (1 + 1e-12), side="right"))
-            if fit == 0:
-                fresh[start] = True
-                room_t, fit = cap, max(1, int(np.searchsorted(np.cumsum(run_t[start:]), cap * (1 + 1e-12),
-                                                             side="right")))
-            room_t -= float(run_t[start:start + fit].sum())
-            start += fit
-        batch_of[at + where] = count[s] - 1 + np.cumsum(fresh)
-        count[s] += int(fresh.sum())
-        ends[s] += float(marg[rest[where]].sum()) + fixed * int(fresh.sum())
-        total[s] += float(run_t.sum())
-        last = np.flatnonzero(fresh)
-        held[s] = float(run_t[last[-1]:].sum()) if len(last) else held[s] + float(run_t.sum())
+    # Each slot's run, in order, next fit: a filler joins the open micro-batch while its tokens
+    # stay within `cap`, else opens a new one (one that alone exceeds `cap` still gets its own).
+    # One pass over the fillers (lognormal, 65,536 samples on 256 GPUs: 10 ms, where a prefix
+    # search per micro-batch took 0.34 s).
+    order = np.argsort(place, kind="stable")
+    limit = cap * (1 + 1e-12)
+    open_t = held.tolist()  # tokens of each slot's open micro-batch (0: none open)
+    opens = []  # per filler in `order`: whether it opens a micro-batch
+    for s, x in zip(place[order].tolist(), t[order].tolist(), strict=True):
+        used = open_t[s]
+        joins = used > 0 and used + x <= limit
+        open_t[s] = used + x if joins else x
+        opens.append(not joins)
+    fresh = np.empty(len(rest), dtype=bool)
+    fresh[order] = opens
+    new = np.bincount(place, weights=fresh, minlength=len(ends)).astype(np.int64)  # micro-batches opened
+    # A filler's micro-batch: its slot's count before the run plus those opened up to it.
+    seen = np.cumsum(fresh[order])
+    first = np.concatenate([[0], np.cumsum(np.bincount(place, minlength=len(ends)))])[place[order]]
+    opened = np.empty(len(rest), dtype=np.int64)
+    opened[order] = seen - np.where(first > 0, seen[np.maximum(first - 1, 0)], 0)
+    batch_of[at:] = count[place] - 1 + opened
+    count += new
+    ends += np.bincount(place, weights=marg[rest], minlength=len(ends)) + fixed * new
+    total += np.bincount(place, weights=t, minlength=len(ends))
+    held[:] = open_t
 
 
 def _unexposed(fills: list[list[list[int]]], ends: np.ndarray, size: np.ndarray, tokens: np.ndarray, marg: np.ndarray,
