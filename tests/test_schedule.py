@@ -8,7 +8,7 @@ from conftest import cost_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dcp.costmodel import CostModelError, TrainingSetup
+from dcp.costmodel import CostModelError, TrainingSetup, schedule_fast
 from dcp.costmodel.events import replay
 from dcp.costmodel.schedule import GroupShape, MicroBatchShape, least_link_s
 from dcp.costmodel.zero import in_step_bytes, padded, resident_bytes, unit_params
@@ -37,6 +37,23 @@ def test_closed_form_equals_the_replayed_programs(groups: list[GroupShape], stag
         slot_max = [max((cm.time_s(g.microbatches[j].tokens, g.microbatches[j].pairs, g.sp, g.microbatches[j].ckpt_layers)
                          for g in groups if j < len(g.microbatches)), default=0.0) for j in range(slots)]
         assert fast.step_time_s >= sum(slot_max) * (1 - 1e-12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(groups=st.lists(group, min_size=1, max_size=5), idle=st.booleans(), overlap=st.booleans())
+def test_stage3_clocks_in_a_list_or_a_vector_price_the_same(groups: list[GroupShape], idle: bool, overlap: bool,
+                                                            ) -> None:
+    # A few groups' clocks live in a list (speed), many in a vector: the same operations in the
+    # same order, so the same step to the last bit.
+    cm = cost_model(gpus=32, zero_stage=3)
+    prices = []
+    for scalar_up_to in (1000, -1):
+        schedule_fast.SCALAR_UP_TO, saved = scalar_up_to, schedule_fast.SCALAR_UP_TO
+        try:
+            prices.append(cm.step_price(groups, idle, overlap=overlap).step_time_s)
+        finally:
+            schedule_fast.SCALAR_UP_TO = saved
+    assert prices[0] == prices[1]
 
 
 def test_overlap_hides_the_reductions_under_the_last_backward() -> None:
