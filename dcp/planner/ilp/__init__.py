@@ -9,8 +9,9 @@ and solver call is bounded by it; only the final assembly is kept back as a smal
    runs on and the makespan bound the plan reports (`bounds`), all vectorized;
 2. warm start (`warm`): a quick heuristic (`heuristic`), dcp-greedy, then every other baseline
    that a lower bound on its own step time does not rule out, few large micro-batches where
-   fixed costs are heavy (`fill`), improved by local search (`pack`); every candidate is
-   priced exactly (`incumbent`), so the plan is never worse than any of them;
+   fixed costs are heavy (`fill`; under ZeRO-3 first, its slots in lockstep), improved by local
+   search (`pack`); every candidate is priced exactly (`incumbent`), so the plan is never worse
+   than any of them;
 3. the program: for tiny batches the exact program over every group, micro-batch and checkpoint
    level (`exact`), proven optimal; otherwise the aggregated program (`model`, with the cuts
    of `cuts`) over length classes (`classes`: at most a fixed number of rows however many

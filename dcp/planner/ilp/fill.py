@@ -60,7 +60,7 @@ def fill_layouts(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], price
     for p in sizes:
         no_ckpt, full = cm.linear_time(p, 0), cm.linear_time(p, k)
         worth = no_ckpt.fixed / max((full.per_token - no_ckpt.per_token) * cm.max_tokens(p, 0), 1e-30)
-        if worth < WORTH_IT or (worth < HEAVY and len(arrays.tokens) > MAX_SAMPLES):
+        if worth < WORTH_IT or (worth < HEAVY and len(arrays.tokens) > MAX_SAMPLES and cm.training.zero_stage < 3):
             continue
         work = no_ckpt.per_token * float(arrays.tokens.sum()) + no_ckpt.per_pair * float(arrays.pairs.sum())
         bound = max(float(pricer.times(p, arrays.tokens, arrays.pairs).max()), work / (cm.cluster.num_gpus // p))
