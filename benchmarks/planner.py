@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/planner.py --quick --time-limit 0.2   # 64 GPUs x 512 samples
     .venv/bin/python benchmarks/planner.py --gpus 32 --batch 8192 --workloads wikipedia --steps 2
     .venv/bin/python benchmarks/planner.py --cells wikipedia,256,512 opensora,1024,2048 --time-limit 5
+    .venv/bin/python benchmarks/planner.py --model llama-70b --zero-stage 3 --cells wikipedia,256,8192
 
 The grid is {32, 256, 1024} GPUs x {512, 2048, 8192, 32768} samples per global batch on
 wikipedia, lognormal (scale 16: up to 128K tokens) and opensora (balanced), `--steps` batches per
@@ -68,11 +69,11 @@ def _timed_solve(batch: list[Sample], cm, options) -> tuple[object, float, float
 
 
 def run_case(workload: str, data: Workload, gpus: int, batch: int, steps: int, ilp: IlpOptions,
-             hardware: str) -> dict:
+             hardware: str, model: str | None = None, zero_stage: int = 1) -> dict:
     """Plan `steps` batches of one cell (`data`: the workload `workload` names, loaded) with the
-    ILP and every baseline; per-step rows and a summary."""
-    model = default_model(workload)
-    cm = build_cost_model(model, hardware, gpus)
+    ILP and every baseline; per-step rows and a summary. `model` defaults to the workload's."""
+    model = model or default_model(workload)
+    cm = build_cost_model(model, hardware, gpus, zero_stage=zero_stage)
     longest = int(data.tokens.max())  # bucket and packed: one SP size for the dataset's longest sample
     # One batch per seed: a full batch each, however large against the workload's 100,000 samples.
     batches = [make_batches(data, cm, global_batch=batch, steps=1, seed=seed)[0] for seed in range(steps)]
@@ -97,7 +98,7 @@ def run_case(workload: str, data: Workload, gpus: int, batch: int, steps: int, i
         rows.append(row)
     wall_s = [r["wall_s"] for r in rows]
     summary = {
-        "workload": workload, "model": model, "gpus": gpus, "batch": batch, "steps": len(rows),
+        "workload": workload, "model": model, "zero_stage": zero_stage, "gpus": gpus, "batch": batch, "steps": len(rows),
         "solve_p50_s": float(np.percentile(wall_s, 50)), "solve_p95_s": float(np.percentile(wall_s, 95)),
         "cpu_p50_s": float(np.percentile([r["cpu_s"] for r in rows], 50)),
         "cpu_p95_s": float(np.percentile([r["cpu_s"] for r in rows], 95)),
@@ -144,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-limit", type=float, default=1.0, help="ILP time limit per batch (s)")
     ap.add_argument("--solver", default="highs", choices=("highs", "cbc"))
     ap.add_argument("--hardware", default="h200-sxm")
+    ap.add_argument("--model", default=None, help="model preset (default: the workload's, llama-7b or STDiT)")
+    ap.add_argument("--zero-stage", type=int, default=1, choices=(0, 1, 2, 3))
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/planner[-quick].json)")
     args = ap.parse_args(argv)
     gpus = args.gpus or ([64] if args.quick else list(GPUS))
@@ -168,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         except WorkloadError as e:
             ap.error(str(e))
     for workload, n, b in cells:
-        case = run_case(workload, loaded[workload], n, b, args.steps, ilp, args.hardware)
+        case = run_case(workload, loaded[workload], n, b, args.steps, ilp, args.hardware, args.model, args.zero_stage)
         s = case["summary"]
         print(f"{workload:<19}{n:>5}{b:>6}{s['solve_p50_s']:>7.3f}{s['solve_p95_s']:>7.3f}{s['cpu_p95_s']:>7.3f}"
               f"{100 * s['gap_mean']:>6.2f}{100 * s['gap_max']:>6.2f}"
@@ -177,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
               + f"{s['greedy_vs_bucket_min']:>8.2f}{max(s['load_avg_1min']):>6.1f}", flush=True)
         cases.append(case)
     meta = {"argv": sys.argv[1:], "time_limit_s": args.time_limit, "solver": args.solver, "steps": args.steps,
-            "hardware": args.hardware, "python": platform.python_version(), "machine": platform.machine(),
+            "hardware": args.hardware, "model": args.model, "zero_stage": args.zero_stage,
+            "python": platform.python_version(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
             "duration_s": time.perf_counter() - started, "probe_ms": probe_ms, "probe_ref_ms": 1e3 * PROBE_S}
     phases = phase_summary(cases)
