@@ -34,15 +34,18 @@ def test_zero3_plans_balanced_slots_ahead_of_the_baselines() -> None:
     """Llama-70B, ZeRO-3, 32 GPUs: stage 3 runs lockstep slots (every rank joins every layer's
     gather), so the ILP's plan, the best priced of its candidates, gives its groups equal numbers
     of micro-batches: the schedule adds under 1% to its slowest group, it is ahead of every
-    baseline by more than 5% (the best of them packs the batch into one 8 x 4 Ulysses x ring group
-    of 32, no lockstep waits; the ILP's eight groups of 4 beat it by 9.9%) and within 15% of the
-    bound."""
+    static baseline by more than 5% (the best of them packs the batch into one 8 x 4 Ulysses x
+    ring group of 32, no lockstep waits; the ILP's eight groups of 4 beat it by 10%), no slower
+    than dcp-greedy and dcp-greedy-inter (which merge a group's short micro-batches at stage 3:
+    inter's plan is 2.4% behind) and within 15% of the bound."""
     cm = cost_model(model="llama-70b", gpus=32, zero_stage=3)
     batch = make_batch(ZERO3_LENGTHS)
     plan = solve(batch, cm.cluster, cm, IlpOptions())
     assert plan.step_time_s <= lower_bound(batch, cm) * 1.15
-    best_baseline = min(p.step_time_s for p in baseline_plans(batch, cm, allowed_sp_sizes(cm)))
-    assert plan.step_time_s <= best_baseline * 0.95
+    baselines = baseline_plans(batch, cm, allowed_sp_sizes(cm))
+    static = [p.step_time_s for p in baselines if not p.strategy.startswith("dcp-greedy")]
+    assert plan.step_time_s <= min(static) * 0.95
+    assert plan.step_time_s <= min(p.step_time_s for p in baselines)
     assert len({len(g.microbatches) for g in plan.groups}) == 1
     assert plan.grad_sync_s <= 0.01 * plan.step_time_s
 

@@ -2,11 +2,11 @@
 
 dcp-greedy always runs first (the fallback, tens of milliseconds at tens of thousands of
 samples: the plan is never worse than it, under any load), then a quick heuristic on the cost
-table; under ZeRO-3 the fill runs before them both (`FILL_FIRST_STAGE`). Every other baseline
-(dcp-greedy-inter, bucket-per-batch, packed-per-batch, and bucket and packing at each larger
-static SP size: the static `bucket` and `packed` run at one of them, and packing there wins
-under ZeRO-3's heavy per-micro-batch costs) either is proven unable to beat the step it would
-have to beat by a lower bound on its own busy time (`baseline_bound`,
+table; under ZeRO-3 dcp-greedy-inter and the fill run between the two (`FILL_FIRST_STAGE`).
+Every other baseline (dcp-greedy-inter, bucket-per-batch, packed-per-batch, and bucket and
+packing at each larger static SP size: the static `bucket` and `packed` run at one of them, and
+packing there wins under ZeRO-3's heavy per-micro-batch costs) either is proven unable to beat
+the step it would have to beat by a lower bound on its own busy time (`baseline_bound`,
 `Incumbent.winning_busy_s`), or runs and is offered; only past the search deadline is one
 skipped, and the status says so. Then, while the warm share lasts, the few large micro-batches
 of `fill` where fixed costs are heavy (below ZeRO-3), the heuristic's other targets, and local
@@ -14,6 +14,7 @@ search (`pack.improve`) on the heuristic's groups and the incumbent's; each reco
 time limit skips or stops it. A baseline is re-priced with the fewest checkpointed layers of
 each micro-batch, never slower than itself.
 """
+
 from __future__ import annotations
 
 import math
@@ -45,11 +46,11 @@ from dcp.planner.pricing import BatchArrays, Pricer
 from dcp.planner.sample import Sample
 
 FILL_FIRST_STAGE = 3
-"""From this ZeRO stage (lockstep slots) the fill runs first, before dcp-greedy, the heuristic
-and the other baselines, until `FILL_SHARE` of the time before the final assembly rather than
-the warm share: the search's program minimizes the slowest group's busy time, blind to slots,
-and its canonical micro-batches (no checkpointing) make many of them, each gathering every
-layer."""
+"""From this ZeRO stage (lockstep slots) the fill runs right after dcp-greedy and
+dcp-greedy-inter, before the heuristic and the other baselines, until `FILL_SHARE` of the time
+before the final assembly rather than the warm share: the search's program minimizes the
+slowest group's busy time, blind to slots, and its canonical micro-batches (no checkpointing)
+make many of them, each gathering every layer."""
 FILL_SHARE = 0.5
 WARM_SHARE = 0.3
 """Optional warm-start work (fill, the heuristic's other targets, local search) stops once this
@@ -159,15 +160,16 @@ def warm_start(inc: Incumbent, budget: Budget, batch: Sequence[Sample], cm: Cost
         else:
             budget.skip("fill")
 
-    # Under ZeRO-3 the fill first, with half the time left (`FILL_FIRST_STAGE`): its few large
+    # dcp-greedy always runs first: it is the fallback (tens of milliseconds at tens of thousands
+    # of samples), so the plan is never worse than it, whatever the load. Under ZeRO-3
+    # (`FILL_FIRST_STAGE`) dcp-greedy-inter too, then the fill, with half the time: its few large
     # micro-batches are the likely winner there, and the plans its step rules out by their slots'
-    # collectives alone are not priced on the schedule (`Incumbent`): dcp-greedy's often.
-    if cm.training.zero_stage >= FILL_FIRST_STAGE:
+    # collectives alone are not priced on the schedule (`Incumbent`). Then the heuristic.
+    lockstep = cm.training.zero_stage >= FILL_FIRST_STAGE
+    for opts in options[:2 if lockstep else 1]:
+        _offer(opts, inc, notes, batch, cm, sizes, arrays, pricer)
+    if lockstep:
         fill(budget.started + FILL_SHARE * max(budget.deadline - budget.started, 0.0))
-    # dcp-greedy always runs (first below ZeRO-3): it is the fallback (tens of milliseconds at tens
-    # of thousands of samples), so the plan is never worse than it, whatever the load. Then the
-    # heuristic.
-    _offer(options[0], inc, notes, batch, cm, sizes, arrays, pricer)
     first = None
     if time.perf_counter() < budget.search_deadline:
         first = heuristic(table, n, floor_s, targets=HEURISTIC_TARGETS[:1])
@@ -176,7 +178,7 @@ def warm_start(inc: Incumbent, budget: Budget, batch: Sequence[Sample], cm: Cost
         budget.skip("the heuristic")
     # Every other baseline runs unless a bound on its own step time proves it cannot win; only
     # when the search deadline has passed is one skipped (and the status says so).
-    for opts in options[1:]:
+    for opts in options[2 if lockstep else 1:]:
         name = describe(opts)
         bound = baseline_bound(opts, batch, cm, sizes, arrays, pricer)
         if bound >= inc.winning_busy_s:
@@ -187,7 +189,7 @@ def warm_start(inc: Incumbent, budget: Budget, batch: Sequence[Sample], cm: Cost
             budget.skip(f"baseline {name}")
         else:
             _offer(opts, inc, notes, batch, cm, sizes, arrays, pricer)
-    if cm.training.zero_stage < FILL_FIRST_STAGE:
+    if not lockstep:
         fill(warm_until)
     if time.perf_counter() < warm_until:  # the heuristic's other targets, while the share lasts
         other = heuristic(table, n, floor_s, budget.deadline_for("heuristic targets", warm_until),
