@@ -10,7 +10,7 @@ from conftest import cost_model, make_batch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from dcp.costmodel.schedule import least_link_s
+from dcp.costmodel.schedule import slot_link_s
 from dcp.data.batches import make_batches
 from dcp.planner import (
     STRATEGIES,
@@ -252,7 +252,7 @@ def test_greedy_under_zero3_merges_short_micro_batches_and_beats_bucket() -> Non
     sizes = allowed_sp_sizes(cm)
     greedy = solve_greedy(batch, cm)
     assert greedy.step_time_s < solve_bucket(batch, cm).step_time_s
-    slot_s = least_link_s(cm, 1) - least_link_s(cm, 0)
+    slot_s = slot_link_s(cm)
     pricer = Pricer(cm, sizes)
     by_id = {s.id: s for s in batch}
     for g in greedy.groups:

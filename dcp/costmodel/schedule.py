@@ -435,11 +435,19 @@ _LAYER_TIMES_MAX = 50_000
 
 def least_link_s(cm: CostModel, slots: int) -> float:
     """Stage 3: a step of `slots` slots is at least the seconds its collectives occupy the link:
-    every slot's 2K gathers and K + 1 reduce-scatters, and the loss all-reduce (they run one at a
-    time, each once every rank joined). 0 at other stages."""
+    every slot's 2K gathers and K + 1 reduce-scatters (`slot_link_s`), and the loss all-reduce
+    (they run one at a time, each once every rank joined). 0 at other stages."""
     if cm.training.zero_stage < 3 or cm.cluster.num_gpus == 1:
         return 0.0
-    gather, reduce, scalars = _collective_seconds(cm)
+    return slots * slot_link_s(cm) + _collective_seconds(cm)[2]
+
+
+def slot_link_s(cm: CostModel) -> float:
+    """Stage 3: the seconds one slot's collectives occupy the link, its 2K gathers and K + 1
+    reduce-scatters (a slot lasts at least that, its compute prefetching under them). 0 at other
+    stages."""
+    if cm.training.zero_stage < 3 or cm.cluster.num_gpus == 1:
+        return 0.0
+    gather, reduce, _ = _collective_seconds(cm)
     k = cm.model.num_layers
-    per_slot = gather[k] + sum(gather[:k]) + sum(gather[:k - 1])
-    return slots * (per_slot + sum(reduce)) + scalars
+    return gather[k] + sum(gather[:k]) + sum(gather[:k - 1]) + sum(reduce)

@@ -84,9 +84,9 @@ def lockstep_s(step: _Step, groups: Sequence[GroupShape], idle_ranks: bool, over
                 costs[c] = _layer_costs(step, g.microbatches[j], g)
                 ckpt[c] = g.microbatches[j].ckpt_layers
         fwd, head, bwd, rec = costs.T
-        # One layer's backward per member, with and without its recompute (the sum formed first,
-        # as the vector form adds it to the clocks).
-        plain, redone = clocks.of(bwd + 0.0), clocks.of(bwd + rec)
+        # One layer's backward per member, with and without its recompute (the sum formed before
+        # it is added to the clocks).
+        plain, redone = clocks.of(bwd), clocks.of(bwd + rec)
         fwd, head, ckpt = clocks.of(fwd), clocks.of(head), clocks.of(ckpt)
         clocks.slot(gathers)
         clocks.use(0)

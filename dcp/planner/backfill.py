@@ -252,8 +252,7 @@ def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pri
     # more of them so than at SP 1 on its ranks (one more fixed cost per rank); else they run
     # after it, or before it where its room is too short for a hiding backfill after it.
     taken = np.zeros(len(fillers), dtype=bool)  # by position in `fillers`
-    costs: dict[int, tuple[np.ndarray, float]] = {}
-    least: dict[int, float] = {}  # the cheapest filler at each size: a room below it takes none
+    costs: dict[int, tuple[np.ndarray, float, float]] = {}
     slot_ready = np.zeros(n)
     in_slots = np.ones(n, dtype=bool)
     before = np.zeros(n, dtype=bool)  # ranks whose fillers run before their core group
@@ -264,11 +263,11 @@ def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pri
         slot_ready[start:start + p] = r
         if p == 1:
             continue
-        if j not in costs:  # the fillers' costs at size j, and their markup over SP 1
+        if j not in costs:  # the fillers' costs at size j, their markup over SP 1, the cheapest's
             cost_j = table.add[fillers, j]
-            costs[j] = (cost_j, float(cost_j.sum()) * p / max(float(table.add[fillers, 0].sum()), 1e-300))
-            least[j] = float(cost_j.min()) if len(cost_j) else math.inf
-        cost, markup = costs[j]
+            costs[j] = (cost_j, float(cost_j.sum()) * p / max(float(table.add[fillers, 0].sum()), 1e-300),
+                        float(cost_j.min()) if len(cost_j) else math.inf)
+        cost, markup, cheapest = costs[j]
         # SP-1 work a rank's room holds either way: room - fixed at SP 1, room / markup inside.
         inside = room / markup > room - fixed
         if room >= short_s and not inside:
@@ -278,7 +277,7 @@ def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pri
             continue
         in_slots[start:start + p] = False
         for _ in range(FILL_PASSES):  # the longest run of free fillers that fits, then again
-            if room < least[j]:
+            if room < cheapest:  # none fits
                 break
             fit = np.flatnonzero((cost <= room) & ~taken)
             if not len(fit):

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dcp.costmodel import CostModel
-from dcp.costmodel.schedule import least_link_s
+from dcp.costmodel.schedule import slot_link_s
 from dcp.planner.baselines import group_share, lpt_assign
 from dcp.planner.common import aligned_layout, assemble_indices
 from dcp.planner.feasibility import allowed_sp_sizes, check_feasible
@@ -344,7 +344,7 @@ def greedy_layout(batch: Sequence[Sample], cm: CostModel, options: GreedyOptions
                            schedule.where))
     cuts = np.searchsorted(schedule.where[by_group], np.arange(len(schedule.size_of) + 1)).tolist()
     pairs = np.add.reduceat(arrays.pairs[mbs.order], mbs.starts[:-1])
-    slot_s = least_link_s(cm, 1) - least_link_s(cm, 0)  # 0 below ZeRO-3
+    slot_s = slot_link_s(cm)  # 0 below ZeRO-3
     # aligned_layout places groups largest first, as _Schedule numbers them.
     for g, (start, p) in enumerate(aligned_layout(counts, cm.cluster.num_gpus, cm.cluster.gpus_per_node)):
         jobs = by_group[cuts[g]:cuts[g + 1]].tolist()

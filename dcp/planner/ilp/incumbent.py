@@ -69,13 +69,15 @@ class Incumbent:
     @property
     def winning_busy_s(self) -> float:
         """The busy time a candidate must stay below to win: the least-busy candidate's or, when
-        higher, the fastest scheduled step less the least synchronization (under ZeRO-3 a plan
-        of few large micro-batches can step faster than the least busy one's unaligned slots:
-        Llama-70B, 8,192 samples on 256 GPUs, fill at SP 32 38.6 s against 61.0 s for a busy
-        time of 38.3 s against 32.2 s)."""
+        higher, the fastest scheduled step less the least synchronization. Where the reductions
+        the last backward passes hide decide the step, one of more busy time can beat its step,
+        and under ZeRO-3 a plan of few large micro-batches can step faster than the least busy
+        one's unaligned slots (Llama-70B, 8,192 samples on 256 GPUs: fill at SP 32 38.6 s
+        against 61.0 s, for a busy time of 38.3 s against 32.2 s)."""
+        least_busy = self.busy_s * (1 - _TOL)
         if not self.scheduled or self.fastest_step is None:
-            return self.busy_s
-        return max(self.busy_s, self.fastest_step[0] - self.least_sync_s)
+            return least_busy
+        return max(least_busy, self.fastest_step[0] * (1 - _TOL) - self.least_sync_s)
 
     @property
     def groups(self) -> Groups | None:
@@ -87,10 +89,10 @@ class Incumbent:
 
     def offer_layout(self, layout: Layout, source: str, groups: Groups | None = None) -> bool:
         """Price a layout at its fewest layers; True if it is the new incumbent. The time it
-        took counts as a pricing for the budget (`Budget.pricing_s`): under ZeRO-3 dcp-greedy's
-        step, hundreds of lockstep slots, takes 0.2 s to price (Llama-70B, 2,048 lognormal
-        samples on 256 GPUs), as the search's candidates do, and the search must stop in time
-        for one."""
+        took counts as a pricing for the budget (`Budget.pricing_s`): under ZeRO-3 a step of
+        hundreds of lockstep slots takes tenths of a second to price (Llama-70B, 2,048 lognormal
+        samples on 256 GPUs: dcp-greedy's 0.2 s before it merged short micro-batches, one of the
+        search's candidates 0.18 s), and the search must stop in time for one."""
         if self.cap is not None and any(len(mbs) > self.cap for _, _, mbs in layout):
             return False
         t0 = time.perf_counter()
@@ -113,26 +115,18 @@ class Incumbent:
             return  # the step is at least the busy time plus the least synchronization
         if self.fastest_step is not None and least_link_s(self.cm, max(len(mbs) for _, _, mbs in layout)) \
                 >= self.fastest_step[0]:
-            return  # ZeRO-3: at least its slots' collectives (dcp-greedy's 1,409 slots: 0.5 s to price)
+            return  # ZeRO-3: at least its slots' collectives (hundreds of slots: tenths of a second to price)
         covered = sum(p for _, p, _ in layout)
         step = layout_step_s(self.cm, layout, priced, covered < self.cm.cluster.num_gpus)
         if self.fastest_step is None or step < self.fastest_step[0] * (1 - _TOL):
             self.fastest_step = (step, Candidate(source, layout, priced, groups))
-
-    def _may_step_faster(self, busy_floor_s: float) -> bool:
-        """Whether a candidate whose busy time is at least this could still schedule a faster
-        step than the fastest so far (it cannot beat the incumbent's busy time, but where the
-        reductions the last backward passes hide decide the step, one of the same busy time can
-        beat its step)."""
-        return (self.scheduled and self.fastest_step is not None
-                and busy_floor_s + self.least_sync_s < self.fastest_step[0] * (1 - _TOL))
 
     def offer_groups(self, groups: Groups | None, source: str) -> bool:
         """Canonical micro-batches for the search's groups, priced; True if the new incumbent."""
         if groups is None:
             return False
         est = estimate(groups, self.table)  # never above the exact busy time
-        if est >= self.busy_s * (1 - _TOL) and not self._may_step_faster(est):
+        if est >= self.winning_busy_s:
             return False
         t0 = time.perf_counter()
         layout = to_layout(groups, self.cm, self.table, self.cap)

@@ -166,7 +166,8 @@ def warm_start(inc: Incumbent, budget: Budget, batch: Sequence[Sample], cm: Cost
     # micro-batches are the likely winner there, and the plans its step rules out by their slots'
     # collectives alone are not priced on the schedule (`Incumbent`). Then the heuristic.
     lockstep = cm.training.zero_stage >= FILL_FIRST_STAGE
-    for opts in options[:2 if lockstep else 1]:
+    head = 2 if lockstep else 1  # the baselines run before the heuristic
+    for opts in options[:head]:
         _offer(opts, inc, notes, batch, cm, sizes, arrays, pricer)
     if lockstep:
         fill(budget.started + FILL_SHARE * max(budget.deadline - budget.started, 0.0))
@@ -178,7 +179,7 @@ def warm_start(inc: Incumbent, budget: Budget, batch: Sequence[Sample], cm: Cost
         budget.skip("the heuristic")
     # Every other baseline runs unless a bound on its own step time proves it cannot win; only
     # when the search deadline has passed is one skipped (and the status says so).
-    for opts in options[2 if lockstep else 1:]:
+    for opts in options[head:]:
         name = describe(opts)
         bound = baseline_bound(opts, batch, cm, sizes, arrays, pricer)
         if bound >= inc.winning_busy_s:
