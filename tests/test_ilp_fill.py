@@ -33,7 +33,8 @@ def test_prices_match_the_cost_model(model: str, zero_stage: int) -> None:
 def test_zero3_plans_balanced_slots_ahead_of_the_baselines() -> None:
     """Llama-70B, ZeRO-3, 32 GPUs: stage 3 runs lockstep slots (every rank joins every layer's
     gather), so the ILP's plan, the best priced of its candidates, gives its groups equal numbers
-    of micro-batches: the schedule adds under 1% to its slowest group, it is ahead of every
+    of micro-batches lined up (`slots.align`): the schedule adds under 4% to its slowest group
+    (a single slot per group added 0.2%, at a 3.8% slower step), it is ahead of every
     static baseline by more than 5% (the best of them packs the batch into one 8 x 4 Ulysses x
     ring group of 32, no lockstep waits; the ILP's eight groups of 4 beat it by 10%), no slower
     than dcp-greedy and dcp-greedy-inter (which merge a group's short micro-batches at stage 3:
@@ -47,7 +48,7 @@ def test_zero3_plans_balanced_slots_ahead_of_the_baselines() -> None:
     assert plan.step_time_s <= min(static) * 0.95
     assert plan.step_time_s <= min(p.step_time_s for p in baselines)
     assert len({len(g.microbatches) for g in plan.groups}) == 1
-    assert plan.grad_sync_s <= 0.01 * plan.step_time_s
+    assert plan.grad_sync_s <= 0.04 * plan.step_time_s
 
 
 def test_zero3_at_scale_plans_no_slower_than_the_first_fill() -> None:

@@ -43,8 +43,9 @@ from dcp.planner.feasibility import allowed_sp_sizes, check_feasible
 from dcp.planner.lpt import by_group
 from dcp.planner.options import GreedyOptions
 from dcp.planner.plan import Plan
-from dcp.planner.pricing import BatchArrays, Layout, Pricer
+from dcp.planner.pricing import BatchArrays, Layout, Pricer, price_layout
 from dcp.planner.sample import Sample
+from dcp.planner.slots import align, slots_estimate
 
 _MAX_PROMOTIONS = 16
 """Target steps tried, and single straggler promotions at most (each re-allocates and re-balances)."""
@@ -348,15 +349,31 @@ def greedy_layout(batch: Sequence[Sample], cm: CostModel, options: GreedyOptions
     # aligned_layout places groups largest first, as _Schedule numbers them.
     for g, (start, p) in enumerate(aligned_layout(counts, cm.cluster.num_gpus, cm.cluster.gpus_per_node)):
         jobs = by_group[cuts[g]:cuts[g + 1]].tolist()
-        parts, part_tokens = [order[starts[m]:starts[m + 1]] for m in jobs], tokens[jobs]
+        parts = [order[starts[m]:starts[m + 1]] for m in jobs]
         if slot_s > 0:
             parts = _fewer_slots(parts, tokens[jobs], pairs[jobs], p, pricer, None if options.pyramid else k,
                                  slot_s)
-            part_tokens = np.array([arrays.tokens[part].sum() for part in parts])
-        levels = pricer.levels(p, part_tokens, None if options.pyramid else k)
         layout.append((start, p, parts))
-        ckpt.append(levels.tolist())
+    if slot_s > 0:
+        layout = _aligned(layout, arrays, pricer, slot_s, None if options.pyramid else k)
+    for _, p, parts in layout:
+        part_tokens = np.array([arrays.tokens[part].sum() for part in parts])
+        ckpt.append(pricer.levels(p, part_tokens, None if options.pyramid else k).tolist())
     return layout, ckpt, notes
+
+
+def _aligned(layout: Layout, arrays: BatchArrays, pricer: Pricer, slot_s: float, ckpt: int | None) -> Layout:
+    """ZeRO-3: the layout re-cut into slots that line up (`slots.align`) when that estimates a
+    faster step (the same estimate for both: the sum over slots of the longest micro-batch in
+    each, at least a slot's collectives)."""
+    aligned = align(layout, arrays, pricer, slot_s, ckpt)
+    if aligned is None:
+        return layout
+    priced = price_layout(layout, arrays, pricer, [[ckpt] * len(mbs) for _, _, mbs in layout] if ckpt is not None else None)
+    own = np.zeros((len(layout), max(priced.counts)))
+    for g, (at, count) in enumerate(zip(np.cumsum(priced.counts) - priced.counts, priced.counts, strict=True)):
+        own[g, :count] = priced.times_s[at:at + count]
+    return aligned[0] if aligned[1] < slots_estimate(own, slot_s)[0] else layout
 
 
 def _fewer_slots(parts: list[list[int]], tokens: np.ndarray, pairs: np.ndarray, p: int, pricer: Pricer,

@@ -9,9 +9,10 @@ and solver call is bounded by it; only the final assembly is kept back as a smal
    runs on and the makespan bound the plan reports (`bounds`), all vectorized;
 2. warm start (`warm`): a quick heuristic (`heuristic`), dcp-greedy, then every other baseline
    that a lower bound on its own step time does not rule out, few large micro-batches where
-   fixed costs are heavy (`fill`; under ZeRO-3 first, its slots in lockstep), improved by local
-   search (`pack`); every candidate is priced exactly (`incumbent`), so the plan is never worse
-   than any of them;
+   fixed costs are heavy (`fill`; under ZeRO-3 first, its slots lined up, `slots`), improved by
+   local search (`pack`); every candidate is priced exactly (`incumbent`), so the plan is never
+   worse than any of them; under ZeRO-3 the best candidates' slots are lined up after it and
+   after the program (`Incumbent.align_slots`);
 3. the program: for tiny batches the exact program over every group, micro-batch and checkpoint
    level (`exact`), proven optimal; otherwise the aggregated program (`model`, with the cuts
    of `cuts`) over length classes (`classes`: at most a fixed number of rows however many
@@ -47,6 +48,9 @@ from dcp.planner.pricing import BatchArrays, Pricer
 from dcp.planner.sample import Sample
 from dcp.planner.status import CUT_SHORT, NOT_RUN
 
+ALIGN_SHARE = 0.5
+"""Under ZeRO-3 the warm start's best plans get their slots lined up before the program, in at
+most this share of the time left; the program's, after it, in what remains."""
 EXACT_MAX_SAMPLES = 6
 """Batches up to this many samples (on up to `EXACT_MAX_GPUS`) get the exact program."""
 EXACT_MAX_GPUS = 8
@@ -98,10 +102,12 @@ def solve_ilp_against(batch: Sequence[Sample], cm: CostModel, options: IlpOption
     if search.incumbent.best is None:
         raise InfeasibleError(f"ilp: no plan found with at most {options.max_microbatches} micro-batches per group")
     warm_source = search.incumbent.source
+    search.align_slots(ALIGN_SHARE)
     if len(batch) <= EXACT_MAX_SAMPLES and cm.cluster.num_gpus <= EXACT_MAX_GPUS:
         search.exact_program()
     else:
         search.aggregated_program()
+    search.align_slots()
     if search.failed is not None:
         msg = f"ilp: {options.solver} failed ({search.failed}); returning the warm start ({warm_source})"
         if warn:

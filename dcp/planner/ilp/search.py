@@ -101,6 +101,19 @@ class Search:
                    self.table, self.proven, self.notes)
         self.budget.record("warm start", t0)
 
+    def align_slots(self, share: float | None = None) -> None:
+        """ZeRO-3: the best candidates' slots lined up (`Incumbent.align_slots`), until `share`
+        of the time left (default: the search deadline)."""
+        if self.cm.training.zero_stage < 3 or self.cm.cluster.num_gpus == 1:
+            return
+        t0 = time.perf_counter()
+        at = self.budget.until(share) if share is not None else self.budget.search_deadline
+        if at - t0 < MIN_SOLVE_S:
+            self.budget.skip("slot alignment")
+        else:
+            self.incumbent.align_slots(self.budget.deadline_for("slot alignment", at))
+        self.budget.record("slots", t0)
+
     # -- the exact program (tiny batches) ------------------------------------------------------
     def exact_program(self) -> None:
         """Tiny batches: the exact program, proven optimal within the time limit."""
