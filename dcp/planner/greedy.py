@@ -20,10 +20,16 @@ Parallel"; NUS-HPC-AI-Lab/VideoSys), with the cost model standing in for its pro
    each group's two shortest micro-batches while that runs shorter (`_fewer_slots`): a profile
    measured on the cluster would see those gathers, which the cost model's micro-batch time
    leaves to the schedule.
+   Then the groups' micro-batches are re-cut so that every group's j-th one runs about as
+   long as the others' (`slots.align`), when that estimates a faster step: a slot lasts as
+   long as its slowest micro-batch (lognormal, Llama-70B, 2,048 samples on 256 GPUs: 1,116 s
+   over 161 unaligned slots, 697 s lined up, against bucket's 771 s).
 
 pyramid=True (DCP-intra) checkpoints only the layers a micro-batch must; pyramid=False
 (DCP-inter) checkpoints all K layers. Everything is vectorized over samples and micro-batches
-(thousands per batch), so the plan costs milliseconds; it is also the ILP's fallback.
+(thousands per batch), so the plan costs milliseconds (under ZeRO-3, lining the slots up, up to
+about 0.2 s: 0.21 s for 2,048 lognormal samples on 256 GPUs or 32,768 wikipedia ones on 1,024);
+it is also the ILP's fallback.
 """
 
 from __future__ import annotations
