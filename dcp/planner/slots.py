@@ -191,7 +191,8 @@ def slots_estimate(time_s: np.ndarray, link_s: float) -> tuple[float, np.ndarray
 def align(layout: Layout, arrays: BatchArrays, pricer: Pricer, link_s: float, ckpt: int | None = None,
           deadline: float = math.inf, most: int | None = None) -> tuple[Layout, float] | None:
     """`layout` re-cut into slots that line up (module docstring): the best estimate over the
-    counts tried and the estimate; None when none fits (or the deadline, a `time.perf_counter` value, passed before one did).
+    counts tried and the estimate; None when none fits (or the deadline, a `time.perf_counter`
+    value, passed before one did).
     `ckpt`: every micro-batch at that many checkpointed layers (dcp-greedy-inter's K), else the
     fewest that fit; `most`: at most this many micro-batches per group."""
     if not layout:
@@ -218,7 +219,7 @@ def align(layout: Layout, arrays: BatchArrays, pricer: Pricer, link_s: float, ck
         uneven = est > found[1].sum(axis=1).max() * (1 + 1e-9)  # else each slot already ends together
         promising = best is None or est < best[0] * (1 + RESHAPE_WITHIN)
         for _ in range(RESHAPES if uneven and promising else 0):
-            again = groups.deal(slots, np.pad(tau, (0, slots - len(tau))), deadline)
+            again = groups.deal(slots, tau, deadline)
             if again is None:
                 break
             est2, tau = slots_estimate(again[1], link_s)

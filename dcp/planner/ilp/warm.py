@@ -155,31 +155,28 @@ def warm_start(inc: Incumbent, budget: Budget, batch: Sequence[Sample], cm: Cost
     n = cm.cluster.num_gpus
     options = baseline_options(batch, cm, sizes)
 
+    lockstep = cm.training.zero_stage >= FILL_FIRST_STAGE
+
     def fill(until: float) -> None:
-        if time.perf_counter() < until:
-            for layout in fill_layouts(arrays, cm, sizes, pricer, budget.deadline_for("fill", until),
-                                       inc.winning_busy_s):
-                inc.offer_layout(layout, "fill")
-        else:
+        if time.perf_counter() >= until:
             budget.skip("fill")
+            return
+        deadline = budget.deadline_for("fill", until)
+        layouts = (lockstep_layouts(arrays, cm, sizes, pricer, deadline, inc.winning_busy_s) if lockstep
+                   else fill_layouts(arrays, cm, sizes, pricer, deadline, inc.winning_busy_s))
+        for layout in layouts:
+            inc.offer_layout(layout, "fill", aligned=lockstep)
 
     # dcp-greedy always runs first: it is the fallback (tens of milliseconds at tens of thousands
     # of samples), so the plan is never worse than it, whatever the load. Under ZeRO-3
     # (`FILL_FIRST_STAGE`) dcp-greedy-inter too, then the fill, with most of the time: its lined-up
     # slots are the likely winner there, and the plans its step rules out by their slots'
     # collectives alone are not priced on the schedule (`Incumbent`). Then the heuristic.
-    lockstep = cm.training.zero_stage >= FILL_FIRST_STAGE
     head = 2 if lockstep else 1  # the baselines run before the heuristic
     for opts in options[:head]:  # under ZeRO-3 dcp-greedy lines its slots up itself
         _offer(opts, inc, notes, batch, cm, sizes, arrays, pricer, aligned=lockstep)
     if lockstep:
-        until = budget.started + FILL_SHARE * max(budget.deadline - budget.started, 0.0)
-        if time.perf_counter() < until:
-            for layout in lockstep_layouts(arrays, cm, sizes, pricer, budget.deadline_for("fill", until),
-                                           inc.winning_busy_s):
-                inc.offer_layout(layout, "fill", aligned=True)
-        else:
-            budget.skip("fill")
+        fill(budget.started + FILL_SHARE * max(budget.deadline - budget.started, 0.0))
     first = None
     if time.perf_counter() < budget.search_deadline:
         first = heuristic(table, n, floor_s, targets=HEURISTIC_TARGETS[:1])
