@@ -317,6 +317,34 @@ def test_rebalance_spreads_small_samples_across_classes() -> None:
     assert estimate(improve(groups, table, float("inf"), 300, cm.cluster.num_gpus), table) <= after * (1 + 1e-9)
 
 
+def test_local_search_carves_room_for_a_large_samples_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Wikipedia, 2,048 samples on 1,024 GPUs (seed 1), the configuration program's groups at the
+    bound's level, searched without `pack._grow`: the slowest groups hold a large sample and a
+    companion over a level hundreds of small groups share, and no move, swap or merge helps. With
+    it, the groups grow or send a sample to a group of its own on GPUs freed from the least
+    loaded: the estimate falls by more than 2%, every sample runs once, and the groups fit the
+    cluster."""
+    from dcp.data.batches import make_batches
+    from dcp.planner.ilp import pack
+    from dcp.planner.ilp.pack import estimate, improve
+
+    cm = cost_model(gpus=1024)
+    batch = make_batches("wikipedia", cm, global_batch=2048, steps=1, seed=1)[0]
+    sizes = allowed_sp_sizes(cm)
+    arrays = BatchArrays.of(batch)
+    table = cost_table(arrays, cm, sizes, Pricer(cm, sizes))
+    floor = capacity_bound(batch, cm)
+    res = solve_patterns(table, 1024, 2 * floor, floor, "highs", time.perf_counter() + 10)
+    assert res.groups is not None
+    monkeypatch.setattr(pack, "_grow", lambda *args: None)
+    stuck = improve(res.groups, table, time.perf_counter() + 10, 300, 1024)
+    monkeypatch.undo()
+    out = improve(stuck, table, time.perf_counter() + 10, 300, 1024)
+    assert estimate(out, table) < estimate(stuck, table) * 0.98
+    assert sorted(i for _, ids in out for i in ids) == list(range(len(batch)))
+    assert sum(table.sizes[j] for j, _ in out) <= 1024
+
+
 def test_local_search_merges_two_groups_when_no_move_helps() -> None:
     """Two SP-4 groups, each of one long sample that alone runs longer than the other's: no
     move or swap of samples shortens the slowest (each holds one sample), so `improve` merges

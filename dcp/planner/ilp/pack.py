@@ -113,7 +113,9 @@ def improve(groups: Groups, table: CostTable, deadline: float | Deadline, max_it
     that raises the slowest group: one move at a time off the slowest group cannot lower a
     level that hundreds of groups share (wikipedia, 2,048 samples on 1,024 GPUs: 141 groups
     within 1% of it). When no move or swap helps, the slowest group and the least-loaded one
-    of its size become one group of twice the size if that is faster (`_merge`).
+    of its size become one group of twice the size if that is faster (`_merge`), else the
+    slowest group doubles, or sends one of its samples to a group of its own, on GPUs freed from
+    the least-loaded groups, whose samples are spread over the rest (`_grow`).
     Deterministic (ties go to the lowest index) unless `deadline` stops it, which it then
     records."""
     if num_gpus is not None:
@@ -187,7 +189,9 @@ def _search(groups: Groups, table: CostTable, deadline: Deadline, max_iter: int)
         if best is None:
             merged = _merge(st, c, loads)
             if merged is None:
-                return _groups_of(st.where, st.gj), max_iter - it
+                merged = _grow(st, c, loads, deadline)
+            if merged is None:
+                return _groups_of(st.where, st.gj), 0 if deadline.passed() else max_iter - it
             st = _Loads(merged, table)
             continue
         s, h, u = best
@@ -293,6 +297,99 @@ def _merge(st: _Loads, c: int, loads: np.ndarray) -> Groups | None:
         return None
     groups = _groups_of(st.where, st.gj)
     return [g for q, g in enumerate(groups) if q not in (c, h)] + [(j2, ids.tolist())]
+
+
+def _grow(st: _Loads, c: int, loads: np.ndarray, deadline: Deadline) -> Groups | None:
+    """The slowest group c at twice its size, or one of its samples alone in a new group, on GPUs
+    freed from the least-loaded groups, whose samples go, longest first, each to the group whose
+    estimate it raises least: what no move, swap or merge can do when c holds a large sample and
+    every group that could take c's others is about as full (wikipedia, 2,048 samples on 1,024
+    GPUs: an SP-64 group of 49,457 and 29,854 tokens at 0.326 s, over 236 SP-1 groups at
+    0.302-0.303 s). The first that leaves every group faster than c was, else None (also once
+    `deadline` has passed)."""
+    table, j = st.t, int(st.gj[c])
+    p = table.sizes[j]
+    mine = st.held(c)
+    tries: list[tuple[int, int]] = []  # (size index of the new group, the sample it takes; -1: all of c)
+    if 2 * p in table.sizes and np.all(table.ckpt[mine, table.sizes.index(2 * p)] >= 0):
+        tries.append((table.sizes.index(2 * p), -1))
+    if len(mine) > 1:
+        for s in mine[np.argsort(-st.marg[mine, j], kind="stable")][:_EJECT_TOP].tolist():
+            fast = np.flatnonzero(table.solo[s] < loads[c] * (1 - _TOL))
+            if len(fast):
+                tries.append((int(fast[np.argmin(np.asarray(table.sizes)[fast])]), s))
+    for j2, s in tries:
+        if deadline.passed():
+            return None
+        found = _carved(st, c, loads, j2, s, deadline)
+        if found is not None:
+            return found
+    return None
+
+
+_EJECT_TOP = 4
+"""`_grow` tries the slowest group's samples of the largest marginal time, at most this many."""
+
+
+def _carved(st: _Loads, c: int, loads: np.ndarray, j2: int, s: int, deadline: Deadline) -> Groups | None:
+    """`_grow`'s one try: group c (s = -1) or its sample s alone in a new group at size index j2.
+    Each freed sample goes to the least-loaded group of the size where its estimate is least (a
+    heap per size without rings, as `rebalance`: hundreds of them at 8 samples a GPU); None past
+    `deadline`."""
+    table = st.t
+    sizes = np.asarray(table.sizes)[st.gj]
+    need = table.sizes[j2] - (sizes[c] if s < 0 else 0)
+    freed: list[int] = []
+    for g in np.argsort(loads, kind="stable").tolist():
+        if need and g != c and sizes[g] <= need:
+            freed.append(g)
+            need -= int(sizes[g])
+    if need:
+        return None
+    # Hopeless when the freed samples' least GPU-seconds exceed what the others have below c.
+    orphans = np.concatenate([st.held(g) for g in freed] + [np.zeros(0, np.int64)])
+    others = np.ones(len(loads), dtype=bool)
+    others[[c, *freed]] = False
+    room = float(sizes[others] @ np.maximum(loads[c] - loads[others], 0.0)) + table.sizes[j2] * loads[c]
+    least = float((st.marg[orphans] * np.asarray(table.sizes)[None, :]).min(axis=1, initial=np.inf).sum())
+    if least >= room:
+        return None
+    groups = _groups_of(st.where, st.gj)
+    mine = st.held(c)
+    if s < 0:
+        kept, added = [g for q, g in enumerate(groups) if q != c and q not in freed], [(j2, mine.tolist())]
+    else:
+        kept = [g if q != c else (g[0], [i for i in g[1] if i != s]) for q, g in enumerate(groups) if q not in freed]
+        added = [(j2, [s])]
+    ns = _Loads(kept + added, table)
+    now = ns.loads()
+    heaps: dict[int, list[tuple[float, int]]] = {}
+    for g, j in enumerate(ns.gj.tolist()):
+        if not table._ring_sizes[j]:  # as `rebalance`: a ring's estimate is not additive (and slow)
+            heaps.setdefault(j, []).append((float(now[g]), g))
+    for h in heaps.values():
+        heapq.heapify(h)
+    if not heaps and len(orphans):
+        return None
+    cols = np.array(sorted(heaps), dtype=np.int64)
+    for k, o in enumerate(orphans[np.lexsort((orphans, -table.solo[orphans].min(axis=1)))].tolist()):
+        if k % 64 == 63 and deadline.passed():
+            return None
+        tops = np.array([heaps[j][0][1] for j in cols.tolist()], dtype=np.int64)
+        new = ns.est(ns.base[tops] + ns.marg[o, cols], ns.tok[tops] + ns.short_tok[o, cols],
+                     ns.pairs[tops] + ns.short_pairs[o, cols], cols)
+        q = int(np.argmin(new))
+        if not np.isfinite(new[q]):
+            return None
+        h, j = int(tops[q]), int(cols[q])
+        ns.base[h] += ns.marg[o, j]
+        ns.tok[h] += ns.short_tok[o, j]
+        ns.pairs[h] += ns.short_pairs[o, j]
+        ns.where[o] = h
+        heapq.heapreplace(heaps[j], (float(new[q]), h))
+    if ns.loads().max() >= loads[c] * (1 - _TOL):
+        return None
+    return _groups_of(ns.where, ns.gj)
 
 
 def with_free_groups(groups: Groups, table: CostTable, num_gpus: int) -> Groups:
