@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from dcp.planner import IlpOptions, InfeasibleError, lower_bound, solve
 from dcp.planner import ilp as ilp_module
-from dcp.planner.bounds import capacity_bound
+from dcp.planner.bounds import capacity_bound, capacity_busy
 from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.ilp import search as search_module
 from dcp.planner.ilp import solve_ilp
@@ -333,7 +333,7 @@ def test_local_search_carves_room_for_a_large_samples_group(monkeypatch: pytest.
     sizes = allowed_sp_sizes(cm)
     arrays = BatchArrays.of(batch)
     table = cost_table(arrays, cm, sizes, Pricer(cm, sizes))
-    floor = capacity_bound(batch, cm)
+    floor = capacity_busy(batch, cm)  # the busy-time floor the search runs on
     res = solve_patterns(table, 1024, 2 * floor, floor, "highs", time.perf_counter() + 10)
     assert res.groups is not None
     monkeypatch.setattr(pack, "_grow", lambda *args: None)

@@ -45,6 +45,8 @@ _MULTIFIT_ITEMS = 8
 """MULTIFIT spreads a class of at most this many samples per group (and `_MULTIFIT_MAX` in all:
 each bisection step is a pass per sample); LPT (vectorized) beyond."""
 _MULTIFIT_MAX = 600
+_EJECT_TOP = 4
+"""`_grow` tries the slowest group's samples of the largest marginal time, at most this many."""
 
 
 class _Loads:
@@ -327,21 +329,20 @@ def _grow(st: _Loads, c: int, loads: np.ndarray, deadline: Deadline) -> Groups |
     return None
 
 
-_EJECT_TOP = 4
-"""`_grow` tries the slowest group's samples of the largest marginal time, at most this many."""
-
-
 def _carved(st: _Loads, c: int, loads: np.ndarray, j2: int, s: int, deadline: Deadline) -> Groups | None:
     """`_grow`'s one try: group c (s = -1) or its sample s alone in a new group at size index j2.
     Each freed sample goes to the least-loaded group of the size where its estimate is least (a
     heap per size without rings, as `rebalance`: hundreds of them at 8 samples a GPU); None past
     `deadline`."""
     table = st.t
-    sizes = np.asarray(table.sizes)[st.gj]
+    size_of = np.asarray(table.sizes)
+    sizes = size_of[st.gj]
     need = table.sizes[j2] - (sizes[c] if s < 0 else 0)
     freed: list[int] = []
     for g in np.argsort(loads, kind="stable").tolist():
-        if need and g != c and sizes[g] <= need:
+        if not need:
+            break
+        if g != c and sizes[g] <= need:
             freed.append(g)
             need -= int(sizes[g])
     if need:
@@ -351,7 +352,7 @@ def _carved(st: _Loads, c: int, loads: np.ndarray, j2: int, s: int, deadline: De
     others = np.ones(len(loads), dtype=bool)
     others[[c, *freed]] = False
     room = float(sizes[others] @ np.maximum(loads[c] - loads[others], 0.0)) + table.sizes[j2] * loads[c]
-    least = float((st.marg[orphans] * np.asarray(table.sizes)[None, :]).min(axis=1, initial=np.inf).sum())
+    least = float((st.marg[orphans] * size_of[None, :]).min(axis=1, initial=np.inf).sum())
     if least >= room:
         return None
     groups = _groups_of(st.where, st.gj)
