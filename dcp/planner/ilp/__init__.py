@@ -11,8 +11,8 @@ and solver call is bounded by it; only the final assembly is kept back as a smal
    that a lower bound on its own step time does not rule out, few large micro-batches where
    fixed costs are heavy (`fill`; under ZeRO-3 first, its slots lined up, `slots`), improved by
    local search (`pack`), then (below ZeRO-3, batches of many shapes) best fit by SP size with
-   the larger groups' room filled (`bestfit`); every candidate is priced exactly (`incumbent`), so the plan is never
-   worse than any of them; under ZeRO-3 the best candidates' slots are lined up after it and
+   the larger groups' room filled (`bestfit`); every candidate is priced exactly (`incumbent`),
+   so the plan is never worse than any of them; under ZeRO-3 the best candidates' slots are lined up after it and
    after the program (`Incumbent.align_slots`);
 3. the program: for tiny batches the exact program over every group, micro-batch and checkpoint
    level (`exact`), proven optimal; otherwise the aggregated program (`model`, with the cuts

@@ -49,6 +49,17 @@ _EJECT_TOP = 4
 """`_grow` tries the slowest group's samples of the largest marginal time, at most this many."""
 
 
+def group_estimate(table: CostTable, base: np.ndarray | float, tok: np.ndarray | float,
+                   pairs: np.ndarray | float, gj: np.ndarray | int) -> np.ndarray:
+    """A group's time estimate from its terms (`CostTable.estimate_terms` summed): base +
+    fixed(p, 0) * ceil(tokens / max_tokens(p, 0)) + the ring transfers the shared micro-batches
+    leave exposed at least (`CostTable.exposure`), elementwise (broadcasting)."""
+    cap = np.maximum(table.cap0[gj], 1)
+    microbatches = np.ceil(tok / cap - 1e-12)
+    out = base + table.fixed0[gj] * microbatches
+    return out + table.exposure(tok, pairs, gj, np.maximum(microbatches, 1)) if table.rings else out
+
+
 class _Loads:
     """Vectorized group-time estimates: per group, the sum of solo/marginal times and the tokens
     of samples that need no checkpointing (they share micro-batches)."""
@@ -77,12 +88,7 @@ class _Loads:
         return self._held[g]
 
     def est(self, base: np.ndarray, tok: np.ndarray, pairs: np.ndarray, gj: np.ndarray | int) -> np.ndarray:
-        """base + fixed(p, 0) * ceil(tokens / max_tokens(p, 0)) + the ring transfers the shared
-        micro-batches leave exposed at least (`CostTable.exposure`), elementwise (broadcasting)."""
-        cap = np.maximum(self.t.cap0[gj], 1)
-        microbatches = np.ceil(tok / cap - 1e-12)
-        out = base + self.t.fixed0[gj] * microbatches
-        return out + self.t.exposure(tok, pairs, gj, np.maximum(microbatches, 1)) if self.t.rings else out
+        return group_estimate(self.t, base, tok, pairs, gj)
 
     def loads(self) -> np.ndarray:
         return self.est(self.base, self.tok, self.pairs, self.gj)
