@@ -65,7 +65,12 @@ against 4.2-5.9%, on 32 GPUs 0.75% against 0.84-1.03%, every other Open-Sora cel
 (`benchmarks/planner.py --workloads opensora`); batches of many shapes never pose it. With a
 plan out of time rounded as well (`columns.column_plan`), that cell: 3.35-3.49% in two runs."""
 COLUMN_LEVELS = (1.015, 1.03, 1.06)
-"""Levels its plan is sought at, as multiples of the bound it proved (the first that gives one)."""
+"""Levels its plan is sought at, as multiples of the bound it proved (the first that gives one)..."""
+COLUMN_SPLITS = 3
+"""...then levels halfway between the highest without a plan and the lowest with one, at most
+this many while the time lasts..."""
+COLUMN_SPLIT_RTOL = 2e-3
+"""...down to this relative width."""
 
 
 class Search:
@@ -207,6 +212,7 @@ class Search:
             # The levels from the bound, or, when the deadline left the bisection short, from
             # just below the lowest level found feasible (below it the plan rarely fits).
             base = max(self.proven, feasible / COLUMN_LEVELS[0])
+            lo, hi = base, None  # the highest level without a plan, the lowest with one
             for level in COLUMN_LEVELS:
                 theta = base * level
                 if theta >= self.incumbent.busy_s or self.gap() <= self.options.mip_rel_gap:
@@ -214,7 +220,21 @@ class Search:
                 groups = column_plan(self.table, shapes, n, theta, deadline, start)
                 if groups is not None:
                     self.search([(self.improve(groups), "column program")])
+                    hi = theta
                     break
+                lo = theta
+            # Between them, bisection while the time lasts: the levels are coarse steps.
+            for _ in range(COLUMN_SPLITS):
+                if hi is None or hi - lo <= COLUMN_SPLIT_RTOL * hi or self.gap() <= self.options.mip_rel_gap \
+                        or deadline.left() < MIN_SOLVE_S:
+                    break
+                theta = (lo + hi) / 2
+                groups = column_plan(self.table, shapes, n, theta, deadline, start)
+                if groups is None:
+                    lo = theta
+                    continue
+                self.search([(self.improve(groups), "column program")])
+                hi = theta
         except Exception as e:  # the solver must never take the planner down
             self.notes.append(f"column program failed ({type(e).__name__}: {e})")
 
