@@ -46,7 +46,7 @@ def test_rounded_fractional_optimum_places_every_sample_within_the_gpus(video, m
     short, found, _ = columns.column_bound(table, shapes, n, lower, upper, Deadline(math.inf), steps=1)
     assert found == pytest.approx((lower + upper) / 2) and short == lower  # one step: feasible halfway
     theta = 1.03 * bound
-    monkeypatch.setattr(columns, "_integer", lambda *a, **k: None)
+    monkeypatch.setattr(columns, "integer_copies", lambda *a, **k: None)
     groups = columns.column_plan(table, shapes, n, theta, Deadline(math.inf), start)
     assert groups is not None
     assert sorted(i for _, ids in groups for i in ids) == list(range(len(batch)))
@@ -72,7 +72,7 @@ def test_rounding_places_the_largest_unplaced_videos_on_the_free_gpus(monkeypatc
     lower = capacity_busy(batch, cm, sizes)
     bound, _, start = columns.column_bound(table, shapes, 256, lower, 3 * lower, Deadline(math.inf), steps=14)
     theta = 1.015 * bound
-    monkeypatch.setattr(columns, "_integer", lambda *a, **k: None)
+    monkeypatch.setattr(columns, "integer_copies", lambda *a, **k: None)
     groups = columns.column_plan(table, shapes, 256, theta, Deadline(math.inf), start)
     assert groups is not None
     assert sorted(i for _, ids in groups for i in ids) == list(range(len(batch)))

@@ -30,6 +30,7 @@ recorded there.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,7 +75,7 @@ def shapes_of(table: CostTable) -> Shapes | None:
     return Shapes([order[cuts[t]:cuts[t + 1]] for t in range(len(first))], first, counts)
 
 
-class _Master:
+class Master:
     """The linear program over the columns found so far (HiGHS, columns added in place)."""
 
     def __init__(self, counts: np.ndarray, sizes: list[int]) -> None:
@@ -130,17 +131,24 @@ def _price(y: np.ndarray, weight: np.ndarray, room: float, counts: np.ndarray, o
            round_up: bool) -> tuple[float, np.ndarray]:
     """Bounded knapsack: the shape counts a (a[t] <= counts[t], only where `ok`) maximizing
     sum a y with sum a weight <= room, weights in steps of room / UNITS (rounded down, or up)."""
-    a = np.zeros(len(counts), dtype=np.int64)
+    values, taken = knapsack(y, weight, room, counts, ok, round_up)
+    return float(values[UNITS]), taken(UNITS)
+
+
+def knapsack(y: np.ndarray, weight: np.ndarray, room: float, counts: np.ndarray, ok: np.ndarray,
+             round_up: bool, units: int = UNITS) -> tuple[np.ndarray, Callable[[int], np.ndarray]]:
+    """`_price` at every room c = 0..`units` steps of room / `units` at once: the most value
+    within each (an array), and a function giving the shape counts that reach it at c."""
     if room <= 0:
-        return 0.0, a
-    scaled = weight / room * UNITS
-    units = np.ceil(scaled - 1e-9) if round_up else np.floor(scaled + 1e-9)
+        return np.zeros(units + 1), lambda c: np.zeros(len(counts), dtype=np.int64)
+    scaled = weight / room * units
+    steps_of = np.ceil(scaled - 1e-9) if round_up else np.floor(scaled + 1e-9)
     steps: list[tuple[int, int, int]] = []  # (shape, pieces of it, their weight)
     for t in np.flatnonzero(ok & (y > 1e-12)):
-        w = int(units[t])
-        if w > UNITS:
+        w = int(steps_of[t])
+        if w > units:
             continue
-        left = int(counts[t]) if w == 0 else min(int(counts[t]), UNITS // w)
+        left = int(counts[t]) if w == 0 else min(int(counts[t]), units // w)
         piece = 1
         while left > 0:  # binary splitting: pieces 1, 2, 4, ... make every count up to `left`
             m = min(piece, left)
@@ -148,7 +156,7 @@ def _price(y: np.ndarray, weight: np.ndarray, room: float, counts: np.ndarray, o
             steps.append((int(t), m, w * m))
             piece *= 2
     # values[k][c]: the most value of the first k pieces within c units, one row a piece, in place.
-    values = np.empty((len(steps) + 1, UNITS + 1))
+    values = np.empty((len(steps) + 1, units + 1))
     values[0] = 0.0
     for k, (t, m, ww) in enumerate(steps):
         value, out, vv = values[k], values[k + 1], float(y[t]) * m
@@ -158,16 +166,20 @@ def _price(y: np.ndarray, weight: np.ndarray, room: float, counts: np.ndarray, o
         out[:ww] = value[:ww]
         np.add(value[:-ww], vv, out=out[ww:])
         np.maximum(value[ww:], out[ww:], out=out[ww:])
-    c = UNITS
-    for k in range(len(steps) - 1, -1, -1):
-        if values[k + 1][c] > values[k][c]:
-            t, m, ww = steps[k]
-            a[t] += m
-            c -= ww
-    return float(values[-1][UNITS]), a
+
+    def taken(c: int) -> np.ndarray:
+        a = np.zeros(len(counts), dtype=np.int64)
+        for k in range(len(steps) - 1, -1, -1):
+            if values[k + 1][c] > values[k][c]:
+                t, m, ww = steps[k]
+                a[t] += m
+                c -= ww
+        return a
+
+    return values[-1], taken
 
 
-def _generate(master: _Master, table: CostTable, shapes: Shapes, theta: float, num_gpus: int, plan: bool,
+def _generate(master: Master, table: CostTable, shapes: Shapes, theta: float, num_gpus: int, plan: bool,
               deadline: Deadline) -> bool | None:
     """Column generation at level theta: True when the fractional program fits N GPUs, False when
     it provably needs more (Farley's bound), None when the time or the rounds ran out first. For a
@@ -200,10 +212,10 @@ def _generate(master: _Master, table: CostTable, shapes: Shapes, theta: float, n
     return None
 
 
-def _master(table: CostTable, shapes: Shapes, theta: float, columns: list[tuple[int, np.ndarray]] = ()) -> _Master:
+def _master(table: CostTable, shapes: Shapes, theta: float, columns: list[tuple[int, np.ndarray]] = ()) -> Master:
     """A program with `columns` (valid at theta) and one single-sample column per shape and size
     where it runs within theta."""
-    master = _Master(shapes.counts, table.sizes)
+    master = Master(shapes.counts, table.sizes)
     for j in range(len(table.sizes)):
         for t, i in enumerate(shapes.first):
             if table.ckpt[i, j] >= 0 and table.solo[i, j] <= theta:
@@ -267,7 +279,7 @@ def column_plan(table: CostTable, shapes: Shapes, num_gpus: int, theta: float, d
     # when that finds nothing. Any solution within N GPUs will do: every column fits theta.
     used = values > 1e-9
     for cols in ([c for c, on in zip(master.cols, used, strict=True) if on or c[1].sum() == 1], master.cols):
-        z = _integer(cols, shapes, table.sizes, num_gpus, deadline)
+        z = integer_copies(cols, shapes, table.sizes, num_gpus, deadline)
         if z is not None:
             break
     else:
@@ -331,11 +343,11 @@ def _rounded(cols: Columns, values: np.ndarray, shapes: Shapes, table: CostTable
     return groups
 
 
-def _integer(cols: Columns, shapes: Shapes, sizes: list[int], num_gpus: int, deadline: Deadline) -> np.ndarray | None:
+def integer_copies(cols: Columns, shapes: Shapes, sizes: list[int], num_gpus: int, deadline: Deadline) -> np.ndarray | None:
     """Copies of each column covering every sample within N GPUs (HiGHS, first solution found)."""
     import highspy
 
-    ip = _Master(shapes.counts, sizes)
+    ip = Master(shapes.counts, sizes)
     for j, a in cols:
         ip.add(j, a)
     h, n = ip.h, len(ip.cols)

@@ -50,12 +50,14 @@ _EJECT_TOP = 4
 
 
 def group_estimate(table: CostTable, base: np.ndarray | float, tok: np.ndarray | float,
-                   pairs: np.ndarray | float, gj: np.ndarray | int) -> np.ndarray:
+                   pairs: np.ndarray | float, gj: np.ndarray | int,
+                   microbatches: np.ndarray | int | None = None) -> np.ndarray:
     """A group's time estimate from its terms (`CostTable.estimate_terms` summed): base +
-    fixed(p, 0) * ceil(tokens / max_tokens(p, 0)) + the ring transfers the shared micro-batches
-    leave exposed at least (`CostTable.exposure`), elementwise (broadcasting)."""
-    cap = np.maximum(table.cap0[gj], 1)
-    microbatches = np.ceil(tok / cap - 1e-12)
+    fixed(p, 0) * ceil(tokens / max_tokens(p, 0)) (or times `microbatches`, the shared
+    micro-batches' count where it is known) + the ring transfers the shared micro-batches leave
+    exposed at least (`CostTable.exposure`), elementwise (broadcasting)."""
+    if microbatches is None:
+        microbatches = np.ceil(tok / np.maximum(table.cap0[gj], 1) - 1e-12)
     out = base + table.fixed0[gj] * microbatches
     return out + table.exposure(tok, pairs, gj, np.maximum(microbatches, 1)) if table.rings else out
 
