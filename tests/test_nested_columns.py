@@ -45,13 +45,13 @@ def test_groups_at_a_level_place_every_video_once_and_fit_it(videos) -> None:  #
     theta = 1.05 * busy
     groups = plan_at(table, shapes, cm.cluster.num_gpus, theta, Deadline(math.inf))
     assert groups is not None
-    held = sorted(i for g in groups for i in g.first + [i for part in g.parts for i in part])
+    held = sorted(i for g in groups for i in g.own + [i for part in g.parts for i in part])
     assert held == list(range(len(batch)))
     assert sum(sizes[g.j] for g in groups) <= cm.cluster.num_gpus
     split = [g for g in groups if any(g.parts)]
     assert split and all(sizes[g.jq] < sizes[g.j] and len(g.parts) == sizes[g.j] // sizes[g.jq] for g in split)
     for g in groups:
-        own = _estimate_of(g.first, g.j, table, shapes)
+        own = _estimate_of(g.own, g.j, table, shapes)
         parts = max((_estimate_of(ids, g.jq, table, shapes) for ids in g.parts), default=0.0)
         assert own + parts <= theta * (1 + 1e-9)
 

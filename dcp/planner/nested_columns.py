@@ -69,11 +69,12 @@ UNITS = 500
 
 @dataclass(frozen=True)
 class Nested:
-    """One group of a nested plan (table indices): size index j and its first part's samples,
-    and where it splits, size index jq and each subgroup's samples (empty: it does not)."""
+    """One group of a nested plan (table indices): its size index j and the samples it runs
+    whole, and where it splits first, the subgroups' size index jq and each one's samples
+    (empty: it does not split)."""
 
     j: int
-    first: list[int]
+    own: list[int]
     jq: int
     parts: list[list[int]]
 
@@ -201,7 +202,7 @@ class _Program:
                     # token shares (it runs at least one micro-batch), and the token shares alone,
                     # the column then cut until its parts' estimates fit (`_cut`). Per size, the
                     # best column that does not split and the best that splits into each smaller
-                    # size (its first part within c units, each subgroup within the rest).
+                    # size (its own part within c units, each subgroup within the rest).
                     room = UNITS - self.fixed[j] if whole else UNITS
                     found = [(float(values[room]), j, room, None, 0)]
                     for jq, q in enumerate(sizes):
@@ -281,10 +282,10 @@ def _fill(cols: list[tuple[int, np.ndarray]], kinds: list[tuple[int, np.ndarray,
     out: list[Nested] = []
     for (j, _), (jq, a1, a2), n in zip(cols, kinds, copies, strict=True):
         for _ in range(n):
-            first = draw(a1)
+            own = draw(a1)
             parts = [draw(a2) for _ in range(sizes[j] // sizes[jq])] if jq != j and a2.any() else []
-            if first or any(parts):
-                out.append(Nested(j, first, jq, parts))
+            if own or any(parts):
+                out.append(Nested(j, own, jq, parts))
     return out
 
 
@@ -296,8 +297,8 @@ def _candidate(groups: list[Nested], table: CostTable, cm: CostModel) -> Candida
     sizes = table.sizes
     whole, split = [], []
     for start, p, g in place([(sizes[g.j], g) for g in groups], cm.cluster):
-        if g.first:
-            whole.append((start, p, form_microbatches(g.first, g.j, table, cm)))
+        if g.own:
+            whole.append((start, p, form_microbatches(g.own, g.j, table, cm)))
         q = sizes[g.jq]
         for k, ids in enumerate(g.parts):
             if ids:
