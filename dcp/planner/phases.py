@@ -14,17 +14,18 @@ The search (`solve_phased`), within the ILP's one deadline `time_limit_s`:
 0. with 2+ samples per GPU, the backfill plan (`dcp.planner.backfill`: the samples that need SP > 1
    first, the rest after them at SP 1 on every rank as it frees up), with fewer the nested plan
    (`dcp.planner.nested`: the samples at the largest size first, the rest after them on groups
-   of their own sizes as ranks free), and for batches of few shapes (videos) and fewer than
-   `NESTED_COLUMNS_PER_GPU` samples per GPU (but those the ILP's exact program plans), when
-   `NESTED_COLUMNS_SHARE` of the limit is at least `NESTED_COLUMNS_MIN_S`, nested plans by column generation in that share
-   (`dcp.planner.nested_columns`: groups that split into smaller ones for part of the step), the
-   fastest kept, before the ILP, which then skips assembling its own plan
+   of their own sizes as ranks free), before the ILP, which then skips assembling its own plan
    when that cannot run faster (`solve_ilp_against`); a nested plan so kept still faces step 2's
    splits (with one sample needing most of the cluster, a split planned part by part by the ILP
    can run faster);
 1. the single-layout ILP (`dcp.planner.ilp.solve_ilp`), with the limit less what is kept back
    for step 2 (`PHASE_SHARE` or `REACHING_SHARE` of it, none below `MIN_SEARCH_S`), whatever it
-   leaves unused going to step 2 too;
+   leaves unused going to step 2 too; for batches of few shapes (videos) and fewer than
+   `NESTED_COLUMNS_PER_GPU` samples per GPU (but those the ILP's exact program plans), when
+   `NESTED_COLUMNS_SHARE` of the limit is at least `NESTED_COLUMNS_MIN_S`, at most the rest of
+   the limit, and then, unless the plan in hand is within the solver's gap of the bound, nested
+   plans by column generation in the time left (`dcp.planner.nested_columns`: groups that split
+   into smaller ones for part of the step), the faster kept;
 2. unless that plan is within the solver's gap of `bounds.multi_phase_bound`, or no split can
    beat it: splits "the k longest samples, then the rest" priced by bounds for every k at once
    (`split_estimates`, a sum and a max over the samples of each side), then the most promising
@@ -115,12 +116,15 @@ NESTED_COLUMNS_PER_GPU = 4
 """Nested column plans are sought for batches of fewer samples per GPU than this (Open-Sora's
 cells of 2 per GPU: with more, single layouts already end within 1% of the bound)..."""
 NESTED_COLUMNS_SHARE = 0.5
-"""...in this share of the time limit..."""
+"""...in what the single layout leaves of the time limit, at least this share of it..."""
 NESTED_COLUMNS_MIN_S = 1.5
 """...when it is at least this long. Open-Sora, 512 on 256 GPUs and 2,048 on 1,024, 5 batches
 each, one session: at a 5 s limit 2.48% and 2.12% mean gap against 3.74% and 3.06% without
-them, at 3 s 3.10% and 2.26%; given 0.5 s of a 1 s limit they found a plan on 1 batch of 10 and
-left the single layout too little time (512 on 256: 4.21% against 3.74%)."""
+them, at 3 s 3.10% and 2.26% (asked for before the single layout, in half the limit; after it,
+in what it leaves, 2.44% and 2.12%, 3.08% and 2.31%, and 512 videos on 1,024 GPUs, which the
+single layout plans at the bound, solve in 0.2-0.3 s); given 0.5 s of a 1 s limit they found a
+plan on 1 batch of 10 and left the single layout too little time (512 on 256: 4.21% against
+3.74%)."""
 """How the phase notes name the plan built before the ILP (its source, the first word, names it
 in the first note)."""
 
@@ -203,15 +207,23 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
         if fill is None:  # fewer samples than the backfill needs: the nested plan
             fill, fill_source, fill_how = nested_plan(batch, cm, sizes, busy_s, arrays, options.max_microbatches,
                                                       costs, options.time_limit_s), "nested", NESTED
-        nested_s = NESTED_COLUMNS_SHARE * options.time_limit_s
-        tiny = len(batch) <= EXACT_MAX_SAMPLES and cm.cluster.num_gpus <= EXACT_MAX_GPUS  # the exact program's
-        if len(batch) < NESTED_COLUMNS_PER_GPU * cm.cluster.num_gpus and nested_s >= NESTED_COLUMNS_MIN_S and not tiny:
-            nested = nested_column_plan(batch, cm, sizes, busy_s, arrays, options.max_microbatches, costs,
-                                        started + nested_s)
-            if nested is not None and (fill is None or nested.step_time_s < fill.step_time_s):
-                fill, fill_source, fill_how = nested, "nested columns", NESTED_COLUMNS
+    # Nested column plans (few shapes, few samples a GPU) get what the single layout leaves of
+    # the limit, at least `NESTED_COLUMNS_SHARE` of it: it runs first, so that where it meets the
+    # bound (a few videos a GPU on a large cluster: 0.2 s) nothing more is spent.
+    tiny = len(batch) <= EXACT_MAX_SAMPLES and cm.cluster.num_gpus <= EXACT_MAX_GPUS  # the exact program's
+    nested_ok = (options.max_phases >= 2 and not tiny and len(batch) < NESTED_COLUMNS_PER_GPU * cm.cluster.num_gpus
+                 and NESTED_COLUMNS_SHARE * options.time_limit_s >= NESTED_COLUMNS_MIN_S)
+    if nested_ok:
+        single_s = min(single_s, (1 - NESTED_COLUMNS_SHARE) * options.time_limit_s)
     single = solve_ilp_against(batch, cm, dataclasses.replace(options, time_limit_s=single_s), started, arrays,
                                warn=warn, beat_s=fill.step_time_s if fill is not None else None, costs=costs)
+    if nested_ok:
+        now = fill.step_time_s if isinstance(single, Beaten) else single.step_time_s
+        now = min(now, fill.step_time_s) if fill is not None else now
+        if now > bound_s / (1 - options.mip_rel_gap):
+            nested = nested_column_plan(batch, cm, sizes, busy_s, arrays, options.max_microbatches, costs, deadline)
+            if nested is not None and nested.step_time_s < now:
+                fill, fill_source, fill_how = nested, "nested columns", NESTED_COLUMNS
     if isinstance(single, Beaten):
         assert fill is not None
         why = f"phases: {fill_how}, {fill.step_time_s:.3f} s; the single layout cannot run faster (not assembled)"
