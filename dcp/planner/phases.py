@@ -63,6 +63,7 @@ from dcp.planner.ilp import (
     solve_ilp_against,
 )
 from dcp.planner.ilp.budget import final_pricing_s
+from dcp.planner.ilp.columns import shapes_of
 from dcp.planner.ilp.costs import batch_costs
 from dcp.planner.nested import nested_plan
 from dcp.planner.nested_columns import nested_column_plan
@@ -212,7 +213,8 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
     # bound (a few videos a GPU on a large cluster: 0.2 s) nothing more is spent.
     tiny = len(batch) <= EXACT_MAX_SAMPLES and cm.cluster.num_gpus <= EXACT_MAX_GPUS  # the exact program's
     nested_ok = (options.max_phases >= 2 and not tiny and len(batch) < NESTED_COLUMNS_PER_GPU * cm.cluster.num_gpus
-                 and NESTED_COLUMNS_SHARE * options.time_limit_s >= NESTED_COLUMNS_MIN_S)
+                 and NESTED_COLUMNS_SHARE * options.time_limit_s >= NESTED_COLUMNS_MIN_S
+                 and cm.training.zero_stage != 3 and len(sizes) >= 2 and shapes_of(costs[1]) is not None)
     if nested_ok:
         single_s = min(single_s, (1 - NESTED_COLUMNS_SHARE) * options.time_limit_s)
     single = solve_ilp_against(batch, cm, dataclasses.replace(options, time_limit_s=single_s), started, arrays,
