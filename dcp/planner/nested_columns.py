@@ -226,7 +226,7 @@ class _Program:
                         if value > p * (1 + 1e-7) and (a1.any() or a2.any()):
                             added |= self.add(j, jq, a1, a2)
             if gpus / max(ratio, 1.0) > n * (1 + 1e-9):
-                return False  # Farley: y / ratio is dual feasible for every column priced so
+                return False  # Farley: y / ratio is dual feasible for every column this pricing finds
             if not added:
                 return gpus <= n * (1 + 1e-9)
         return None
