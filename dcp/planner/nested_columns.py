@@ -22,7 +22,7 @@ and the best that splits into each smaller size q (the room split between a1 at 
 copies of a2 at q, each shape's count divided by p / q), priced twice: with one whole fixed cost
 charged to each part (it runs at least one micro-batch; the token shares alone priced a part of
 one short video at a tenth of it), and with the token shares alone, the column then cut until
-its parts fit (`_cut`). The integer program over the columns found (`columns.integer_copies`)
+its parts fit (`_cut`). The integer program over the columns found (`columns.integer_plan`)
 gives the groups, laid out aligned (the largest first): the subgroups as the plan's first
 phase, the groups whole as its second (`backfill.assemble_candidate`, on the executor's
 schedule: a group starts when its subgroups have all ended). Its own part holds its longest
@@ -47,7 +47,7 @@ import numpy as np
 from dcp.costmodel import CostModel
 from dcp.planner.backfill import Candidate, assemble_candidate
 from dcp.planner.ilp.budget import Deadline
-from dcp.planner.ilp.columns import Master, Shapes, integer_copies, knapsack, shapes_of
+from dcp.planner.ilp.columns import Shapes, draw, integer_plan, knapsack, master_at, shapes_of
 from dcp.planner.ilp.costs import CostTable, batch_costs, form_microbatches, pack_tokens
 from dcp.planner.ilp.pack import group_estimate, place
 from dcp.planner.plan import Plan
@@ -65,6 +65,11 @@ MAX_ROUNDS = 40
 UNITS = 500
 """Knapsack weights in steps of theta / UNITS (the single-layout program's `columns.UNITS`:
 1,000; the nested pricing runs three times as many knapsacks)."""
+
+
+NestedColumn = tuple[int, int, np.ndarray, np.ndarray]
+"""A nested configuration: the size index of its group and of its subgroups (the same where it
+does not split), its own part's shape counts and each subgroup's."""
 
 
 @dataclass(frozen=True)
@@ -94,7 +99,7 @@ def nested_column_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[i
         return None
     deadline = Deadline(deadline_s)
     best: Plan | None = None
-    pool: list[tuple[int, int, np.ndarray, np.ndarray]] = []  # every level's columns, for the next
+    pool: list[NestedColumn] = []  # every level's columns, for the next
 
     def tried(theta: float) -> bool:
         nonlocal best
@@ -126,7 +131,7 @@ def nested_column_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[i
 
 
 def plan_at(table: CostTable, shapes: Shapes, num_gpus: int, theta: float, deadline: Deadline,
-            pool: list[tuple[int, int, np.ndarray, np.ndarray]] | None = None) -> list[Nested] | None:
+            pool: list[NestedColumn] | None = None) -> list[Nested] | None:
     """Nested groups within theta by the additive estimates (module docstring), from the integer
     program over the columns generated at theta: those the fractional optimum uses and the
     single-sample ones first, then all of them; None when the fractional program needs more GPUs
@@ -135,36 +140,25 @@ def plan_at(table: CostTable, shapes: Shapes, num_gpus: int, theta: float, deadl
     program = _Program(table, shapes, num_gpus, theta, pool)
     if program.generate(deadline) is not True:
         return None
-    master = program.master
-    values = master.last_values()
-    single = np.array([a.sum() == 1 for _, a in master.cols])
-    for use in (np.flatnonzero((values > 1e-9) | single), np.arange(len(master.cols))):
-        z = integer_copies([master.cols[c] for c in use], shapes, list(table.sizes), num_gpus, deadline)
-        if z is not None:
-            copies = np.zeros(len(master.cols), dtype=np.int64)
-            copies[use] = z
-            return _fill(master.cols, program.kinds, copies.tolist(), shapes, table.sizes)
-    return None
+    copies = integer_plan(program.master, shapes, num_gpus, deadline)
+    return None if copies is None else _fill(program.master.cols, program.kinds, copies.tolist(), shapes, table.sizes)
 
 
 class _Program:
     """The program over nested columns at theta, its columns and how each splits."""
 
     def __init__(self, table: CostTable, shapes: Shapes, num_gpus: int, theta: float,
-                 pool: list[tuple[int, int, np.ndarray, np.ndarray]] | None) -> None:
+                 pool: list[NestedColumn] | None) -> None:
         self.table, self.shapes, self.num_gpus, self.theta, self.pool = table, shapes, num_gpus, theta, pool
         sizes, rows = table.sizes, shapes.first
         self.ok = [(table.ckpt[rows, j] >= 0) & (table.solo[rows, j] <= theta) for j in range(len(sizes))]
-        self.master = Master(shapes.counts, list(sizes))
-        self.kinds: list[tuple[int, np.ndarray, np.ndarray]] = []  # per column: (jq, a1, a2)
+        self.master = master_at(table, shapes, theta)  # the single-sample columns, which do not split
+        self.kinds: list[tuple[int, np.ndarray, np.ndarray]] = [(j, a, np.zeros_like(a)) for j, a in self.master.cols]
+        """Per column: the size index it splits into (its own where it does not), its own part and
+        each subgroup's."""
         # Each part's one whole fixed cost, in knapsack units (the additive weights charge each
         # sample its token share of it: a part of one short video would be priced at a tenth of it).
         self.fixed = [min(int(np.ceil(float(table.fixed0[j]) / theta * UNITS - 1e-9)), UNITS) for j in range(len(sizes))]
-        for j in range(len(sizes)):
-            for t in np.flatnonzero(self.ok[j]):
-                a = np.zeros(len(rows), dtype=np.int64)
-                a[t] = 1
-                self.add(j, j, a, np.zeros_like(a))
         if pool is not None:  # the columns of other levels that fit this one by the estimate
             for j, jq, a1, a2 in list(pool):
                 if (self.ok[j][a1 > 0].all() and self.ok[jq][a2 > 0].all()
@@ -270,20 +264,11 @@ def _fill(cols: list[tuple[int, np.ndarray]], kinds: list[tuple[int, np.ndarray,
     """Each column's copies as groups, drawing the samples of each shape in turn (a column may
     hold more of a shape than are left: the integer program covers at least every sample)."""
     pool = [list(m) for m in shapes.members]
-
-    def draw(a: np.ndarray) -> list[int]:
-        ids: list[int] = []
-        for t in np.flatnonzero(a):
-            take = min(int(a[t]), len(pool[t]))
-            ids += [int(i) for i in pool[t][:take]]
-            pool[t] = pool[t][take:]
-        return ids
-
     out: list[Nested] = []
     for (j, _), (jq, a1, a2), n in zip(cols, kinds, copies, strict=True):
         for _ in range(n):
-            own = draw(a1)
-            parts = [draw(a2) for _ in range(sizes[j] // sizes[jq])] if jq != j and a2.any() else []
+            own = draw(pool, a1)
+            parts = [draw(pool, a2) for _ in range(sizes[j] // sizes[jq])] if jq != j and a2.any() else []
             if own or any(parts):
                 out.append(Nested(j, own, jq, parts))
     return out

@@ -113,6 +113,8 @@ _TOL = 1e-9
 BACKFILL = "backfill (the samples that need SP > 1 first, the rest after them at SP 1)"
 NESTED = "nested (the samples at the largest size first, the rest after them at their own sizes)"
 NESTED_COLUMNS = "nested columns (each group split into smaller ones first, then whole)"
+"""How the phase notes name the plan built before the ILP (its source, the first word, names it
+in the first note)."""
 NESTED_COLUMNS_PER_GPU = 4
 """Nested column plans are sought for batches of fewer samples per GPU than this (Open-Sora's
 cells of 2 per GPU: with more, single layouts already end within 1% of the bound)..."""
@@ -126,8 +128,6 @@ in what it leaves, 2.44% and 2.12%, 3.08% and 2.31%, and 512 videos on 1,024 GPU
 single layout plans at the bound, solve in 0.2-0.3 s); given 0.5 s of a 1 s limit they found a
 plan on 1 batch of 10 and left the single layout too little time (512 on 256: 4.21% against
 3.74%)."""
-"""How the phase notes name the plan built before the ILP (its source, the first word, names it
-in the first note)."""
 
 
 def split_order(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], makespan_s: float,
@@ -220,8 +220,7 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
     single = solve_ilp_against(batch, cm, dataclasses.replace(options, time_limit_s=single_s), started, arrays,
                                warn=warn, beat_s=fill.step_time_s if fill is not None else None, costs=costs)
     if nested_ok:
-        now = fill.step_time_s if isinstance(single, Beaten) else single.step_time_s
-        now = min(now, fill.step_time_s) if fill is not None else now
+        now = min(p.step_time_s for p in (single, fill) if isinstance(p, Plan))  # the fastest in hand
         if now > bound_s / (1 - options.mip_rel_gap):
             nested = nested_column_plan(batch, cm, sizes, busy_s, arrays, options.max_microbatches, costs, deadline)
             if nested is not None and nested.step_time_s < now:

@@ -212,7 +212,7 @@ def _generate(master: Master, table: CostTable, shapes: Shapes, theta: float, nu
     return None
 
 
-def _master(table: CostTable, shapes: Shapes, theta: float, columns: list[tuple[int, np.ndarray]] = ()) -> Master:
+def master_at(table: CostTable, shapes: Shapes, theta: float, columns: list[tuple[int, np.ndarray]] = ()) -> Master:
     """A program with `columns` (valid at theta) and one single-sample column per shape and size
     where it runs within theta."""
     master = Master(shapes.counts, table.sizes)
@@ -244,7 +244,7 @@ def column_bound(table: CostTable, shapes: Shapes, num_gpus: int, lower: float, 
         if hi - lo <= 1e-4 * hi:
             break
         theta = (lo + hi) / 2
-        master = _master(table, shapes, theta, known)
+        master = master_at(table, shapes, theta, known)
         fits = _generate(master, table, shapes, theta, num_gpus, False, deadline)
         if fits is None:
             break
@@ -265,7 +265,7 @@ def column_plan(table: CostTable, shapes: Shapes, num_gpus: int, theta: float, d
     rows = shapes.first
     fit = [(j, a) for j, a in start
            if float(a @ table.add[rows, j]) <= theta and (table.solo[rows[a > 0], j] <= theta).all()]
-    master = _master(table, shapes, theta, fit)
+    master = master_at(table, shapes, theta, fit)
     fits = _generate(master, table, shapes, theta, num_gpus, True, deadline)
     if fits is False or master.last is None or master.last[0] > num_gpus * (1 + 1e-9):
         return None
@@ -274,18 +274,38 @@ def column_plan(table: CostTable, shapes: Shapes, num_gpus: int, theta: float, d
         # Out of time with a fractional program that fits the GPUs: its values rounded (slower
         # machines: the generation there needs 0.1-0.24 s at 2,048 videos on 1,024 GPUs).
         return _rounded(master.cols, values, shapes, table, num_gpus)
-    # The integer program over the columns the fractional optimum uses (and the single-sample
-    # ones): a tenth of the columns, and its root node a tenth of the time; over all of them
-    # when that finds nothing. Any solution within N GPUs will do: every column fits theta.
-    used = values > 1e-9
-    for cols in ([c for c, on in zip(master.cols, used, strict=True) if on or c[1].sum() == 1], master.cols):
-        z = integer_copies(cols, shapes, table.sizes, num_gpus, deadline)
-        if z is not None:
-            break
-    else:
+    copies = integer_plan(master, shapes, num_gpus, deadline)
+    if copies is None:
         return _rounded(master.cols, values, shapes, table, num_gpus)
-    groups, pool = _fill(cols, z.tolist(), shapes)
+    groups, pool = _fill(master.cols, copies.tolist(), shapes)
     return None if any(pool) else groups
+
+
+def integer_plan(master: Master, shapes: Shapes, num_gpus: int, deadline: Deadline) -> np.ndarray | None:
+    """Whole copies of each of the program's columns covering every sample within N GPUs: the
+    integer program (`integer_copies`) over the columns its fractional optimum uses and the
+    single-sample ones (a tenth of the columns, its root node a tenth of the time), then over
+    all of them when that finds nothing. Any solution will do: every column fits the level."""
+    values = master.last_values()
+    single = np.array([a.sum() == 1 for _, a in master.cols])
+    for use in (np.flatnonzero((values > 1e-9) | single), np.arange(len(master.cols))):
+        z = integer_copies([master.cols[c] for c in use], shapes, master.sizes, num_gpus, deadline)
+        if z is not None:
+            copies = np.zeros(len(master.cols), dtype=np.int64)
+            copies[use] = z
+            return copies
+    return None
+
+
+def draw(pool: list[list[int]], a: np.ndarray) -> list[int]:
+    """Samples of each shape t, a[t] of them (or as many as are left), taken from `pool` (the
+    samples of each shape still unplaced, which it updates)."""
+    ids: list[int] = []
+    for t in np.flatnonzero(a):
+        take = min(int(a[t]), len(pool[t]))
+        ids += [int(i) for i in pool[t][:take]]
+        pool[t] = pool[t][take:]
+    return ids
 
 
 def _fill(cols: Columns, copies: list[int], shapes: Shapes) -> tuple[Groups, list[list[int]]]:
@@ -294,11 +314,7 @@ def _fill(cols: Columns, copies: list[int], shapes: Shapes) -> tuple[Groups, lis
     groups: Groups = []
     for (j, a), n in zip(cols, copies, strict=True):
         for _ in range(n):
-            ids: list[int] = []
-            for t in np.flatnonzero(a):
-                take = min(int(a[t]), len(pool[t]))
-                ids += [int(i) for i in pool[t][:take]]
-                pool[t] = pool[t][take:]
+            ids = draw(pool, a)
             if ids:
                 groups.append((j, ids))
     return groups, pool

@@ -15,7 +15,7 @@ import numpy as np
 from dcp.costmodel import CostModel
 from dcp.planner.bounds import capacity_busy, single_layout_bound
 from dcp.planner.ilp.budget import PROBE_FROM, Budget, machine_probe_s
-from dcp.planner.ilp.columns import column_bound, column_plan, shapes_of
+from dcp.planner.ilp.columns import Columns, column_bound, column_plan, shapes_of
 from dcp.planner.ilp.costs import CostTable, batch_costs
 from dcp.planner.ilp.heuristic import class_counts
 from dcp.planner.ilp.incumbent import Incumbent
@@ -206,6 +206,14 @@ class Search:
         now = time.perf_counter()
         bounding = self.budget.deadline_for("the column bound", now + COLUMN_BOUND_SHARE * max(deadline.at - now, 0.0))
         n = self.cm.cluster.num_gpus
+
+        def planned(theta: float, start: Columns) -> bool:
+            """Whether the column program gives a plan at theta (then searched and offered)."""
+            groups = column_plan(self.table, shapes, n, theta, deadline, start)
+            if groups is not None:
+                self.search([(self.improve(groups), "column program")])
+            return groups is not None
+
         try:
             bound, feasible, start = column_bound(self.table, shapes, n, self.proven, self.incumbent.busy_s, bounding)
             self.proven = max(self.proven, bound)
@@ -217,9 +225,7 @@ class Search:
                 theta = base * level
                 if theta >= self.incumbent.busy_s or self.gap() <= self.options.mip_rel_gap:
                     break
-                groups = column_plan(self.table, shapes, n, theta, deadline, start)
-                if groups is not None:
-                    self.search([(self.improve(groups), "column program")])
+                if planned(theta, start):
                     hi = theta
                     break
                 lo = theta
@@ -229,12 +235,7 @@ class Search:
                         or deadline.left() < MIN_SOLVE_S:
                     break
                 theta = (lo + hi) / 2
-                groups = column_plan(self.table, shapes, n, theta, deadline, start)
-                if groups is None:
-                    lo = theta
-                    continue
-                self.search([(self.improve(groups), "column program")])
-                hi = theta
+                lo, hi = (lo, theta) if planned(theta, start) else (theta, hi)
         except Exception as e:  # the solver must never take the planner down
             self.notes.append(f"column program failed ({type(e).__name__}: {e})")
 
