@@ -51,6 +51,7 @@ from dcp.data.workloads import Workload, load_workload  # noqa: E402
 from dcp.planner import Sample, solve  # noqa: E402
 from dcp.planner.ilp.budget import PROBE_S, machine_probe_s  # noqa: E402
 from dcp.planner.options import IlpOptions  # noqa: E402
+from dcp.planner.rank_patterns import rank_pattern_bound  # noqa: E402
 from dcp.planner.run import build_cost_model, default_model, resolve_options  # noqa: E402
 from dcp.planner.status import program_outcome  # noqa: E402
 
@@ -60,6 +61,10 @@ BATCHES = (512, 2048, 8192, 32768)
 BASELINES = ("dcp-greedy", "dcp-greedy-inter", "bucket", "packed")
 LABELS = {"dcp-greedy": "xgreedy", "dcp-greedy-inter": "xinter", "bucket": "xbucket", "packed": "xpacked"}
 """Table headers: the worst ratio of the ILP's step time to the baseline's over a cell's batches."""
+PATTERN_PER_GPU = 2
+"""`--pattern-bound` prices cells of at most this many samples a GPU: with more, the short ones
+fill every rank's time and the rank-pattern bound stays the pooled one (Open-Sora on 256 GPUs,
+batch 0: +0.00% at 4 and at 8 videos a GPU, in 5 s each)."""
 
 
 def _timed_solve(batch: list[Sample], cm, options) -> tuple[object, float, float]:  # noqa: ANN001
@@ -69,9 +74,11 @@ def _timed_solve(batch: list[Sample], cm, options) -> tuple[object, float, float
 
 
 def run_case(workload: str, data: Workload, gpus: int, batch: int, steps: int, ilp: IlpOptions,
-             hardware: str, model: str | None = None, zero_stage: int = 1) -> dict:
+             hardware: str, model: str | None = None, zero_stage: int = 1, pattern_s: float = 0.0) -> dict:
     """Plan `steps` batches of one cell (`data`: the workload `workload` names, loaded) with the
-    ILP and every baseline; per-step rows and a summary. `model` defaults to the workload's."""
+    ILP and every baseline; per-step rows and a summary. `model` defaults to the workload's. With
+    `pattern_s` > 0, on cells of at most `PATTERN_PER_GPU` samples a GPU, each plan's gap is also
+    measured against the rank-pattern bound, given that many seconds (after the timed solves)."""
     model = model or default_model(workload)
     cm = build_cost_model(model, hardware, gpus, zero_stage=zero_stage)
     longest = int(data.tokens.max())  # bucket and packed: one SP size for the dataset's longest sample
@@ -91,6 +98,11 @@ def run_case(workload: str, data: Workload, gpus: int, batch: int, steps: int, i
                "phases": next((n for n in plan.notes if n.startswith("seconds:")), ""),
                "warnings": [str(w.message) for w in caught if "ilp" in str(w.message)]}
         row.update(phase_columns(plan, b, cm, ilp, _timed_solve))
+        if pattern_s > 0 and len(b) <= PATTERN_PER_GPU * gpus:
+            t0 = time.perf_counter()
+            bound = max(plan.lower_bound_s, rank_pattern_bound(b, cm, time_limit_s=pattern_s))
+            row.update(pattern_bound_s=bound, pattern_gap=plan.step_time_s / bound - 1,
+                       pattern_wall_s=time.perf_counter() - t0)
         for name in BASELINES:
             other, other_wall, _ = _timed_solve(b, cm, resolve_options(name, dataset_longest_tokens=longest))
             row[f"{name}_step_s"] = other.step_time_s
@@ -112,6 +124,9 @@ def run_case(workload: str, data: Workload, gpus: int, batch: int, steps: int, i
         "greedy_vs_bucket_mean": statistics.mean(r["bucket_step_s"] / r["dcp-greedy_step_s"] for r in rows),
         "load_avg_1min": [load_before, os.getloadavg()[0]],
     }
+    if all("pattern_gap" in r for r in rows):
+        summary["pattern_gap_mean"] = statistics.mean(r["pattern_gap"] for r in rows)
+        summary["pattern_gap_max"] = max(r["pattern_gap"] for r in rows)
     for name in BASELINES:
         ratios = [r["ilp_step_s"] / r[f"{name}_step_s"] for r in rows]
         summary[f"worst_vs_{name}"] = max(ratios)  # <= 1: the ILP never lost to it
@@ -148,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=None, help="model preset (default: the workload's, llama-7b or STDiT)")
     ap.add_argument("--zero-stage", type=int, default=1, choices=(0, 1, 2, 3))
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/planner[-quick].json)")
+    ap.add_argument("--pattern-bound", type=float, default=0.0, metavar="SECONDS",
+                    help=f"also the gap to the rank-pattern bound, given SECONDS a batch, where a GPU runs at most "
+                         f"{PATTERN_PER_GPU} samples (default 0: not measured)")
     args = ap.parse_args(argv)
     gpus = args.gpus or ([64] if args.quick else list(GPUS))
     sizes = args.batch or ([512] if args.quick else list(BATCHES))
@@ -160,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     probe_ms = 1e3 * min(machine_probe_s() for _ in range(50))
     print(f"machine probe {probe_ms:.3f} ms (the budget's reference machine: {1e3 * PROBE_S:.3f} ms)")
     header = (f"{'workload':<19}{'gpus':>5}{'batch':>6}{'p50 s':>7}{'p95 s':>7}{'cpu95':>7}{'gap%':>6}{'max%':>6}"
-              f"{'1gap%':>6}{'1max%':>6}{'cut':>4}" + "".join(f"{LABELS[n]:>9}" for n in BASELINES) + f"{'grd/bkt':>8}{'load':>6}")
+              f"{'1gap%':>6}{'1max%':>6}{'cut':>4}" + "".join(f"{LABELS[n]:>9}" for n in BASELINES) + f"{'grd/bkt':>8}{'load':>6}"
+              + (f"{'pgap%':>6}{'pmax%':>6}" if args.pattern_bound > 0 else ""))
     print(header)
     cases, started = [], time.perf_counter()
     cells = args.cells or [(w, n, b) for w in args.workloads for n in gpus for b in sizes]
@@ -171,16 +190,20 @@ def main(argv: list[str] | None = None) -> int:
         except WorkloadError as e:
             ap.error(str(e))
     for workload, n, b in cells:
-        case = run_case(workload, loaded[workload], n, b, args.steps, ilp, args.hardware, args.model, args.zero_stage)
+        case = run_case(workload, loaded[workload], n, b, args.steps, ilp, args.hardware, args.model, args.zero_stage,
+                        args.pattern_bound)
         s = case["summary"]
         print(f"{workload:<19}{n:>5}{b:>6}{s['solve_p50_s']:>7.3f}{s['solve_p95_s']:>7.3f}{s['cpu_p95_s']:>7.3f}"
               f"{100 * s['gap_mean']:>6.2f}{100 * s['gap_max']:>6.2f}"
               f"{100 * s['single_gap_mean']:>6.2f}{100 * s['single_gap_max']:>6.2f}{s['cut_short']:>4}"
               + "".join(f"{s[f'worst_vs_{name}']:>9.3f}" for name in BASELINES)
-              + f"{s['greedy_vs_bucket_min']:>8.2f}{max(s['load_avg_1min']):>6.1f}", flush=True)
+              + f"{s['greedy_vs_bucket_min']:>8.2f}{max(s['load_avg_1min']):>6.1f}"
+              + (f"{100 * s['pattern_gap_mean']:>6.2f}{100 * s['pattern_gap_max']:>6.2f}" if "pattern_gap_mean" in s else ""),
+              flush=True)
         cases.append(case)
     meta = {"argv": sys.argv[1:], "time_limit_s": args.time_limit, "solver": args.solver, "steps": args.steps,
             "hardware": args.hardware, "model": args.model, "zero_stage": args.zero_stage,
+            "pattern_bound_s": args.pattern_bound,
             "python": platform.python_version(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
             "duration_s": time.perf_counter() - started, "probe_ms": probe_ms, "probe_ref_ms": 1e3 * PROBE_S}

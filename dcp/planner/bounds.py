@@ -32,8 +32,8 @@ rounded down to geometric length classes (a smaller sample never raises the boun
 _MEMO: weakref.WeakKeyDictionary[CostModel, dict[tuple, _Floors]] = weakref.WeakKeyDictionary()
 """Recent bounds per cost model: every baseline plan of a batch reports the same bound."""
 _MEMO_SIZE = 16
-_LEVELS: weakref.WeakKeyDictionary[CostModel, dict[tuple[int, bool], _Levels]] = weakref.WeakKeyDictionary()
-"""Each cost model's `_Levels` per (SP size, charged below): a pure function of them, which
+_LEVELS: weakref.WeakKeyDictionary[CostModel, dict[tuple[int, bool], SizeLevels]] = weakref.WeakKeyDictionary()
+"""Each cost model's `SizeLevels` per (SP size, charged below): a pure function of them, which
 every batch's bounds read (33 levels x up to 11 sizes: 12 ms a batch)."""
 _COARSE = 2048
 """Classes of samples at most for the bounds that price every sample at many busy times..."""
@@ -102,7 +102,7 @@ def _bounds(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | No
         d_tokens, d_pairs, weight = distinct_samples(tokens, pairs)  # each distinct sample once, weighted
         work = _Work(d_tokens, d_pairs, weight, cm, sizes)
         # The longest sample's group and the spread release on at most _COARSE classes of samples,
-        # each rounded down (`_round_down`: a bound can only fall): they evaluate every sample at
+        # each rounded down (`round_down`: a bound can only fall): they evaluate every sample at
         # many busy times, and 20,000 distinct lengths made them a quarter of a 1 s solve.
         coarse = work if len(work.tokens) <= _COARSE else _Work(*_coarse(work), cm, sizes)
         # The pooled bound with token shares, then, from it up, with each size's fixed costs
@@ -312,7 +312,7 @@ def capacity_busy(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int
     return _bounds(batch, cm, sp_sizes, arrays).capacity
 
 
-class _Levels:
+class SizeLevels:
     """One SP size's coefficients at r = 0..K and the tokens that fit memory (and the profile's
     priceable range) at each, with the validator's tolerance. `fixed`, `per_token` and
     `per_pair` are the micro-batch's time; the `charge_` ones what the work bound charges, the
@@ -362,11 +362,11 @@ class _Levels:
         return out
 
 
-def _levels(cm: CostModel, p: int, below: bool = False) -> _Levels:
-    """`_Levels(cm, p, below)`, built once per cost model."""
+def size_levels(cm: CostModel, p: int, below: bool = False) -> SizeLevels:
+    """`SizeLevels(cm, p, below)`, built once per cost model."""
     cached = _LEVELS.setdefault(cm, {})
     if (p, below) not in cached:
-        cached[p, below] = _Levels(cm, p, below)
+        cached[p, below] = SizeLevels(cm, p, below)
     return cached[p, below]
 
 
@@ -450,7 +450,7 @@ def _exposure_bound(coarse: _Work, cm: CostModel, sizes: Sequence[int], start_s:
     extra = n * (float(chain[-1]) - least)
     ratio = 0.0
     for p in sizes:
-        lv = _levels(cm, p, below=True)
+        lv = size_levels(cm, p, below=True)
         for t, c in ((lv.fixed, lv.charge_fixed), (lv.per_token, lv.charge_per_token),
                      (lv.per_pair, lv.charge_per_pair)):
             ratio = max(ratio, float(np.max(np.divide(c, t, out=np.zeros_like(c), where=t > 0))))
@@ -458,7 +458,7 @@ def _exposure_bound(coarse: _Work, cm: CostModel, sizes: Sequence[int], start_s:
         return start_s
     tokens, pairs, weight = coarse.tokens, coarse.pairs, coarse.weight
     if len(tokens) > _EXPOSURE_CLASSES:
-        tokens, pairs, weight = _round_down(tokens, pairs, weight, _EXPOSURE_CLASSES)
+        tokens, pairs, weight = round_down(tokens, pairs, weight, _EXPOSURE_CLASSES)
     work = _Work(tokens, pairs, weight, cm, sizes, below=True, longest=coarse.longest)
     raised = max(start_s, _makespan_bound(work, n, start_s - least, extra) + least)
     last = float(chain[-1])
@@ -487,15 +487,15 @@ def _front(tokens: np.ndarray, pairs: np.ndarray) -> np.ndarray:
 
 def _coarse(work: _Work) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`work`'s samples in at most `_COARSE` classes: the `_COARSE_EXACT` longest as they are
-    (the group bound charges the longest), the rest rounded down (`_round_down`)."""
+    (the group bound charges the longest), the rest rounded down (`round_down`)."""
     order = np.argsort(work.tokens, kind="stable")
     rest, top = order[:-_COARSE_EXACT], order[-_COARSE_EXACT:]
-    t, a, w = _round_down(work.tokens[rest], work.pairs[rest], work.weight[rest], _COARSE - _COARSE_EXACT)
+    t, a, w = round_down(work.tokens[rest], work.pairs[rest], work.weight[rest], _COARSE - _COARSE_EXACT)
     return (np.concatenate([t, work.tokens[top]]), np.concatenate([a, work.pairs[top]]),
             np.concatenate([w, work.weight[top]]))
 
 
-def _round_down(tokens: np.ndarray, pairs: np.ndarray, weight: np.ndarray,
+def round_down(tokens: np.ndarray, pairs: np.ndarray, weight: np.ndarray,
                 most: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """At most about `most` classes of samples on a geometric grid of token counts, each standing
     for its members with the least tokens and the least pairs among them: every cost in the
@@ -512,7 +512,7 @@ def _round_down(tokens: np.ndarray, pairs: np.ndarray, weight: np.ndarray,
 
 class _Work:
     """work(M): GPU-seconds the batch needs if no group runs longer than M (see `lower_bound`),
-    over every level (p, r) that can be a sample's cheapest (`_Levels.candidates`); inf when some
+    over every level (p, r) that can be a sample's cheapest (`SizeLevels.candidates`); inf when some
     sample fits no micro-batch within M. Also `longest`, the largest over samples of their least
     solo time at a level where they fit.
 
@@ -528,11 +528,11 @@ class _Work:
                  sizes: Sequence[int], below: bool = False, longest: float | None = None,
                  capped: bool = False) -> None:
         k = cm.model.num_layers
-        levels = {p: _levels(cm, p, below) for p in sizes}
+        levels = {p: size_levels(cm, p, below) for p in sizes}
         cands = {p: lv.candidates for p, lv in levels.items()}
         slots = sum(max(len(c) for c in cands[p]) for p in sizes)
         if slots * len(tokens) > _MAX_CELLS:
-            tokens, pairs, weight = _round_down(tokens, pairs, weight, max(1, _MAX_CELLS // slots))
+            tokens, pairs, weight = round_down(tokens, pairs, weight, max(1, _MAX_CELLS // slots))
         self.tokens, self.pairs, self.weight = tokens, pairs, weight
         self.memory_caps = {p: lv.memory_cap for p, lv in levels.items()}
         self.coefs = {p: (lv.fixed, lv.per_token, lv.per_pair) for p, lv in levels.items()}
@@ -707,7 +707,7 @@ def sample_floors(tokens: np.ndarray, pairs: np.ndarray, cm: CostModel,
     k = cm.model.num_layers
     work, solo = np.full(len(tokens), math.inf), np.full(len(tokens), math.inf)
     for p in sizes:
-        levels = _levels(cm, p)
+        levels = size_levels(cm, p)
         r = np.searchsorted(levels.memory_cap, tokens, side="left")
         fits = r <= k
         r = np.minimum(r, k)
