@@ -316,7 +316,9 @@ def rank_pattern_busy(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence
     `bounds.multi_phase_busy`, searched upward from it (every column of a busy time fits every
     larger one): a step of `STEP` above the last proven, which the prices that prove it then
     stretch (`_stretch`); where a busy time is not proven, the steps halve below it, down to
-    `RESOLUTION`, or until `time_limit_s` (any busy time proven stays proven)."""
+    `RESOLUTION`, or until `time_limit_s` (any busy time proven stays proven). Where the first
+    step is not proven the search ends there (lognormal's 512 samples on 256 GPUs: 2.4 s a
+    step, none proven in 10 s)."""
     deadline = time.perf_counter() + time_limit_s
     sizes = allowed_sp_sizes(cm, sp_sizes)
     tokens, pairs = sample_arrays(batch)
@@ -338,7 +340,7 @@ def rank_pattern_busy(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence
         columns = kept + rest
         if proven:
             low = _stretch(levels, counts, gpus, prices, busy, high, deadline)
-        elif proven is None:
+        elif proven is None or low == lower:  # not even the first step: what is left is not worth its time
             break
         else:
             high, step = busy, step / 2
