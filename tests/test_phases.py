@@ -17,6 +17,7 @@ from dcp.planner.common import assemble, chain
 from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.ilp import solve_ilp
 from dcp.planner.phases import split_order
+from dcp.planner.rank_patterns import rank_pattern_bound, rank_pattern_busy
 from dcp.planner.run import groups_label
 from dcp.planner.simulate import simulate
 from tests.brute_helpers import (
@@ -184,10 +185,15 @@ def test_multi_phase_bound_is_valid_on_random_tiny_batches(lengths: list[int], c
     cm, batch = case
     # `brute_force_phases` is the least busy time plus the least sync, below the priced step where
     # the schedule adds more (stage 3's lockstep slots): the busy part against it, the whole
-    # bound against plans priced on the schedule.
-    assert multi_phase_busy(batch, cm) + cm.grad_sync_s() <= brute_force_phases(batch, cm) * (1 + 1e-9)
-    bound = multi_phase_bound(batch, cm)
-    assert all(bound <= plan.step_time_s * (1 + 1e-9) for plan in random_plans(batch, cm, seed=len(lengths), count=8))
+    # bound against plans priced on the schedule. The rank-pattern bound (`rank_patterns`) too,
+    # never below this one.
+    best = brute_force_phases(batch, cm)
+    assert multi_phase_busy(batch, cm) + cm.grad_sync_s() <= best * (1 + 1e-9)
+    assert rank_pattern_busy(batch, cm) + cm.grad_sync_s() <= best * (1 + 1e-9)
+    bound, patterns = multi_phase_bound(batch, cm), rank_pattern_bound(batch, cm)
+    assert bound <= patterns
+    plans = random_plans(batch, cm, seed=len(lengths), count=8)
+    assert all(patterns <= plan.step_time_s * (1 + 1e-9) for plan in plans)
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """The rank-pattern bound (`dcp.planner.rank_patterns`): its knapsacks against enumeration, the
-bound against brute force over every multi-phase plan of tiny batches, and on two videos a GPU
-above the pooled bound and below the best plan found."""
+bound against brute force over every multi-phase plan of tiny batches (random ones in
+tests/test_phases.py), and on two videos a GPU above the pooled bound and below the best plan
+found."""
 
 from __future__ import annotations
 
@@ -8,8 +9,6 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from dcp.data.batches import make_batches
 from dcp.planner.bounds import multi_phase_bound, multi_phase_busy
@@ -18,7 +17,7 @@ from dcp.planner.ilp.costs import batch_costs
 from dcp.planner.nested_columns import nested_column_plan
 from dcp.planner.pricing import BatchArrays
 from dcp.planner.rank_patterns import _items, _knapsack, rank_pattern_bound, rank_pattern_busy
-from tests.brute_helpers import brute_force_phases, fitting_tiny_case, random_plans, tiny_cm
+from tests.brute_helpers import brute_force_phases, tiny_cm
 from tests.conftest import cost_model, make_batch
 
 
@@ -64,23 +63,6 @@ def test_bound_against_brute_force_over_every_multi_phase_plan(lengths: list[int
     bound = rank_pattern_busy(batch, cm)
     assert pooled <= bound <= best * (1 + 1e-9)
     assert (bound > pooled * (1 + 1e-3)) == raised
-
-
-@settings(max_examples=25, deadline=None)
-@given(lengths=st.lists(st.integers(min_value=5, max_value=1200), min_size=2, max_size=4),
-       cap=st.sampled_from([300, 600]), zero_stage=st.sampled_from([1, 3]),
-       cluster=st.sampled_from([(2, 2), (4, 2), (4, 4)]))
-def test_bound_is_valid_on_random_tiny_batches(lengths: list[int], cap: int, zero_stage: int,
-                                               cluster: tuple[int, int]) -> None:
-    """Below the best multi-phase plan's busy time and below every random plan's priced step."""
-    case = fitting_tiny_case(lengths, cap, zero_stage, cluster)
-    if case is None:
-        return  # some sample fits nowhere: nothing to bound
-    cm, batch = case
-    assert rank_pattern_busy(batch, cm) + cm.grad_sync_s() <= brute_force_phases(batch, cm) * (1 + 1e-9)
-    bound = rank_pattern_bound(batch, cm)
-    assert bound >= multi_phase_bound(batch, cm)
-    assert all(bound <= plan.step_time_s * (1 + 1e-9) for plan in random_plans(batch, cm, seed=len(lengths), count=8))
 
 
 def test_two_videos_a_gpu_raise_the_bound_below_the_nested_plan() -> None:
