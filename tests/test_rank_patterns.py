@@ -6,6 +6,7 @@ found."""
 from __future__ import annotations
 
 import itertools
+import time
 
 import numpy as np
 import pytest
@@ -79,3 +80,12 @@ def test_two_videos_a_gpu_raise_the_bound_below_the_nested_plan() -> None:
     assert plan is not None
     assert pooled * 1.008 < bound < plan.busy_s()
     assert multi_phase_bound(batch, cm, sizes) < rank_pattern_bound(batch, cm, sizes, time_limit_s=60) < plan.step_time_s
+    # Anytime: with half a second it stops within it, with what it proved by then.
+    started = time.perf_counter()
+    quick = rank_pattern_busy(batch, cm, sizes, time_limit_s=0.5)
+    assert time.perf_counter() - started < 0.5 + 0.2 and pooled <= quick <= bound
+
+
+def test_an_empty_batch_is_refused() -> None:
+    with pytest.raises(ValueError, match="the batch is empty"):
+        rank_pattern_busy([], cost_model(gpus=8))

@@ -176,12 +176,16 @@ def _items(tables: list[np.ndarray], costs: np.ndarray, values: np.ndarray, limi
     return counts
 
 
+class _OutOfTime(Exception):
+    """The search's deadline passed inside a pricing."""
+
+
 class _Pricing:
     """The best pattern's value at one busy time M for prices pi, an upper bound on every
     pattern's (see the module's docstring), and the pattern itself (to add as a column)."""
 
-    def __init__(self, levels: list[_Level], counts: np.ndarray, busy_s: float) -> None:
-        self.fine, self.capacity, self.counts = busy_s / (UNITS * FINE), UNITS * FINE, counts
+    def __init__(self, levels: list[_Level], counts: np.ndarray, busy_s: float, deadline: float) -> None:
+        self.fine, self.capacity, self.counts, self.deadline = busy_s / (UNITS * FINE), UNITS * FINE, counts, deadline
         runs = [lv.fits & (lv.fixed + lv.cost <= busy_s) for lv in levels]
         self.levels = [lv for i, lv in enumerate(levels) if runs[i].any() and not (lv.ordered and any(
             levels[j].p == lv.p and not (runs[i] & ~runs[j]).any() for j in range(i)))]
@@ -203,10 +207,14 @@ class _Pricing:
         return np.minimum(timed, relaxed), (costs, values, tables, fixed)
 
     def __call__(self, pi: np.ndarray, column: bool = True) -> tuple[float, np.ndarray | None, float]:
-        """(V(pi), the pattern's cover per class, the pattern's linear time)."""
+        """(V(pi), the pattern's cover per class, the pattern's linear time); `_OutOfTime` when
+        the deadline passes between two levels' knapsacks (all of them take up to a second at 57
+        levels) or two slices read back."""
         ends = np.minimum(np.arange(1, UNITS + 2) * FINE - 1, self.capacity)  # a slice of u units ends before u + 1
         best, which = np.zeros(UNITS + 1), np.full(UNITS + 1, -1)
         for i, level in enumerate(self.levels):
+            if time.perf_counter() > self.deadline:
+                raise _OutOfTime
             out = self._slices(level, pi)
             if out is None:
                 continue
@@ -229,6 +237,8 @@ class _Pricing:
             if u == 0:
                 x -= 1
                 continue
+            if time.perf_counter() > self.deadline:
+                raise _OutOfTime
             level = self.levels[int(which[u])]
             _, (costs, values, tables, fixed) = self._slices(level, pi, keep=True)
             counts = _items(tables, costs, values, self.counts, int(ends[u]) - fixed)
@@ -279,7 +289,10 @@ def _proven(pricing: _Pricing, counts: np.ndarray, gpus: int, columns: list[_Col
             return False, None
         pi = np.maximum(-res.ineqlin.marginals, 0.0)
         trial = pi if center is None else SMOOTHING * center + (1 - SMOOTHING) * pi
-        value, cover_c, seconds = pricing(trial)
+        try:
+            value, cover_c, seconds = pricing(trial)
+        except _OutOfTime:
+            break
         farley = float(counts @ trial) / value if value > 0 else math.inf
         if farley > gpus * (1 + 1e-9):
             return True, trial
@@ -302,7 +315,10 @@ def _stretch(levels: list[_Level], counts: np.ndarray, gpus: int, prices: np.nda
         if time.perf_counter() > deadline:
             break
         busy = (low + high) / 2
-        value, _, _ = _Pricing(levels, counts, busy)(prices, column=False)
+        try:
+            value, _, _ = _Pricing(levels, counts, busy, deadline)(prices, column=False)
+        except _OutOfTime:
+            break
         if value > 0 and float(counts @ prices) / value > gpus * (1 + 1e-9):
             low = busy
         else:
@@ -319,6 +335,8 @@ def rank_pattern_busy(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence
     `RESOLUTION`, or until `time_limit_s` (any busy time proven stays proven). Where the first
     step is not proven the search ends there (lognormal's 512 samples on 256 GPUs: 2.4 s a
     step, none proven in 10 s)."""
+    if not len(batch):
+        raise ValueError("rank_pattern_busy: the batch is empty, there is nothing to bound")
     deadline = time.perf_counter() + time_limit_s
     sizes = allowed_sp_sizes(cm, sp_sizes)
     tokens, pairs = sample_arrays(batch)
@@ -336,7 +354,7 @@ def rank_pattern_busy(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence
         busy = min(low * (1 + step), (low + high) / 2)
         kept = [c for c in columns if c.seconds <= busy]
         rest = [c for c in columns if busy < c.seconds <= high]
-        proven, prices = _proven(_Pricing(levels, counts, busy), counts, gpus, kept, deadline)
+        proven, prices = _proven(_Pricing(levels, counts, busy, deadline), counts, gpus, kept, deadline)
         columns = kept + rest
         if proven:
             low = _stretch(levels, counts, gpus, prices, busy, high, deadline)
