@@ -16,7 +16,7 @@ cover_C[s] summing k_s / p over C's slices (k_s samples of class s in a micro-ba
 If the linear program min sum_C y_C over those rows needs more than N ranks, no plan runs within
 M. For any prices pi >= 0 of the rows, every pattern covers at most V(pi) of sum_s pi_s
 cover_C[s], so sum_C y_C >= pi . n / V(pi) (Farley's bound): any pi, and any upper bound on
-V(pi), proves every M where it exceeds N. Column generation (`_Program`) finds good prices.
+V(pi), proves every M where it exceeds N. Column generation (`_proven`) finds good prices.
 
 V(pi) is a knapsack of slices into M, each slice one of a micro-batch's knapsack of samples:
  - a slice at level (p, r) (SP size, checkpointed layers) takes at least the micro-batch's linear
@@ -24,7 +24,7 @@ V(pi) is a knapsack of slices into M, each slice one of a micro-batch's knapsack
    sum_s k_s c_s(p, r), with every sample fitting memory alone (tokens <= max_tokens(p, r));
    the micro-batch's own memory, T <= max_tokens(p, r), is relaxed to a time of at least
    sum_s k_s (c_s + fixed * t_s / max_tokens) (T / max_tokens <= 1), and the smaller of the two
-   knapsacks' values taken;
+   knapsacks' values taken; a micro-batch holds at most as many samples of a class as the batch;
  - every time is rounded down to a grid (`FINE` steps a unit, `UNITS` units in M), which packs
    at least as much (a sum of floors is at most the floor of the sum);
  - levels above a size's first (the fewest layers its samples fit at) add only costs where
@@ -33,9 +33,10 @@ V(pi) is a knapsack of slices into M, each slice one of a micro-batch's knapsack
  - samples are rounded down to classes (`bounds.round_down`): a smaller sample never costs more.
 
 It holds for every plan the executor can run, single-layout or multi-phase: nothing above asks
-which group a rank is in between micro-batches. Open-Sora, 512 videos on 256 GPUs: 0.6-1.0%
-above `multi_phase_busy` on the benchmark's batches, in 1-4 s (so it is a measurement, not part
-of a 1 s solve: `benchmarks/planner.py` reports the gap to it). Never imports torch.
+which group a rank is in between micro-batches. Open-Sora, 512 videos on 256 GPUs: 0.7-1.0%
+above `multi_phase_busy` on the benchmark's batches, in 4-8 s (so it is a measurement, not part
+of a 1 s solve: `benchmarks/planner.py --pattern-bound` reports the gap to it). Never imports
+torch.
 """
 
 from __future__ import annotations
@@ -250,6 +251,9 @@ class _Pricing:
 
 @dataclass
 class _Column:
+    """A pattern of the program: its cover per class and its slices' linear time (the busy
+    times it fits)."""
+
     cover: np.ndarray
     seconds: float
 
