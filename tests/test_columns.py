@@ -1,10 +1,13 @@
-"""The configuration program by column generation (`dcp.planner.ilp.columns`): its bound and,
-when its integer program finds nothing in time, the rounded fractional optimum."""
+"""The configuration program by column generation (`dcp.planner.ilp.columns`): its knapsack
+against enumeration, its bound and, when its integer program finds nothing in time, the rounded
+fractional optimum."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
+import numpy as np
 import pytest
 
 from dcp.data.batches import make_batches
@@ -19,6 +22,29 @@ from dcp.planner.ilp.search import Search
 from dcp.planner.options import IlpOptions
 from dcp.planner.pricing import BatchArrays, Pricer
 from tests.conftest import cost_model
+
+
+def test_knapsack_and_its_items_match_enumeration() -> None:
+    """`columns.knapsack` (weights in whole steps here), bounded knapsacks of up to four items
+    (limits from 0 to past what fits): the best value
+    within every capacity is the enumerated one, and the items read back keep to their limits,
+    cost at most the room and are worth that value."""
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        n = int(rng.integers(1, 5))
+        costs = rng.integers(1, 9, n).astype(np.float64)
+        values = rng.random(n) * (rng.random(n) > 0.2)  # some worth nothing
+        limits = rng.integers(0, 12, n)
+        capacity = int(rng.integers(0, 40))
+        best, taken = columns.knapsack(values, costs, capacity, limits, np.ones(n, dtype=bool), False, capacity)
+        for room in range(capacity + 1):
+            ranges = [range(min(room // int(c), int(m)) + 1) for c, m in zip(costs, limits, strict=True)]
+            expected = max(float(np.dot(k, values)) for k in itertools.product(*ranges) if np.dot(k, costs) <= room)
+            assert best[room] == pytest.approx(expected)
+        counts = taken(capacity)
+        assert (counts <= limits).all() and counts @ costs <= capacity
+        assert counts @ values == pytest.approx(best[capacity])
+
 
 
 @pytest.fixture(scope="module")

@@ -1,14 +1,12 @@
-"""The rank-pattern bound (`dcp.planner.rank_patterns`): its knapsacks against enumeration, the
-bound against brute force over every multi-phase plan of tiny batches (random ones in
-tests/test_phases.py), and on two videos a GPU above the pooled bound and below the best plan
-found."""
+"""The rank-pattern bound (`dcp.planner.rank_patterns`): against brute force over every
+multi-phase plan of tiny batches (random ones in tests/test_phases.py; its knapsacks,
+`columns.knapsack`, against enumeration in tests/test_columns.py), and on two videos a GPU above
+the pooled bound and below the best plan found."""
 
 from __future__ import annotations
 
-import itertools
 import time
 
-import numpy as np
 import pytest
 
 from dcp.data.batches import make_batches
@@ -17,31 +15,9 @@ from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.ilp.costs import batch_costs
 from dcp.planner.nested_columns import nested_column_plan
 from dcp.planner.pricing import BatchArrays
-from dcp.planner.rank_patterns import _items, _knapsack, rank_pattern_bound, rank_pattern_busy
+from dcp.planner.rank_patterns import rank_pattern_bound, rank_pattern_busy
 from tests.brute_helpers import brute_force_phases, tiny_cm
 from tests.conftest import cost_model, make_batch
-
-
-def test_knapsack_and_its_items_match_enumeration() -> None:
-    """Bounded knapsacks of up to four items (limits from 0 to past what fits): the best value
-    within every capacity is the enumerated one, and the items read back keep to their limits,
-    cost at most the room and are worth that value."""
-    rng = np.random.default_rng(0)
-    for _ in range(40):
-        n = int(rng.integers(1, 5))
-        costs = rng.integers(1, 9, n).astype(np.float64)
-        values = rng.random(n) * (rng.random(n) > 0.2)  # some worth nothing
-        limits = rng.integers(0, 12, n)
-        capacity = int(rng.integers(0, 40))
-        best, tables = _knapsack(costs, values, limits, capacity, keep=True)
-        for room in range(capacity + 1):
-            ranges = [range(min(room // int(c), int(m)) + 1) for c, m in zip(costs, limits, strict=True)]
-            expected = max(float(np.dot(k, values)) for k in itertools.product(*ranges) if np.dot(k, costs) <= room)
-            assert best[room] == pytest.approx(expected)
-        counts = _items(tables, costs, values, limits, capacity)
-        assert (counts <= limits).all() and counts @ costs <= capacity
-        assert counts @ values == pytest.approx(best[capacity])
-
 
 TINY = [  # (lengths, GPUs, GPUs per node, tokens one GPU holds, raised above the pooled bound)
     ([1100, 100, 100, 100, 100, 100], 2, 2, 600, True),

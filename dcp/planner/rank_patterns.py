@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,6 +60,7 @@ from dcp.planner.bounds import (
     step_floor,
 )
 from dcp.planner.feasibility import allowed_sp_sizes
+from dcp.planner.ilp.columns import knapsack
 from dcp.planner.sample import Sample
 
 UNITS = 1000
@@ -127,56 +128,6 @@ def _levels(cm: CostModel, sizes: Sequence[int], tokens: np.ndarray, pairs: np.n
     return out
 
 
-def _copies(values: np.ndarray, cost: int, value: float) -> np.ndarray:
-    """`values` (the best value within each capacity) with any number of copies of one item
-    added: per residue of the capacity modulo `cost`, a running maximum."""
-    n = len(values)
-    rows = -(-n // cost)
-    grid = np.full(rows * cost, -math.inf)
-    grid[:n] = values
-    grid = grid.reshape(rows, cost)
-    steps = np.arange(rows)[:, None] * value
-    return (np.maximum.accumulate(grid - steps, axis=0) + steps).ravel()[:n]
-
-
-def _knapsack(costs: np.ndarray, values: np.ndarray, limits: np.ndarray, capacity: int,
-              keep: bool = False) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Bounded knapsack: the best value within each capacity 0..`capacity` of at most `limits`
-    copies of each item (integer costs >= 1), and with `keep` the table after each item (to read
-    a knapsack's items back, `_items`). An item whose limit the capacity cannot reach is added by
-    `_copies`, the others in pieces of 1, 2, 4, ... copies (each taken once, they make every count
-    up to the limit)."""
-    best, tables = np.zeros(capacity + 1), []
-    for c, v, limit in zip(costs, values, limits, strict=True):
-        c = int(c)
-        if v > 0 and c <= capacity:
-            if limit >= capacity // c:
-                best = _copies(best, c, float(v))
-            else:
-                left, piece = int(limit), 1
-                while left > 0:
-                    m = min(piece, left)
-                    best = best.copy()
-                    best[m * c:] = np.maximum(best[m * c:], best[:len(best) - m * c] + m * v)
-                    left, piece = left - m, 2 * piece
-        if keep:
-            tables.append(best)
-    return best, tables
-
-
-def _items(tables: list[np.ndarray], costs: np.ndarray, values: np.ndarray, limits: np.ndarray,
-           room: int) -> np.ndarray:
-    """How many of each item the knapsack within `room` holds, read back from its tables."""
-    counts = np.zeros(len(costs))
-    for j in range(len(costs) - 1, -1, -1):
-        before = tables[j - 1] if j else np.zeros(len(tables[j]))
-        c = int(costs[j])
-        m = np.arange(min(room // c, int(limits[j])) + 1) if values[j] > 0 else np.zeros(1, dtype=np.int64)
-        took = int(np.argmax(before[room - m * c] + m * values[j]))
-        counts[j], room = took, room - took * c
-    return counts
-
-
 class _OutOfTime(Exception):
     """The search's deadline passed inside a pricing."""
 
@@ -191,21 +142,22 @@ class _Pricing:
         self.levels = [lv for i, lv in enumerate(levels) if runs[i].any() and not (lv.ordered and any(
             levels[j].p == lv.p and not (runs[i] & ~runs[j]).any() for j in range(i)))]
 
-    def _slices(self, level: _Level, pi: np.ndarray, keep: bool = False):
+    def _slices(self, level: _Level, pi: np.ndarray) -> tuple[np.ndarray, Callable[[int], np.ndarray], int] | None:
         """The level's best micro-batch value within each fine capacity (the lesser of the two
-        knapsacks); with `keep`, the timed knapsack's tables too."""
+        knapsacks, `columns.knapsack` on times rounded down), the timed knapsack's counts within
+        a capacity (less the fixed time), and the fixed time in fine steps."""
         fixed = int(math.floor(level.fixed / self.fine))
         if fixed > self.capacity:
             return None
-        values = np.where(level.fits, pi / level.p, 0.0)
-        costs = np.maximum(np.floor(level.cost / self.fine), 1)
-        timed, tables = _knapsack(costs, values, self.counts, self.capacity - fixed, keep)
+        values = pi / level.p
+        room = self.capacity - fixed
+        timed, taken = knapsack(values, level.cost, room * self.fine, self.counts, level.fits, False, room)
         timed = np.concatenate([np.full(fixed, -math.inf), timed])
         if level.rate * (self.capacity * self.fine - level.fixed) <= level.cap:
-            return timed, (costs, values, tables, fixed)
-        spread = np.maximum(np.floor(level.spread / self.fine), 1)
-        relaxed, _ = _knapsack(spread, values, self.counts, self.capacity)
-        return np.minimum(timed, relaxed), (costs, values, tables, fixed)
+            return timed, taken, fixed
+        relaxed, _ = knapsack(values, level.spread, self.capacity * self.fine, self.counts, level.fits, False,
+                              self.capacity)
+        return np.minimum(timed, relaxed), taken, fixed
 
     def __call__(self, pi: np.ndarray, column: bool = True) -> tuple[float, np.ndarray | None, float]:
         """(V(pi), the pattern's cover per class, the pattern's linear time); `_OutOfTime` when
@@ -241,8 +193,8 @@ class _Pricing:
             if time.perf_counter() > self.deadline:
                 raise _OutOfTime
             level = self.levels[int(which[u])]
-            _, (costs, values, tables, fixed) = self._slices(level, pi, keep=True)
-            counts = _items(tables, costs, values, self.counts, int(ends[u]) - fixed)
+            _, taken, fixed = self._slices(level, pi)
+            counts = taken(int(ends[u]) - fixed)
             cover += counts / level.p
             seconds += level.fixed + float(counts @ level.cost)
             x -= u
