@@ -65,3 +65,14 @@ def test_two_videos_a_gpu_raise_the_bound_below_the_nested_plan() -> None:
 def test_an_empty_batch_is_refused() -> None:
     with pytest.raises(ValueError, match="the batch is empty"):
         rank_pattern_busy([], cost_model(gpus=8))
+
+
+def test_busy_times_past_the_grid_of_the_least_fixed_time_are_not_searched() -> None:
+    """64 samples of up to a million tokens on 64 GPUs: a busy time of 657 s, whose thousandth is
+    past llama-7b's 31 ms fixed time (a slice could then be shorter than a unit of the rank
+    knapsack, which charges it one): the pooled bound, at once."""
+    cm = cost_model(gpus=64)
+    batch = make_batches("lognormal:scale=128", cm, global_batch=64, steps=1, seed=0)[0]
+    started = time.perf_counter()
+    assert rank_pattern_busy(batch, cm, time_limit_s=10) == multi_phase_busy(batch, cm)
+    assert time.perf_counter() - started < 1.0
