@@ -160,7 +160,7 @@ class _Program:
         # sample its token share of it: a part of one short video would be priced at a tenth of it).
         self.fixed = [min(int(np.ceil(float(table.fixed0[j]) / theta * UNITS - 1e-9)), UNITS) for j in range(len(sizes))]
         if pool is not None:  # the columns of other levels that fit this one by the estimate
-            for j, jq, a1, a2 in list(pool):
+            for j, jq, a1, a2 in pool:
                 if (self.ok[j][a1 > 0].all() and self.ok[jq][a2 > 0].all()
                         and _part_estimate(table, rows, j, a1) + _part_estimate(table, rows, jq, a2) <= theta):
                     self.add(j, jq, a1, a2, keep=False)
