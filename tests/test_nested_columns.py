@@ -10,13 +10,21 @@ import numpy as np
 import pytest
 
 from dcp.data.batches import make_batches
-from dcp.planner import phases
+from dcp.planner import nested_columns, phases, solve
 from dcp.planner.bounds import capacity_busy, multi_phase_busy
 from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.ilp import columns
 from dcp.planner.ilp.budget import Deadline
-from dcp.planner.ilp.costs import batch_costs
-from dcp.planner.nested_columns import _part_estimate, nested_column_plan, plan_at
+from dcp.planner.ilp.costs import batch_costs, pack_tokens
+from dcp.planner.ilp.pack import group_estimate
+from dcp.planner.nested_columns import (
+    _Estimates,
+    _integer,
+    _Program,
+    _seed_columns,
+    nested_column_plan,
+    plan_at,
+)
 from dcp.planner.options import IlpOptions
 from dcp.planner.pricing import BatchArrays
 from tests.conftest import cost_model
@@ -57,11 +65,11 @@ def test_groups_at_a_level_place_every_video_once_and_fit_it(videos) -> None:  #
 
 
 def _estimate_of(ids: list[int], j: int, table, shapes) -> float:  # noqa: ANN001
-    """`_part_estimate` of the samples `ids` (table indices) at size index j."""
+    """The estimate (`_Estimates`) of the samples `ids` (table indices) at size index j."""
     a = np.zeros(len(shapes.first), dtype=np.int64)
     for t, members in enumerate(shapes.members):
         a[t] = int(np.isin(members, ids).sum())
-    return _part_estimate(table, shapes.first, j, a)
+    return _Estimates(table, shapes.first)(j, a)
 
 
 def test_nested_plan_runs_below_every_single_layout(videos) -> None:  # noqa: ANN001
@@ -88,8 +96,9 @@ def test_phase_search_asks_for_nested_plans_only_with_the_time_for_them(monkeypa
     asked: list[tuple[float, float]] = []
     started = [0.0]
 
-    def spy(batch_, cm_, sizes, busy_s, arrays, max_mb, costs, deadline_s):  # noqa: ANN001, ANN202
+    def spy(batch_, cm_, sizes, busy_s, arrays, max_mb, costs, deadline_s, seed=None):  # noqa: ANN001, ANN202
         asked.append((time.perf_counter() - started[0], deadline_s - started[0]))
+        assert seed is not None and seed.num_phases == 1  # the single layout's plan starts its programs
         return None
 
     monkeypatch.setattr(phases, "nested_column_plan", spy)
@@ -108,3 +117,98 @@ def test_phase_search_asks_for_nested_plans_only_with_the_time_for_them(monkeypa
     text = make_batches("wikipedia", cm, global_batch=len(batch), steps=1, seed=0)[0]  # hundreds of shapes
     phases.solve_phased(text, cm, IlpOptions(time_limit_s=0.8))
     assert len(asked) == 1
+
+
+def test_part_estimates_count_the_canonical_packings_micro_batches(videos) -> None:  # noqa: ANN001
+    """The remembered estimate of a part equals `pack.group_estimate` with as many micro-batches
+    as `costs.pack_tokens` makes of its videos' shared tokens, on random parts at every size
+    (those that fit one micro-batch take the short cut: one), and asking again gives the same."""
+    _, _, sizes, _, _, table, _ = videos
+    shapes = columns.shapes_of(table)
+    estimate = _Estimates(table, shapes.first)
+    short_tok, short_pairs, base = (x[shapes.first] for x in table.estimate_terms())
+    rng = np.random.default_rng(0)
+    one_bin = many = 0
+    for _ in range(200):
+        j = int(rng.integers(len(sizes)))
+        a = rng.integers(0, 3, len(shapes.counts)) * (rng.random(len(shapes.counts)) < 0.3)
+        tokens = np.repeat(short_tok[:, j], a)
+        tokens = tokens[tokens > 0]
+        bins = len(pack_tokens(tokens, np.arange(len(tokens)), float(table.cap0[j])))
+        one_bin, many = one_bin + (bins == 1), many + (bins > 1)
+        want = 0.0 if not a.any() else float(group_estimate(table, a @ base[:, j], a @ short_tok[:, j],
+                                                                a @ short_pairs[:, j], j, bins))
+        assert estimate(j, a) == pytest.approx(want, rel=1e-12, abs=1e-15)
+        assert estimate(j, a.copy()) == estimate(j, a)
+    assert one_bin and many  # both ways were asked
+
+
+def test_integer_copies_cover_every_video_within_the_cluster(videos) -> None:  # noqa: ANN001
+    """At 1.05 times the bound, the fractional optimum's whole copies and the integer program over
+    what they leave: at least those whole copies of each column, every video covered, the
+    cluster's GPUs at most."""
+    cm, _, sizes, _, _, table, busy = videos
+    shapes = columns.shapes_of(table)
+    program = _Program(table, shapes, cm.cluster.num_gpus, 1.05 * busy, [])
+    assert program.generate(Deadline(math.inf)) is True
+    copies = _integer(program.master, shapes, cm.cluster.num_gpus, Deadline(math.inf))
+    assert copies is not None
+    whole = np.floor(program.master.last_values() + 1e-6).astype(np.int64)
+    assert (copies >= whole).all() and whole.any()
+    cover = np.stack([a for _, a in program.master.cols]).T @ copies
+    assert (cover >= shapes.counts).all()
+    assert sum(sizes[j] * int(n) for (j, _), n in zip(program.master.cols, copies, strict=True)) <= cm.cluster.num_gpus
+
+
+def test_a_plans_groups_start_the_program_below_its_single_video_columns(videos) -> None:  # noqa: ANN001
+    """The single layout's groups as columns (`_seed_columns`: each group's videos by shape, every
+    video once) start the program: at a level they all fit, its first optimum needs fewer GPUs
+    than over the single-video columns alone, and no more than the plan's own; at a lower level
+    they are cut (videos out) until each fits it."""
+    cm, batch, sizes, _, _, table, busy = videos
+    shapes = columns.shapes_of(table)
+    single = solve(batch, cm.cluster, cm, IlpOptions(time_limit_s=0.5, max_phases=1))
+    starts = _seed_columns(single, batch, shapes, table)
+    assert sum(int(a.sum()) * sum(1 for g in single.groups if g.sp == sizes[j] and _counts(g, batch, shapes) == a.tolist())
+               for j, a in starts) == len(batch)
+    theta = 1.05 * single.busy_s()  # every group fits by its estimate: nothing is cut
+    estimate = _Estimates(table, shapes.first)
+    assert all(estimate(j, a) <= theta for j, a in starts)
+    cold, _ = _Program(table, shapes, cm.cluster.num_gpus, theta, []).master.solve(Deadline(math.inf))
+    seeded, _ = _Program(table, shapes, cm.cluster.num_gpus, theta, [], starts).master.solve(Deadline(math.inf))
+    assert seeded < cold
+    assert seeded <= sum(g.sp for g in single.groups) + 1e-9
+    low = 0.99 * single.busy_s()  # below some groups' estimates: they are cut to fit it
+    assert any(estimate(j, a) > low for j, a in starts)
+    program = _Program(table, shapes, cm.cluster.num_gpus, low, [], starts)
+    added = program.master.cols[len(_Program(table, shapes, cm.cluster.num_gpus, low, []).master.cols):]
+    assert len(added) >= len(starts) // 2
+    assert all(0 < estimate(j, a) <= low for j, a in added)
+
+
+def _counts(group, batch, shapes) -> list[int]:  # noqa: ANN001
+    """A plan group's videos by shape."""
+    index = {s.id: i for i, s in enumerate(batch)}
+    ids = [index[i] for mb in group.microbatches for i in mb.samples]
+    return [int(np.isin(members, ids).sum()) for members in shapes.members]
+
+
+def test_levels_go_down_from_the_first_while_plans_come_and_up_where_none(monkeypatch, videos) -> None:  # noqa: ANN001
+    """The levels asked, as multiples of the bound: down from `FIRST` by `STEP` while each gives a
+    plan; up through `UP` when `FIRST` gives none, until one does."""
+    cm, batch, sizes, arrays, pricer, table, busy = videos
+    shapes = columns.shapes_of(table)
+    groups = plan_at(table, shapes, cm.cluster.num_gpus, 1.07 * busy, Deadline(math.inf))
+    assert groups is not None
+    for least, want in ((1.0195, [1.025, 1.0225, 1.02, 1.0175]), (1.032, [1.025, *nested_columns.UP[:2]])):
+        asked: list[float] = []
+
+        def fake(table_, shapes_, n, theta, deadline, pool=None, starts=(), estimate=None, least=least,  # noqa: ANN001, ANN202
+                 asked=asked):
+            asked.append(round(theta / busy, 6))
+            return groups if theta >= least * busy else None
+
+        monkeypatch.setattr(nested_columns, "plan_at", fake)
+        plan = nested_column_plan(batch, cm, sizes, busy, arrays, None, (pricer, table))
+        assert asked == [round(x, 6) for x in want]
+        assert plan is not None

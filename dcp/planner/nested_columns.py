@@ -22,19 +22,25 @@ and the best that splits into each smaller size q (the room split between a1 at 
 copies of a2 at q, each shape's count divided by p / q), priced twice: with one whole fixed cost
 charged to each part (it runs at least one micro-batch; the token shares alone priced a part of
 one short video at a tenth of it), and with the token shares alone, the column then cut until
-its parts fit (`_cut`). The integer program over the columns found (`columns.integer_plan`)
-gives the groups, laid out aligned (the largest first): the subgroups as the plan's first
-phase, the groups whole as its second (`backfill.assemble_candidate`, on the executor's
-schedule: a group starts when its subgroups have all ended). Its own part holds its longest
-samples, whose backward passes at the step's end hide the gradient reductions (the other order
-exposed twice as much of them: 0.030 s against 0.015 s on batch 1).
+its parts fit (`_cut`). A plan in hand (the single layout's) starts each level's program with
+its groups, cut to fit (Open-Sora at 1.0225-1.03: 2,048 on 1,024 GPUs, batch 3, 16-28 rounds a
+level instead of 29-37; 512 on 256, batch 0, 22-25 instead of 33-36), and a level's generation
+ends where its last rounds barely move the program (`TAIL`). The integer
+program (`_integer`) keeps the fractional optimum's whole copies and covers what they leave
+over every column found, which near the least level with a plan takes a tenth of the time the
+program over the whole batch does; its groups are laid out aligned (the largest first): the
+subgroups as the plan's first phase, the groups whole as its second
+(`backfill.assemble_candidate`, on the executor's schedule: a group starts when its subgroups
+have all ended). Its own part holds its longest samples, whose backward passes at the step's
+end hide the gradient reductions (the other order exposed twice as much of them: 0.030 s
+against 0.015 s on batch 1).
 
-`nested_column_plan` tries levels upward from the bound of every plan's busy time until one
-gives a plan (columns of a level fit every level above it, and start its program), then bisects
-below it, while its deadline lasts, and returns the fastest plan priced. A level takes 0.1-0.5 s
-at 512 videos on 256 GPUs, its integer program up to a second more near the bound, so the phase
-search (`dcp.planner.phases`) runs it only when the time limit leaves it 1.5 s. Never imports
-torch.
+`nested_column_plan` tries `FIRST` (1.025 times the bound of every plan's busy time), then
+lower levels while each gives a plan, or higher ones (`UP`) until one does (the columns of the
+levels below start it), while its deadline lasts, and returns the fastest plan priced. A level
+takes 0.15-0.45 s at 512 videos on 256 GPUs and 2,048 on 1,024, its integer program included,
+so the phase search (`dcp.planner.phases`) asks for them in the second half of a 1 s limit.
+Never imports torch.
 """
 
 from __future__ import annotations
@@ -47,21 +53,38 @@ import numpy as np
 from dcp.costmodel import CostModel
 from dcp.planner.backfill import Candidate, assemble_candidate
 from dcp.planner.ilp.budget import Deadline
-from dcp.planner.ilp.columns import Shapes, draw, integer_plan, knapsack, master_at, shapes_of
+from dcp.planner.ilp.columns import (
+    Master,
+    Shapes,
+    draw,
+    integer_copies,
+    knapsack,
+    master_at,
+    shapes_of,
+)
 from dcp.planner.ilp.costs import CostTable, batch_costs, form_microbatches, pack_tokens
 from dcp.planner.ilp.pack import group_estimate, place
 from dcp.planner.plan import Plan
 from dcp.planner.pricing import BatchArrays, Pricer
 from dcp.planner.sample import Sample
 
-LEVELS = (1.02, 1.03, 1.045, 1.07)
-"""Levels tried upward, as multiples of the bound of every plan's busy time, until one gives a
-plan (Open-Sora, 512 on 256 GPUs: the first plans come at 1.018-1.035, by batch)..."""
-SPLITS = 3
-"""...then levels halfway between the highest without a plan and the lowest with one, at most
-this many, while the time lasts."""
+FIRST = 1.025
+"""The first level tried, as a multiple of the bound of every plan's busy time..."""
+STEP = 0.0025
+"""...then, where it gives a plan, levels this much lower while each does..."""
+UP = (1.03, 1.035, 1.045, 1.07)
+"""...or, where it gives none, these upward until one does (every column of a level fits the
+levels above it, which start from them)."""
 MAX_ROUNDS = 40
-"""Column-generation rounds per level at most."""
+"""Column-generation rounds per level at most..."""
+TAIL_ROUNDS = 6
+TAIL = 0.0002
+"""...and a level's generation ends where its last `TAIL_ROUNDS` rounds lowered the program by less
+than this share of the cluster's GPUs."""
+FREED = (0, 1)
+"""Copies of each column of the fractional optimum left to the integer program, in the order tried."""
+IP_SHARE = 0.8
+"""The share of the time left the integer program may take (the single layout's: 0.25)."""
 UNITS = 500
 """Knapsack weights in steps of theta / UNITS (the single-layout program's `columns.UNITS`:
 1,000; the nested pricing runs three times as many knapsacks)."""
@@ -70,6 +93,15 @@ UNITS = 500
 NestedColumn = tuple[int, int, np.ndarray, np.ndarray]
 """A nested configuration: the size index of its group and of its subgroups (the same where it
 does not split), its own part's shape counts and each subgroup's."""
+
+
+@dataclass
+class _Pooled:
+    """A column of an earlier level, and its parts' estimates summed (the levels it fits; None
+    until a level asks)."""
+
+    column: NestedColumn
+    estimate: float | None = None
 
 
 @dataclass(frozen=True)
@@ -86,10 +118,12 @@ class Nested:
 
 def nested_column_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], busy_floor_s: float,
                        arrays: BatchArrays | None = None, max_microbatches: int | None = None,
-                       costs: tuple[Pricer, CostTable] | None = None, deadline_s: float = float("inf")) -> Plan | None:
+                       costs: tuple[Pricer, CostTable] | None = None, deadline_s: float = float("inf"),
+                       seed: Plan | None = None) -> Plan | None:
     """The fastest nested plan found (module docstring) by `deadline_s` (perf_counter), priced and
     validated; None when the batch has more shapes than the column program takes, a single size
-    is allowed, ZeRO stage 3 runs one layout, or no level gives a plan in time."""
+    is allowed, ZeRO stage 3 runs one layout, or no level gives a plan in time. `seed`, a plan of
+    the batch (the single layout's), starts every level's program with its groups, cut to fit."""
     if len(sizes) < 2 or cm.training.zero_stage == 3 or len(batch) < 2:
         return None
     arrays = arrays if arrays is not None else BatchArrays.of(batch)
@@ -99,11 +133,13 @@ def nested_column_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[i
         return None
     deadline = Deadline(deadline_s)
     best: Plan | None = None
-    pool: list[NestedColumn] = []  # every level's columns, for the next
+    pool: list[_Pooled] = []  # every level's columns, for the next
+    starts = _seed_columns(seed, batch, shapes, table) if seed is not None else []
+    estimate = _Estimates(table, shapes.first)
 
-    def tried(theta: float) -> bool:
+    def tried(level: float) -> bool:
         nonlocal best
-        groups = plan_at(table, shapes, cm.cluster.num_gpus, theta, deadline, pool)
+        groups = plan_at(table, shapes, cm.cluster.num_gpus, busy_floor_s * level, deadline, pool, starts, estimate)
         if groups is None:
             return False
         cand = _candidate(groups, table, cm)
@@ -114,42 +150,83 @@ def nested_column_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[i
             best = plan
         return True
 
-    lo, hi = busy_floor_s, None
-    for level in LEVELS:
-        if deadline.passed():
-            return best
-        if tried(busy_floor_s * level):
-            hi = busy_floor_s * level
+    if tried(FIRST):
+        level = FIRST - STEP
+        while level > 1 and not deadline.passed() and tried(level):
+            level -= STEP
+        return best
+    for level in UP:
+        if deadline.passed() or tried(level):
             break
-        lo = busy_floor_s * level
-    for _ in range(SPLITS):
-        if hi is None or deadline.passed():
-            break
-        theta = (lo + hi) / 2
-        lo, hi = (lo, theta) if tried(theta) else (theta, hi)
     return best
 
 
+def _seed_columns(plan: Plan, batch: Sequence[Sample], shapes: Shapes, table: CostTable) -> list[tuple[int, np.ndarray]]:
+    """The plan's distinct groups as (size index, shape counts)."""
+    index = {s.id: i for i, s in enumerate(batch)}
+    shape = np.empty(len(batch), dtype=np.int64)
+    for t, members in enumerate(shapes.members):
+        shape[members] = t
+    sizes = list(table.sizes)
+    out: dict[tuple[int, bytes], tuple[int, np.ndarray]] = {}
+    for g in plan.groups:
+        if g.sp not in sizes:
+            continue
+        a = np.bincount(shape[[index[i] for mb in g.microbatches for i in mb.samples]], minlength=len(shapes.counts))
+        out.setdefault((sizes.index(g.sp), a.tobytes()), (sizes.index(g.sp), a))
+    return list(out.values())
+
+
 def plan_at(table: CostTable, shapes: Shapes, num_gpus: int, theta: float, deadline: Deadline,
-            pool: list[NestedColumn] | None = None) -> list[Nested] | None:
-    """Nested groups within theta by the additive estimates (module docstring), from the integer
-    program over the columns generated at theta: those the fractional optimum uses and the
-    single-sample ones first, then all of them; None when the fractional program needs more GPUs
-    than the cluster's, the integer program finds no plan, or the deadline passes. `pool` holds
-    columns of other levels (those that fit theta start the program) and takes this level's."""
-    program = _Program(table, shapes, num_gpus, theta, pool)
+            pool: list[_Pooled] | None = None, starts: Sequence[tuple[int, np.ndarray]] = (),
+            estimate: _Estimates | None = None) -> list[Nested] | None:
+    """Nested groups within theta by the estimates (module docstring), from the integer program
+    over the columns generated at theta (`_integer`); None when the fractional program needs more
+    GPUs than the cluster's, the integer program finds no plan, or the deadline passes. `pool`
+    holds columns of other levels (those that fit theta start the program) and takes this
+    level's; `starts` (size index, shape counts) start it too, cut to fit; `estimate` remembers
+    the parts' estimates across levels."""
+    program = _Program(table, shapes, num_gpus, theta, pool, starts, estimate)
     if program.generate(deadline) is not True:
         return None
-    copies = integer_plan(program.master, shapes, num_gpus, deadline)
+    copies = _integer(program.master, shapes, num_gpus, deadline)
     return None if copies is None else _fill(program.master.cols, program.kinds, copies.tolist(), shapes, table.sizes)
+
+
+def _integer(master: Master, shapes: Shapes, num_gpus: int, deadline: Deadline) -> np.ndarray | None:
+    """Whole copies of the columns covering every sample within N GPUs: the fractional optimum's
+    whole copies but `FREED` of each (first none, then one), and the integer program
+    (`columns.integer_copies`) over every column for what they leave. Near the least level with
+    a plan the integer program over the whole batch takes seconds where this takes a tenth of
+    one (Open-Sora, 512 on 256 GPUs, batch 3 at 1.0225: 2.1 s and 0.2 s); where this finds
+    nothing, the next level is tried."""
+    whole = np.floor(master.last_values() + 1e-6).astype(np.int64)
+    a = np.stack([col for _, col in master.cols]).astype(np.int64)
+    gpus = np.array([master.sizes[j] for j, _ in master.cols])
+    for freed in FREED:
+        if deadline.passed():
+            break
+        kept = np.maximum(whole - freed, 0)
+        left = num_gpus - int(kept @ gpus)
+        rest = Shapes(shapes.members, shapes.first, np.maximum(shapes.counts - kept @ a, 0))
+        if left < 0:
+            continue
+        if not rest.counts.any():
+            return kept
+        z = integer_copies(master.cols, rest, master.sizes, left, deadline, IP_SHARE)
+        if z is not None:
+            return kept + z
+    return None
 
 
 class _Program:
     """The program over nested columns at theta, its columns and how each splits."""
 
     def __init__(self, table: CostTable, shapes: Shapes, num_gpus: int, theta: float,
-                 pool: list[NestedColumn] | None) -> None:
+                 pool: list[_Pooled] | None, starts: Sequence[tuple[int, np.ndarray]] = (),
+                 estimate: _Estimates | None = None) -> None:
         self.table, self.shapes, self.num_gpus, self.theta, self.pool = table, shapes, num_gpus, theta, pool
+        self.estimate = estimate if estimate is not None else _Estimates(table, shapes.first)
         sizes, rows = table.sizes, shapes.first
         self.ok = [(table.ckpt[rows, j] >= 0) & (table.solo[rows, j] <= theta) for j in range(len(sizes))]
         self.master = master_at(table, shapes, theta)  # the single-sample columns, which do not split
@@ -160,25 +237,36 @@ class _Program:
         # sample its token share of it: a part of one short video would be priced at a tenth of it).
         self.fixed = [min(int(np.ceil(float(table.fixed0[j]) / theta * UNITS - 1e-9)), UNITS) for j in range(len(sizes))]
         if pool is not None:  # the columns of other levels that fit this one by the estimate
-            for j, jq, a1, a2 in pool:
-                if (self.ok[j][a1 > 0].all() and self.ok[jq][a2 > 0].all()
-                        and _part_estimate(table, rows, j, a1) + _part_estimate(table, rows, jq, a2) <= theta):
+            for pooled in pool:
+                j, jq, a1, a2 = pooled.column
+                if not (self.ok[j][a1 > 0].all() and self.ok[jq][a2 > 0].all()):
+                    continue
+                if pooled.estimate is None:
+                    pooled.estimate = self.estimate(j, a1) + self.estimate(jq, a2)
+                if pooled.estimate <= theta:
                     self.add(j, jq, a1, a2, keep=False)
+        if len(starts):  # a plan's groups, cut to fit (the fewest GPU-seconds per second of weight kept)
+            work = np.where(np.stack(self.ok, axis=1), table.add[rows] * np.asarray(sizes, dtype=np.float64)[None, :], np.inf)
+            least = work.min(axis=1)
+            for j, a in starts:
+                a1, _ = _cut(self.estimate, j, j, np.where(self.ok[j], a, 0), np.zeros_like(a), least, theta)
+                if a1.any():
+                    self.add(j, j, a1, np.zeros_like(a1), keep=False)
 
     def add(self, j: int, jq: int, a1: np.ndarray, a2: np.ndarray, keep: bool = True) -> bool:
         if self.master.add(j, a1 + self.table.sizes[j] // self.table.sizes[jq] * a2):
             self.kinds.append((jq, a1, a2))
             if keep and self.pool is not None:
-                self.pool.append((j, jq, a1, a2))
+                self.pool.append(_Pooled((j, jq, a1, a2)))
             return True
         return False
 
     def generate(self, deadline: Deadline) -> bool | None:
         """Column generation: True when the fractional program fits the cluster, False when it
         provably needs more GPUs over the columns this pricing can find (Farley's bound), None
-        when the rounds or the deadline run out first."""
-        table, rows, sizes, theta = self.table, self.shapes.first, self.table.sizes, self.theta
-        counts, n = self.shapes.counts, self.num_gpus
+        when the rounds or the deadline run out first (with columns that fit, True)."""
+        n = self.num_gpus
+        seen: list[float] = []
         for _ in range(MAX_ROUNDS):
             if deadline.passed():
                 return None
@@ -186,69 +274,99 @@ class _Program:
             if solved is None:
                 return None
             gpus, y = solved
-            added, ratio = False, 0.0
-            plain = [knapsack(y, table.add[rows, j], theta, counts, self.ok[j], True, UNITS) for j in range(len(sizes))]
-            seconds: dict[tuple[int, int], tuple[np.ndarray, Callable[[int], np.ndarray]]] = {}
-            for j, p in enumerate(sizes):
-                values, taken = plain[j]
-                for whole in (True, False):
-                    # Two pricings: each part charged one whole fixed cost beside its samples'
-                    # token shares (it runs at least one micro-batch), and the token shares alone,
-                    # the column then cut until its parts' estimates fit (`_cut`). Per size, the
-                    # best column that does not split and the best that splits into each smaller
-                    # size (its own part within c units, each subgroup within the rest).
-                    room = UNITS - self.fixed[j] if whole else UNITS
-                    found = [(float(values[room]), j, room, None, 0)]
-                    for jq, q in enumerate(sizes):
-                        rest = room - self.fixed[jq] if whole else room
-                        if q >= p or rest < 0:
-                            continue
-                        r = p // q
-                        if (jq, r) not in seconds:
-                            seconds[jq, r] = knapsack(y, table.add[rows, jq], theta, counts // r, self.ok[jq], True, UNITS)
-                        total = values[:rest + 1] + r * seconds[jq, r][0][rest::-1]
-                        c = int(np.argmax(total))
-                        if values[c] > 0:
-                            found.append((float(total[c]), jq, c, (jq, r), rest - c))
-                    for value, jq, c, second, left in found:
-                        a1 = taken(c)
-                        a2 = seconds[second][1](left) if second is not None else np.zeros_like(a1)
-                        if not whole:
-                            a1, a2 = _cut(table, rows, j, jq, a1, a2, y, theta)
-                            value = float(a1 @ y + p // sizes[jq] * (a2 @ y))
-                        ratio = max(ratio, value / p)
-                        if value > p * (1 + 1e-7) and (a1.any() or a2.any()):
-                            added |= self.add(j, jq, a1, a2)
+            seen.append(gpus)
+            if len(seen) > TAIL_ROUNDS and seen[-1 - TAIL_ROUNDS] - gpus < TAIL * n:
+                return gpus <= n * (1 + 1e-9)  # the tail: columns that barely move the program
+            added, ratio = self.price(y)
             if gpus / max(ratio, 1.0) > n * (1 + 1e-9):
                 return False  # Farley: y / ratio is dual feasible for every column this pricing finds
             if not added:
                 return gpus <= n * (1 + 1e-9)
-        return None
+        # Out of rounds: the columns so far fit the cluster or it is undecided.
+        return True if self.master.last is not None and self.master.last[0] <= n * (1 + 1e-9) else None
+
+    def price(self, y: np.ndarray) -> tuple[bool, float]:
+        """The columns the prices y make worth adding, added: whether any was, and the best
+        column's value per GPU."""
+        table, rows, sizes, theta, counts = self.table, self.shapes.first, self.table.sizes, self.theta, self.shapes.counts
+        added, ratio = False, 0.0
+        plain = [knapsack(y, table.add[rows, j], theta, counts, self.ok[j], True, UNITS) for j in range(len(sizes))]
+        seconds: dict[tuple[int, int], tuple[np.ndarray, Callable[[int], np.ndarray]]] = {}
+        for j, p in enumerate(sizes):
+            values, taken = plain[j]
+            for whole in (True, False):
+                # Two pricings: each part charged one whole fixed cost beside its samples'
+                # token shares (it runs at least one micro-batch), and the token shares alone,
+                # the column then cut until its parts' estimates fit (`_cut`). Per size, the
+                # best column that does not split and the best that splits into each smaller
+                # size (its own part within c units, each subgroup within the rest).
+                room = UNITS - self.fixed[j] if whole else UNITS
+                found = [(float(values[room]), j, room, None, 0)]
+                for jq, q in enumerate(sizes):
+                    rest = room - self.fixed[jq] if whole else room
+                    if q >= p or rest < 0:
+                        continue
+                    r = p // q
+                    if (jq, r) not in seconds:
+                        seconds[jq, r] = knapsack(y, table.add[rows, jq], theta, counts // r, self.ok[jq], True, UNITS)
+                    total = values[:rest + 1] + r * seconds[jq, r][0][rest::-1]
+                    c = int(np.argmax(total))
+                    if values[c] > 0:
+                        found.append((float(total[c]), jq, c, (jq, r), rest - c))
+                for value, jq, c, second, left in found:
+                    a1 = taken(c)
+                    a2 = seconds[second][1](left) if second is not None else np.zeros_like(a1)
+                    if not whole:
+                        a1, a2 = _cut(self.estimate, j, jq, a1, a2, y, theta)
+                        value = float(a1 @ y + p // sizes[jq] * (a2 @ y))
+                    ratio = max(ratio, value / p)
+                    if value > p * (1 + 1e-7) and (a1.any() or a2.any()):
+                        added |= self.add(j, jq, a1, a2)
+        return added, ratio
 
 
-def _part_estimate(table: CostTable, rows: np.ndarray, j: int, a: np.ndarray) -> float:
-    """The group estimate (`pack.group_estimate`) of `a` (counts of the shapes `rows`) at size
-    index j, with as many shared micro-batches as the canonical packing makes of them
-    (`costs.pack_tokens`: three 48,600-token videos in 78,848-token micro-batches take three,
-    where their tokens alone ask for two): the exact price of the part, but for rings."""
-    if not a.any():
-        return 0.0
-    short_tok, short_pairs, base = (x[rows, j] for x in table.estimate_terms())
-    held = np.flatnonzero(a * short_tok)
-    tokens = np.repeat(short_tok[held], a[held])
-    bins = len(pack_tokens(tokens, np.arange(len(tokens)), float(table.cap0[j]))) if len(tokens) else 0
-    return float(group_estimate(table, a @ base, a @ short_tok, a @ short_pairs, j, bins))
+class _Estimates:
+    """The group estimate (`pack.group_estimate`) of a part, shape counts a at size index j, with
+    as many shared micro-batches as the canonical packing makes of them (`costs.pack_tokens`:
+    three 48,600-token videos in 78,848-token micro-batches take three, where their tokens alone
+    ask for two): the exact price of the part, but for rings. Remembered: the column generation
+    asks for the same parts again and again."""
+
+    def __init__(self, table: CostTable, rows: np.ndarray) -> None:
+        self.table, self.rows = table, rows
+        self.short_tok, self.short_pairs, self.base = (x[rows] for x in table.estimate_terms())
+        self.known: dict[tuple[int, bytes], float] = {}
+
+    def __call__(self, j: int, a: np.ndarray) -> float:
+        if not a.any():
+            return 0.0
+        key = (j, a.tobytes())
+        found = self.known.get(key)
+        if found is None:
+            short_tok = self.short_tok[:, j]
+            tok = float(a @ short_tok)
+            cap = float(self.table.cap0[j])
+            if tok <= cap:  # one shared micro-batch holds them all (none: all checkpoint alone)
+                bins = 1 if tok > 0 else 0
+            else:
+                held = np.flatnonzero(a * short_tok)
+                tokens = np.repeat(short_tok[held], a[held])
+                bins = len(pack_tokens(tokens, np.arange(len(tokens)), cap))
+            found = self.known[key] = float(group_estimate(self.table, float(a @ self.base[:, j]), tok,
+                                                           float(a @ self.short_pairs[:, j]), j, bins))
+        return found
 
 
-def _cut(table: CostTable, rows: np.ndarray, j: int, jq: int, a1: np.ndarray, a2: np.ndarray, y: np.ndarray,
+def _cut(estimate: _Estimates, j: int, jq: int, a1: np.ndarray, a2: np.ndarray, y: np.ndarray,
          theta: float) -> tuple[np.ndarray, np.ndarray]:
     """The column's parts cut until their estimates sum within theta: one sample of the shape
     with the least dual value per second of additive weight out at a time (of either part)."""
+    table, rows = estimate.table, estimate.rows
     a1, a2 = a1.copy(), a2.copy()
     r = table.sizes[j] // table.sizes[jq]
     d1 = y / np.maximum(table.add[rows, j], 1e-30)
     d2 = r * y / np.maximum(table.add[rows, jq], 1e-30)
-    while (a1.any() or a2.any()) and _part_estimate(table, rows, j, a1) + _part_estimate(table, rows, jq, a2) > theta:
+    while (a1.any() or a2.any()) and estimate(j, a1) + estimate(jq, a2) > theta:
         h1, h2 = np.flatnonzero(a1), np.flatnonzero(a2)
         k1 = h1[np.argmin(d1[h1])] if len(h1) else -1
         k2 = h2[np.argmin(d2[h2])] if len(h2) else -1

@@ -120,7 +120,7 @@ NESTED_COLUMNS_PER_GPU = 4
 cells of 2 per GPU: with more, single layouts already end within 1% of the bound)..."""
 NESTED_COLUMNS_SHARE = 0.5
 """...in what the single layout leaves of the time limit, at least this share of it..."""
-NESTED_COLUMNS_MIN_S = 1.5
+NESTED_COLUMNS_MIN_S = 0.5
 """...when it is at least this long. Open-Sora, 512 on 256 GPUs and 2,048 on 1,024, 5 batches
 each, one session: at a 5 s limit 2.48% and 2.12% mean gap against 3.74% and 3.06% without
 them, at 3 s 3.10% and 2.26% (asked for before the single layout, in half the limit; after it,
@@ -222,7 +222,8 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
     if nested_ok:
         now = min(p.step_time_s for p in (single, fill) if isinstance(p, Plan))  # the fastest in hand
         if now > bound_s / (1 - options.mip_rel_gap):
-            nested = nested_column_plan(batch, cm, sizes, busy_s, arrays, options.max_microbatches, costs, deadline)
+            nested = nested_column_plan(batch, cm, sizes, busy_s, arrays, options.max_microbatches, costs, deadline,
+                                        seed=single if isinstance(single, Plan) else None)
             if nested is not None and nested.step_time_s < now:
                 fill, fill_source, fill_how = nested, "nested columns", NESTED_COLUMNS
     if isinstance(single, Beaten):

@@ -359,7 +359,8 @@ def _rounded(cols: Columns, values: np.ndarray, shapes: Shapes, table: CostTable
     return groups
 
 
-def integer_copies(cols: Columns, shapes: Shapes, sizes: list[int], num_gpus: int, deadline: Deadline) -> np.ndarray | None:
+def integer_copies(cols: Columns, shapes: Shapes, sizes: list[int], num_gpus: int, deadline: Deadline,
+                   share: float = IP_SHARE) -> np.ndarray | None:
     """Copies of each column covering every sample within N GPUs (HiGHS, first solution found)."""
     import highspy
 
@@ -371,7 +372,7 @@ def integer_copies(cols: Columns, shapes: Shapes, sizes: list[int], num_gpus: in
     h.changeColsIntegrality(n, np.arange(n, dtype=np.int32), np.full(n, highspy.HighsVarType.kInteger))
     h.setOptionValue("mip_max_nodes", IP_NODES)
     h.setOptionValue("mip_max_improving_sols", 1)
-    h.setOptionValue("time_limit", max(IP_SHARE * deadline.left(), 0.001))
+    h.setOptionValue("time_limit", max(share * deadline.left(), 0.001))
     h.run()
     if h.getInfo().primal_solution_status != 2:
         if deadline.left() <= 0:
