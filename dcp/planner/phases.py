@@ -25,7 +25,8 @@ The search (`solve_phased`), within the ILP's one deadline `time_limit_s`:
    `NESTED_COLUMNS_SHARE` of the limit is at least `NESTED_COLUMNS_MIN_S`, at most the rest of
    the limit, and then, unless the plan in hand is within the solver's gap of the bound, nested
    plans by column generation in the time left (`dcp.planner.nested_columns`: groups that split
-   into smaller ones for part of the step), the faster kept;
+   into smaller ones for part of the step; the single layout's groups start its programs), the
+   faster kept;
 2. unless that plan is within the solver's gap of `bounds.multi_phase_bound`, or no split can
    beat it: splits "the k longest samples, then the rest" priced by bounds for every k at once
    (`split_estimates`, a sum and a max over the samples of each side), then the most promising
@@ -121,13 +122,15 @@ cells of 2 per GPU: with more, single layouts already end within 1% of the bound
 NESTED_COLUMNS_SHARE = 0.5
 """...in what the single layout leaves of the time limit, at least this share of it..."""
 NESTED_COLUMNS_MIN_S = 0.5
-"""...when it is at least this long. Open-Sora, 512 on 256 GPUs and 2,048 on 1,024, 5 batches
-each, one session: at a 5 s limit 2.48% and 2.12% mean gap against 3.74% and 3.06% without
-them, at 3 s 3.10% and 2.26% (asked for before the single layout, in half the limit; after it,
-in what it leaves, 2.44% and 2.12%, 3.08% and 2.31%, and 512 videos on 1,024 GPUs, which the
-single layout plans at the bound, solve in 0.2-0.3 s); given 0.5 s of a 1 s limit they found a
-plan on 1 batch of 10 and left the single layout too little time (512 on 256: 4.21% against
-3.74%)."""
+"""...when it is at least this long (a level takes 0.15-0.45 s, `dcp.planner.nested_columns`).
+Open-Sora at 1 s, 5 batches each, the single layout given half the limit and the nested plans the
+rest, against the single layout given all of it (3.74% and 3.10% mean gap, worst 4.35% and
+3.33%): 512 videos on 256 GPUs 2.7-3.8% (worst 3.8-5.5%), 2,048 on 1,024 2.1-3.1% (2.2-4.9%),
+over six runs on this machine (`benchmarks/planner.py`): most batches 1-3% faster, a few up to
+1% slower, where the shortened single layout did worse and no nested plan came in time (docs/
+design.md). 512 videos on 1,024 GPUs, which the single layout plans at the bound in 0.2 s, never
+ask. Before their integer program kept the fractional optimum's whole copies, given 0.5 s of 1 s
+they found a plan on 1 batch of 10."""
 
 
 def split_order(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], makespan_s: float,
