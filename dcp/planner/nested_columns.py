@@ -28,12 +28,12 @@ level instead of 29-37; 512 on 256, batch 0, 22-25 instead of 33-36), and a leve
 ends where its last rounds barely move the program (`TAIL`). The integer
 program (`_integer`) keeps the fractional optimum's whole copies and covers what they leave
 over every column found, which near the least level with a plan takes a tenth of the time the
-program over the whole batch does; its groups are laid out aligned (the largest first): the
-subgroups as the plan's first phase, the groups whole as its second
-(`backfill.assemble_candidate`, on the executor's schedule: a group starts when its subgroups
-have all ended). Its own part holds its longest samples, whose backward passes at the step's
-end hide the gradient reductions (the other order exposed twice as much of them: 0.030 s
-against 0.015 s on batch 1).
+program over the whole batch does; its groups are laid out aligned (the largest first), each
+group's part that holds its longest sample (its own, mostly) in the plan's second phase and the
+other in its first (`backfill.assemble_candidate`, on the executor's schedule: a group starts
+when its subgroups have all ended): that sample's backward pass at the step's end hides the
+gradient reductions (the other order exposed twice as much of them: 0.030 s against 0.015 s on
+batch 1).
 
 `nested_column_plan` tries `FIRST` (1.025 times the bound of every plan's busy time), or where it
 gives no plan higher ones (`UP`) until one does (the columns of the levels below start it), then

@@ -125,12 +125,12 @@ NESTED_COLUMNS_MIN_S = 0.5
 """...when it is at least this long (a level takes 0.15-0.45 s, `dcp.planner.nested_columns`).
 Open-Sora at 1 s, 5 batches each, the single layout given half the limit and the nested plans the
 rest, against the single layout given all of it (3.74% and 3.10% mean gap, worst 4.35% and
-3.33%): 512 videos on 256 GPUs 2.7-3.8% (worst 3.8-5.5%), 2,048 on 1,024 2.1-3.1% (2.2-4.9%),
-over six runs on this machine (`benchmarks/planner.py`): most batches 1-3% faster, a few up to
-1% slower, where the shortened single layout did worse and no nested plan came in time (docs/
-design.md). 512 videos on 1,024 GPUs, which the single layout plans at the bound in 0.2 s, never
-ask. Before their integer program kept the fractional optimum's whole copies, given 0.5 s of 1 s
-they found a plan on 1 batch of 10."""
+3.33%): 512 videos on 256 GPUs 2.3-3.8% (worst 2.5-5.5%), 2,048 on 1,024 2.0-3.1% (2.2-4.9%),
+over the runs on this machine (`benchmarks/planner.py`, docs/design.md): most batches 1-3%
+faster, a few up to 1% slower, where the shortened single layout did worse and no nested plan
+came in time. 512 videos on 1,024 GPUs, which the single layout plans at the bound in 0.2 s,
+never ask. Before their integer program kept the fractional optimum's whole copies, given 0.5 s
+of 1 s they found a plan on 1 batch of 10."""
 
 
 def split_order(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], makespan_s: float,
