@@ -496,7 +496,7 @@ def _coarse(work: _Work) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def round_down(tokens: np.ndarray, pairs: np.ndarray, weight: np.ndarray,
-                most: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+               most: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """At most about `most` classes of samples on a geometric grid of token counts, each standing
     for its members with the least tokens and the least pairs among them: every cost in the
     bound grows with both, so the bound can only fall."""

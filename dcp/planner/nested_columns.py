@@ -169,18 +169,16 @@ def nested_column_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[i
 
 
 def _seed_columns(plan: Plan, batch: Sequence[Sample], shapes: Shapes, table: CostTable) -> list[tuple[int, np.ndarray]]:
-    """The plan's distinct groups as (size index, shape counts)."""
+    """The plan's distinct groups as (size index, shape counts); the plan's sizes are the table's."""
     index = {s.id: i for i, s in enumerate(batch)}
     shape = np.empty(len(batch), dtype=np.int64)
     for t, members in enumerate(shapes.members):
         shape[members] = t
-    sizes = list(table.sizes)
     out: dict[tuple[int, bytes], tuple[int, np.ndarray]] = {}
     for g in plan.groups:
-        if g.sp not in sizes:
-            continue
+        j = table.sizes.index(g.sp)
         a = np.bincount(shape[[index[i] for mb in g.microbatches for i in mb.samples]], minlength=len(shapes.counts))
-        out.setdefault((sizes.index(g.sp), a.tobytes()), (sizes.index(g.sp), a))
+        out.setdefault((j, a.tobytes()), (j, a))
     return list(out.values())
 
 
@@ -215,9 +213,9 @@ def _integer(master: Master, shapes: Shapes, num_gpus: int, deadline: Deadline) 
             break
         kept = np.maximum(whole - freed, 0)
         left = num_gpus - int(kept @ gpus)
-        rest = Shapes(shapes.members, shapes.first, np.maximum(shapes.counts - kept @ a, 0))
         if left < 0:
             continue
+        rest = Shapes(shapes.members, shapes.first, np.maximum(shapes.counts - kept @ a, 0))
         if not rest.counts.any():
             return kept
         z = integer_copies(master.cols, rest, master.sizes, left, deadline, IP_SHARE)
@@ -253,8 +251,7 @@ class _Program:
                 if pooled.estimate <= theta:
                     self.add(j, jq, a1, a2, keep=False)
         if len(starts):  # a plan's groups, cut to fit (the fewest GPU-seconds per second of weight kept)
-            work = np.where(np.stack(self.ok, axis=1), table.add[rows] * np.asarray(sizes, dtype=np.float64)[None, :], np.inf)
-            least = work.min(axis=1)
+            least = np.where(np.stack(self.ok, axis=1), table.gpu_seconds(rows), np.inf).min(axis=1)
             for j, a in starts:
                 a1, _ = _cut(self.estimate, j, j, np.where(self.ok[j], a, 0), np.zeros_like(a), least, theta)
                 if a1.any():

@@ -67,7 +67,7 @@ def _at(table: CostTable, theta: float, num_gpus: int, deadline: Deadline) -> Gr
     more than `num_gpus`, when a sample runs alone within theta at no size, or on the deadline."""
     sizes = table.sizes
     ok = table.solo <= theta
-    gpu_s = np.where(ok, table.add * np.asarray(sizes, dtype=np.float64)[None, :], np.inf)
+    gpu_s = np.where(ok, table.gpu_seconds(), np.inf)
     home = np.argmin(gpu_s, axis=1)
     if not ok[np.arange(len(home)), home].all():
         return None

@@ -333,7 +333,7 @@ def _rounded(cols: Columns, values: np.ndarray, shapes: Shapes, table: CostTable
     gpus = np.array([table.sizes[j] for j, _ in cols])
     a = np.stack([col for _, col in cols]).astype(np.int64)  # columns x shapes
     rows = shapes.first
-    work = (table.add[rows] * np.asarray(table.sizes, dtype=np.float64)[None, :]).min(axis=1)  # per shape
+    work = table.gpu_seconds(rows).min(axis=1)  # per shape
     left = np.maximum(shapes.counts - copies @ a, 0)
     free = num_gpus - int(copies @ gpus)
     while free > 0 and left.any():

@@ -57,6 +57,11 @@ class CostTable:
     """Per size: the per-token and per-pair coefficients of `marg` without checkpointing."""
     line0_pair: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
+    def gpu_seconds(self, rows: np.ndarray | slice = slice(None)) -> np.ndarray:
+        """The additive weights `add` of `rows` times each column's SP size: the GPU-seconds a
+        sample takes in a group of that size."""
+        return self.add[rows] * np.asarray(self.sizes, dtype=np.float64)[None, :]
+
     def estimate_terms(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """What `pack`'s group estimate adds per sample and size: the tokens and the pairs of a
         sample that needs no checkpointing (it shares micro-batches), and its time besides them

@@ -258,7 +258,7 @@ def rebalance(groups: Groups, table: CostTable, deadline: float | Deadline = mat
         heapq.heapify(h)
     sizes = sorted(heaps)
     cols = np.asarray(sizes)
-    gpu_s = table.add[fill][:, cols] * np.asarray(table.sizes, dtype=np.float64)[cols][None, :]
+    gpu_s = table.gpu_seconds(fill)[:, cols]
     shares = (table.ckpt[fill][:, cols] == 0)
     marg, short_tok = st.marg[fill][:, cols].tolist(), st.short_tok[fill][:, cols].tolist()
     where = st.where.copy()
