@@ -378,3 +378,26 @@ def test_longest_sample_beside_the_rest_beats_every_single_layout() -> None:
     assert all(min(g.ranks) >= 16 for g in plan.groups if g.phase == 0 and g is not first[0])
     assert all(max(g.ranks) < 16 for g in plan.groups if g.phase == 1)
     assert plan.step_time_s < single_layout_bound(batch, cm)
+
+
+def test_without_a_phase_search_the_single_layout_gets_all_but_the_report(monkeypatch) -> None:  # noqa: ANN001
+    """Where no sample needs a large group nothing but the report follows the single layout: of
+    6,000 samples, its limit is the solve's less `REPORT_S` (it counts from the solve's start, the
+    checks and bounds before it included), not less a final pricing's reserve (which left
+    lognormal's 32,768 samples on 32 GPUs no time for their program)."""
+    from dcp.planner import phases
+    from dcp.planner.ilp.budget import final_pricing_s
+
+    cm = cost_model(gpus=8)
+    batch = make_batch([512 + 37 * (i % 50) for i in range(6000)])
+    assert final_pricing_s(len(batch)) > phases.REPORT_S
+    limits: list[float] = []
+    real = phases.solve_ilp_against
+
+    def spy(batch_, cm_, options, *args, **kwargs):  # noqa: ANN001, ANN202
+        limits.append(options.time_limit_s)
+        return real(batch_, cm_, options, *args, **kwargs)
+
+    monkeypatch.setattr(phases, "solve_ilp_against", spy)
+    solve(batch, cm.cluster, cm, IlpOptions(time_limit_s=0.6))
+    assert limits == [pytest.approx(0.6 - phases.REPORT_S)]
