@@ -52,8 +52,8 @@ def test_groups_at_a_level_place_every_video_once_and_fit_it(videos) -> None:  #
     shapes = columns.shapes_of(table)
     assert shapes is not None
     theta = 1.05 * busy
-    groups = plan_at(table, shapes, cm.cluster.num_gpus, theta, Deadline(math.inf))
-    assert groups is not None
+    groups, fits = plan_at(table, shapes, cm.cluster.num_gpus, theta, Deadline(math.inf))
+    assert groups is not None and fits
     held = sorted(i for g in groups for i in g.own + [i for part in g.parts for i in part])
     assert held == list(range(len(batch)))
     assert sum(sizes[g.j] for g in groups) <= cm.cluster.num_gpus
@@ -195,20 +195,29 @@ def _counts(group, batch, shapes) -> list[int]:  # noqa: ANN001
 
 
 def test_levels_go_down_from_the_first_while_plans_come_and_up_where_none(monkeypatch, videos) -> None:  # noqa: ANN001
-    """The levels asked, as multiples of the bound: down from `FIRST` by `STEP` while each gives a
+    """The levels asked, as multiples of the bound: down from `FIRST` by `STEP` to the first
+    whose fractional program does not fit, past those where only the integer program found no
     plan; where `FIRST` gives none, up through `UP` until one does, then down by `STEP` while
     above the highest without a plan."""
     cm, batch, sizes, arrays, pricer, table, busy = videos
     shapes = columns.shapes_of(table)
-    groups = plan_at(table, shapes, cm.cluster.num_gpus, 1.07 * busy, Deadline(math.inf))
-    assert groups is not None
-    for least, want in ((1.0195, [1.025, 1.0225, 1.02, 1.0175]), (1.032, [1.025, 1.03, 1.035, 1.0325])):
+    groups, fits = plan_at(table, shapes, cm.cluster.num_gpus, 1.07 * busy, Deadline(math.inf))
+    assert groups is not None and fits
+    cases = (  # (least level whose fractional program fits, levels where the integer program finds none, asked)
+        (1.0195, (), [1.025, 1.0225, 1.02, 1.0175]),
+        (1.032, (), [1.025, 1.03, 1.035, 1.0325]),
+        (1.0145, (1.0225, 1.02), [1.025, 1.0225, 1.02, 1.0175, 1.015, 1.0125]),
+        (1.0, (1.025,), [1.025, 1.03, 1.0275]),
+    )
+    for least, no_integer, want in cases:
         asked: list[float] = []
 
         def fake(table_, shapes_, n, theta, deadline, pool=None, starts=(), estimate=None, least=least,  # noqa: ANN001, ANN202
-                 asked=asked):
+                 no_integer=no_integer, asked=asked):
             asked.append(round(theta / busy, 6))
-            return groups if theta >= least * busy else None
+            if theta < least * busy:
+                return None, False
+            return (None, True) if any(abs(theta - x * busy) < 1e-9 * busy for x in no_integer) else (groups, True)
 
         monkeypatch.setattr(nested_columns, "plan_at", fake)
         plan = nested_column_plan(batch, cm, sizes, busy, arrays, None, (pricer, table))

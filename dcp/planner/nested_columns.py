@@ -37,8 +37,8 @@ batch 1).
 
 `nested_column_plan` tries `FIRST` (1.025 times the bound of every plan's busy time), or where it
 gives no plan higher ones (`UP`) until one does (the columns of the levels below start it), then
-lower ones, above the highest without a plan, while each gives one and its deadline lasts, and
-returns the fastest plan priced. A level
+lower ones, above the highest without a plan, down to the first whose fractional program does
+not fit or its deadline, and returns the fastest plan priced. A level
 takes 0.15-0.45 s at 512 videos on 256 GPUs and 2,048 on 1,024, its integer program included,
 so the phase search (`dcp.planner.phases`) asks for them in the second half of a 1 s limit.
 Never imports torch.
@@ -138,11 +138,14 @@ def nested_column_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[i
     starts = _seed_columns(seed, batch, shapes, table) if seed is not None else []
     estimate = _Estimates(table, shapes.first)
 
-    def tried(level: float) -> bool:
+    def tried(level: float) -> bool | None:
+        """Whether `level` gave a plan; None where its fractional program does not fit (nor does
+        any lower level's) or the deadline passed, False where only the integer program found none."""
         nonlocal best
-        groups = plan_at(table, shapes, cm.cluster.num_gpus, busy_floor_s * level, deadline, pool, starts, estimate)
+        groups, fits = plan_at(table, shapes, cm.cluster.num_gpus, busy_floor_s * level, deadline, pool, starts,
+                               estimate)
         if groups is None:
-            return False
+            return False if fits else None
         cand = _candidate(groups, table, cm)
         if max_microbatches is not None and max(len(mbs) for _, _, mbs in cand.first + cand.second) > max_microbatches:
             return False
@@ -162,8 +165,10 @@ def nested_column_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[i
             floor = level
         else:
             return best
+    # Down past levels where only the integer program found none (it may at a lower one: its
+    # columns differ), to the first whose fractional program does not fit.
     level -= STEP
-    while level > floor + 1e-9 and not deadline.passed() and tried(level):
+    while level > floor + 1e-9 and not deadline.passed() and tried(level) is not None:
         level -= STEP
     return best
 
@@ -184,18 +189,21 @@ def _seed_columns(plan: Plan, batch: Sequence[Sample], shapes: Shapes, table: Co
 
 def plan_at(table: CostTable, shapes: Shapes, num_gpus: int, theta: float, deadline: Deadline,
             pool: list[_Pooled] | None = None, starts: Sequence[tuple[int, np.ndarray]] = (),
-            estimate: _Estimates | None = None) -> list[Nested] | None:
+            estimate: _Estimates | None = None) -> tuple[list[Nested] | None, bool]:
     """Nested groups within theta by the estimates (module docstring), from the integer program
-    over the columns generated at theta (`_integer`); None when the fractional program needs more
-    GPUs than the cluster's, the integer program finds no plan, or the deadline passes. `pool`
+    over the columns generated at theta (`_integer`), and whether the fractional program fits the
+    cluster; no groups when it does not, the integer program finds no plan, or the deadline
+    passes. `pool`
     holds columns of other levels (those that fit theta start the program) and takes this
     level's; `starts` (size index, shape counts) start it too, cut to fit; `estimate` remembers
     the parts' estimates across levels."""
     program = _Program(table, shapes, num_gpus, theta, pool, starts, estimate)
     if program.generate(deadline) is not True:
-        return None
+        return None, False
     copies = _integer(program.master, shapes, num_gpus, deadline)
-    return None if copies is None else _fill(program.master.cols, program.kinds, copies.tolist(), shapes, table.sizes)
+    if copies is None:
+        return None, True
+    return _fill(program.master.cols, program.kinds, copies.tolist(), shapes, table.sizes), True
 
 
 def _integer(master: Master, shapes: Shapes, num_gpus: int, deadline: Deadline) -> np.ndarray | None:
