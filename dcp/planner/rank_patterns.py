@@ -37,7 +37,7 @@ V(pi) is a knapsack of slices into M, each slice one of a micro-batch's knapsack
 
 It holds for every plan the executor can run, single-layout or multi-phase: nothing above asks
 which group a rank is in between micro-batches. Open-Sora, 512 videos on 256 GPUs: 0.7-1.0%
-above `multi_phase_busy` on the benchmark's batches, in 4-8 s (so it is a measurement, not part
+above `multi_phase_busy` on the benchmark's batches, in 2.3-3.6 s (so it is a measurement, not part
 of a 1 s solve: `benchmarks/planner.py --pattern-bound` reports the gap to it). Never imports
 torch.
 """
