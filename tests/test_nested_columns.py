@@ -198,16 +198,18 @@ def test_levels_go_down_from_the_first_while_plans_come_and_up_where_none(monkey
     """The levels asked, as multiples of the bound: down from `FIRST` by `STEP` to the first
     whose fractional program does not fit, past those where only the integer program found no
     plan; where `FIRST` gives none, up through `UP` until one does, then down by `STEP` while
-    above the highest without a plan."""
+    above the highest without a plan; then halfway between the lowest with a plan and the
+    highest below it without one, until they are `FINEST` apart."""
     cm, batch, sizes, arrays, pricer, table, busy = videos
     shapes = columns.shapes_of(table)
     groups, fits = plan_at(table, shapes, cm.cluster.num_gpus, 1.07 * busy, Deadline(math.inf))
     assert groups is not None and fits
     cases = (  # (least level whose fractional program fits, levels where the integer program finds none, asked)
-        (1.0195, (), [1.025, 1.0225, 1.02, 1.0175]),
-        (1.032, (), [1.025, 1.03, 1.035, 1.0325]),
-        (1.0145, (1.0225, 1.02), [1.025, 1.0225, 1.02, 1.0175, 1.015, 1.0125]),
-        (1.0, (1.025,), [1.025, 1.03, 1.0275]),
+        (1.0195, (), [1.025, 1.0225, 1.02, 1.0175, 1.01875, 1.019375]),
+        (1.032, (), [1.025, 1.03, 1.035, 1.0325, 1.03125, 1.031875]),
+        (1.0145, (1.0225, 1.02), [1.025, 1.0225, 1.02, 1.0175, 1.015, 1.0125, 1.01375, 1.014375]),
+        (1.0, (1.025,), [1.025, 1.03, 1.0275, 1.02625, 1.025625]),
+        (1.0185, (1.02,), [1.025, 1.0225, 1.02, 1.0175, 1.02125, 1.020625]),
     )
     for least, no_integer, want in cases:
         asked: list[float] = []
