@@ -170,19 +170,18 @@ def nested_column_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[i
             return best
     # Down past levels where only the integer program found none (it may at a lower one: its
     # columns differ), to the first whose fractional program does not fit...
-    lowest, without = level, [floor]  # the lowest level that gave a plan; levels that gave none
+    lowest = level  # the lowest level that gave a plan
     level -= STEP
     while level > floor + 1e-9 and not deadline.passed():
         found = tried(level)
-        if found:
-            lowest = level
-        else:
-            without.append(level)
         if found is None:
             break
+        if found:
+            lowest = level
         level -= STEP
-    # ...then halfway between the lowest that gave a plan and the highest below it that gave none.
-    below = max(x for x in without if x < lowest)
+    # ...then halfway between the lowest that gave a plan and the highest below it that gave none:
+    # the level a step under it, which the descent tried next (or, at the floor, the floor).
+    below = max(floor, lowest - STEP)
     while lowest - below > FINEST + 1e-9 and not deadline.passed():
         level = (lowest + below) / 2
         if tried(level):
