@@ -35,13 +35,24 @@ when its subgroups have all ended): that sample's backward pass at the step's en
 gradient reductions (the other order exposed twice as much of them: 0.030 s against 0.015 s on
 batch 1).
 
-`nested_column_plan` tries `FIRST` (1.025 times the bound of every plan's busy time), or where it
-gives no plan higher ones (`UP`) until one does (the columns of the levels below start it), then
-lower ones, above the highest without a plan, down to the first whose fractional program does
-not fit, then halfway between the lowest with a plan and the highest below it without one (to
-`FINEST`), until its deadline, and returns the fastest plan priced. A level
-takes 0.15-0.45 s at 512 videos on 256 GPUs and 2,048 on 1,024, its integer program included,
-so the phase search (`dcp.planner.phases`) asks for them in the second half of a 1 s limit.
+Near the least level with a plan, three things decide whether a level gives one:
+- the columns fit their level to the knapsack's step (theta / `UNITS`, rounded up per sample), so
+  each leaves room a short video would fill: the fractional optimum's columns are topped up
+  (`_top_up`: the shapes of most dual value per second of estimate first, while the parts'
+  estimates fit) and the generation goes on from them, `TOP_UP_ROUNDS` times at most;
+- a level's generation starts from the last level's fractional optimum, cut to fit (`carry`):
+  a level below takes a quarter of the rounds (Open-Sora, 512 videos on 256 GPUs, batch 1:
+  0.025 s against 0.1 s);
+- the integer program: with under a GPU to spare, the whole copies of one optimum often leave
+  what no whole copies cover, where those of another optimum do; `_integer` tries `ATTEMPTS`
+  optima (the program's costs perturbed, seeded: the same ones every run).
+
+`nested_column_plan` tries `FIRST` (1.0225 times the bound of every plan's busy time), or where
+it gives no plan higher ones (`UP`) until one does (the columns of the levels below start it),
+then `GUESS` below it, then halfway between the lowest level with a plan and the highest below
+it without one, down to `FINEST`, until its deadline, and returns the fastest plan priced. A
+level takes 0.05-0.45 s at 512 videos on 256 GPUs and 2,048 on 1,024, its integer program
+included, so the phase search (`dcp.planner.phases`) gives them most of a 1 s limit.
 Never imports torch.
 """
 
@@ -70,13 +81,15 @@ from dcp.planner.plan import Plan
 from dcp.planner.pricing import BatchArrays, Layout, Pricer
 from dcp.planner.sample import Sample
 
-FIRST = 1.025
+FIRST = 1.0225
 """The first level tried, as a multiple of the bound of every plan's busy time..."""
-UP = (1.03, 1.035, 1.045, 1.07)
+UP = (1.0275, 1.035, 1.045, 1.07)
 """...then, where it gives no plan, these upward until one does (every column of a level fits the
 levels above it, which start from them)..."""
-STEP = 0.0025
-"""...then levels this much lower, above the highest without a plan, while each gives one..."""
+GUESS = 1.0175
+"""...then this one, where it lies between the highest level without a plan and the lowest with
+one (Open-Sora's cells of two videos a GPU: most batches' least level with a plan lies within a
+quarter point of it)..."""
 FINEST = 0.001
 """...then halfway between the lowest with a plan and the highest without, down to this."""
 MAX_ROUNDS = 40
@@ -85,8 +98,14 @@ TAIL_ROUNDS = 6
 TAIL = 0.0002
 """...and a level's generation ends where its last `TAIL_ROUNDS` rounds lowered the program by less
 than this share of the cluster's GPUs."""
-FREED = (0, 1)
-"""Copies of each column of the fractional optimum left to the integer program, in the order tried."""
+TOP_UP_ROUNDS = 3
+"""Rounds of topping up the fractional optimum's columns, each followed by more generation."""
+ATTEMPTS = 3
+"""Optima of the fractional program whose whole copies the integer program starts from..."""
+PERTURB = 0.02
+"""...the second on with each column's GPUs in the objective scaled by up to this share more."""
+TRIES = 3
+"""Shapes `_top_up` tries for each sample it adds, densest first."""
 IP_SHARE = 0.8
 """The share of the time left the integer program may take (the single layout's: 0.25)."""
 UNITS = 500
@@ -140,15 +159,15 @@ def nested_column_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[i
     pool: list[_Pooled] = []  # every level's columns, for the next
     starts = _seed_columns(seed, batch, shapes, table) if seed is not None else []
     estimate = _Estimates(table, shapes.first)
+    carry: list[NestedColumn] = []  # the last level's fractional optimum, for the next
 
-    def tried(level: float) -> bool | None:
-        """Whether `level` gave a plan; None where its fractional program does not fit (nor does
-        any lower level's) or the deadline passed, False where only the integer program found none."""
+    def tried(level: float) -> bool:
+        """Whether `level` gave a plan."""
         nonlocal best
-        groups, fits = plan_at(table, shapes, cm.cluster.num_gpus, busy_floor_s * level, deadline, pool, starts,
-                               estimate)
+        groups, _ = plan_at(table, shapes, cm.cluster.num_gpus, busy_floor_s * level, deadline, pool, starts,
+                            estimate, carry)
         if groups is None:
-            return False if fits else None
+            return False
         cand = _candidate(groups, table, cm)
         if max_microbatches is not None and max(len(mbs) for _, _, mbs in cand.first + cand.second) > max_microbatches:
             return False
@@ -157,37 +176,23 @@ def nested_column_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[i
             best = plan
         return True
 
-    level, floor = FIRST, 1.0  # floor: the highest level known to give no plan
-    if not tried(FIRST):
-        floor = FIRST
-        for level in UP:
-            if deadline.passed():
-                return best
-            if tried(level):
-                break
-            floor = level
-        else:
+    lowest, below = 0.0, 1.0  # the lowest level that gave a plan, the highest below it that gave none
+    for level in (FIRST, *UP):
+        if deadline.passed():
             return best
-    # Down past levels where only the integer program found none (it may at a lower one: its
-    # columns differ), to the first whose fractional program does not fit...
-    lowest = level  # the lowest level that gave a plan
-    level -= STEP
-    while level > floor + 1e-9 and not deadline.passed():
-        found = tried(level)
-        if found is None:
-            break
-        if found:
+        if tried(level):
             lowest = level
-        level -= STEP
-    # ...then halfway between the lowest that gave a plan and the highest below it that gave none:
-    # the level a step under it, which the descent tried next (or, at the floor, the floor).
-    below = max(floor, lowest - STEP)
+            break
+        below = level
+    else:
+        return best
+    level = GUESS if below < GUESS < lowest else (lowest + below) / 2
     while lowest - below > FINEST + 1e-9 and not deadline.passed():
-        level = (lowest + below) / 2
         if tried(level):
             lowest = level
         else:
             below = level
+        level = (lowest + below) / 2
     return best
 
 
@@ -207,16 +212,23 @@ def _seed_columns(plan: Plan, batch: Sequence[Sample], shapes: Shapes, table: Co
 
 def plan_at(table: CostTable, shapes: Shapes, num_gpus: int, theta: float, deadline: Deadline,
             pool: list[_Pooled] | None = None, starts: Sequence[tuple[int, np.ndarray]] = (),
-            estimate: _Estimates | None = None) -> tuple[list[Nested] | None, bool]:
+            estimate: _Estimates | None = None,
+            carry: list[NestedColumn] | None = None) -> tuple[list[Nested] | None, bool]:
     """Nested groups within theta by the estimates (module docstring), from the integer program
-    over the columns generated at theta (`_integer`), and whether the fractional program fits the
-    cluster; no groups when it does not, the integer program finds no plan, or the deadline
-    passes. `pool`
-    holds columns of other levels (those that fit theta start the program) and takes this
-    level's; `starts` (size index, shape counts) start it too, cut to fit; `estimate` remembers
-    the parts' estimates across levels."""
-    program = _Program(table, shapes, num_gpus, theta, pool, starts, estimate)
-    if program.generate(deadline) is not True:
+    over the columns generated at theta and topped up (`_integer`), and whether the fractional
+    program fits the cluster; no groups when it does not, the integer program finds no plan, or
+    the deadline passes. `pool` holds columns of other levels (those that fit theta start the
+    program) and takes this level's; `starts` (size index, shape counts) start it too, cut to
+    fit, and so do the columns of `carry` (the last level's fractional optimum), which then holds
+    this level's; `estimate` remembers the parts' estimates across levels."""
+    program = _Program(table, shapes, num_gpus, theta, pool, starts, estimate, carry or ())
+    fits = program.generate(deadline)
+    if fits is None:
+        return None, False
+    fits = program.top_up(deadline, fits)
+    if carry is not None and program.master.last is not None:
+        carry[:] = program.optimum()
+    if fits is not True:
         return None, False
     copies = _integer(program.master, shapes, num_gpus, deadline)
     if copies is None:
@@ -225,19 +237,24 @@ def plan_at(table: CostTable, shapes: Shapes, num_gpus: int, theta: float, deadl
 
 
 def _integer(master: Master, shapes: Shapes, num_gpus: int, deadline: Deadline) -> np.ndarray | None:
-    """Whole copies of the columns covering every sample within N GPUs: the fractional optimum's
-    whole copies but `FREED` of each (first none, then one), and the integer program
-    (`columns.integer_copies`) over every column for what they leave. Near the least level with
-    a plan the integer program over the whole batch takes seconds where this takes a tenth of
-    one (Open-Sora, 512 on 256 GPUs, batch 3 at 1.0225: 2.1 s and 0.2 s); where this finds
-    nothing, the next level is tried."""
-    whole = np.floor(master.last_values() + 1e-6).astype(np.int64)
+    """Whole copies of the columns covering every sample within N GPUs: an optimum's whole copies
+    and the integer program (`columns.integer_copies`) over every column for what they leave,
+    for the fractional optimum and then `ATTEMPTS` - 1 others (`_other_optimum`) while none is
+    found. Near the least level with a plan the integer program over the whole batch takes
+    seconds where this takes a tenth of one (Open-Sora, 512 on 256 GPUs, batch 3 at 1.0225: 2.1 s
+    and 0.2 s); where this finds nothing, the next level is tried."""
     a = np.stack([col for _, col in master.cols]).astype(np.int64)
     gpus = np.array([master.sizes[j] for j, _ in master.cols])
-    for freed in FREED:
+    rng = np.random.default_rng(0)  # the same optima every run
+    values: np.ndarray | None = master.last_values()
+    for attempt in range(ATTEMPTS):
         if deadline.passed():
             break
-        kept = np.maximum(whole - freed, 0)
+        if attempt:
+            values = _other_optimum(master, gpus, rng, num_gpus, deadline)
+            if values is None:
+                continue
+        kept = np.floor(values + 1e-6).astype(np.int64)
         left = num_gpus - int(kept @ gpus)
         if left < 0:
             continue
@@ -250,12 +267,33 @@ def _integer(master: Master, shapes: Shapes, num_gpus: int, deadline: Deadline) 
     return None
 
 
+def _other_optimum(master: Master, gpus: np.ndarray, rng: np.random.Generator, num_gpus: int,
+                   deadline: Deadline) -> np.ndarray | None:
+    """The columns' values at the optimum of the program with each column's GPUs scaled by up to
+    `PERTURB` more (random), another vertex near the optimum; None where it needs more than the
+    cluster's GPUs or HiGHS gives no optimum in time. The program's own costs are restored."""
+    import highspy
+
+    n = len(gpus)
+    index = np.arange(n, dtype=np.int32)
+    h = master.h
+    h.changeColsCost(n, index, gpus * (1 + PERTURB * rng.random(n)))
+    h.setOptionValue("time_limit", max(deadline.left(), 0.001))
+    h.run()
+    ok = h.getModelStatus() == highspy.HighsModelStatus.kOptimal
+    values = np.array(h.getSolution().col_value) if ok else None
+    h.changeColsCost(n, index, gpus.astype(np.float64))
+    if values is None or float(values @ gpus) > num_gpus * (1 + 1e-9):
+        return None
+    return values
+
+
 class _Program:
     """The program over nested columns at theta, its columns and how each splits."""
 
     def __init__(self, table: CostTable, shapes: Shapes, num_gpus: int, theta: float,
                  pool: list[_Pooled] | None, starts: Sequence[tuple[int, np.ndarray]] = (),
-                 estimate: _Estimates | None = None) -> None:
+                 estimate: _Estimates | None = None, carry: Sequence[NestedColumn] = ()) -> None:
         self.table, self.shapes, self.num_gpus, self.theta, self.pool = table, shapes, num_gpus, theta, pool
         self.estimate = estimate if estimate is not None else _Estimates(table, shapes.first)
         sizes, rows = table.sizes, shapes.first
@@ -282,6 +320,13 @@ class _Program:
                 a1, _ = _cut(self.estimate, j, j, np.where(self.ok[j], a, 0), np.zeros_like(a), least, theta)
                 if a1.any():
                     self.add(j, j, a1, np.zeros_like(a1), keep=False)
+        if len(carry):  # the last level's optimum, cut the same way where it does not fit
+            least = np.where(np.stack(self.ok, axis=1), table.gpu_seconds(rows), np.inf).min(axis=1)
+            for j, jq, a1, a2 in carry:
+                b1, b2 = _cut(self.estimate, j, jq, np.where(self.ok[j], a1, 0), np.where(self.ok[jq], a2, 0),
+                              least, theta)
+                if b1.any() or b2.any():
+                    self.add(j, jq, b1, b2, keep=False)
 
     def add(self, j: int, jq: int, a1: np.ndarray, a2: np.ndarray, keep: bool = True) -> bool:
         if self.master.add(j, a1 + self.table.sizes[j] // self.table.sizes[jq] * a2):
@@ -314,6 +359,36 @@ class _Program:
                 return gpus <= n * (1 + 1e-9)
         # Out of rounds: the columns so far fit the cluster or it is undecided.
         return True if self.master.last is not None and self.master.last[0] <= n * (1 + 1e-9) else None
+
+    def top_up(self, deadline: Deadline, fits: bool) -> bool | None:
+        """`TOP_UP_ROUNDS` rounds at most: the fractional optimum's columns topped up (`_top_up`),
+        added, and the generation gone on from them; whether the program then fits (as
+        `generate`), `fits` where no column grew."""
+        counts, theta = self.shapes.counts, self.theta
+        for _ in range(TOP_UP_ROUNDS):
+            solved = self.master.solve(deadline)
+            if solved is None:
+                return fits
+            _, y = solved
+            values = self.master.last_values()
+            added = False
+            for c in np.flatnonzero(values > 1e-9):
+                j, _ = self.master.cols[c]
+                jq, a1, a2 = self.kinds[c]
+                b1, b2 = _top_up(self.estimate, j, jq, a1, a2, y, theta, counts, self.ok[j], self.ok[jq])
+                if (b1 != a1).any() or (b2 != a2).any():
+                    added |= self.add(j, jq, b1, b2)
+            if not added:
+                return fits
+            fits = self.generate(deadline)
+            if fits is None:
+                return None
+        return fits
+
+    def optimum(self) -> list[NestedColumn]:
+        """The columns the last fractional optimum uses."""
+        values = self.master.last_values()
+        return [(self.master.cols[c][0], *self.kinds[c]) for c in np.flatnonzero(values > 1e-9)]
 
     def price(self, y: np.ndarray) -> tuple[bool, float]:
         """The columns the prices y make worth adding, added: whether any was, and the best
@@ -385,6 +460,51 @@ class _Estimates:
             found = self.known[key] = float(group_estimate(self.table, float(a @ self.base[:, j]), tok,
                                                            float(a @ self.short_pairs[:, j]), j, bins))
         return found
+
+
+def _top_up(estimate: _Estimates, j: int, jq: int, a1: np.ndarray, a2: np.ndarray, y: np.ndarray, theta: float,
+            counts: np.ndarray, ok1: np.ndarray, ok2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The column with samples added while its parts' estimates sum within theta: one at a time,
+    of the shape (the batch holding more of it) of most dual value per second of its marginal
+    time at the part's size, to the own part or one to each subgroup (p / q of the shape), the
+    next densest where the estimate does not fit (`TRIES` each time)."""
+    table, rows = estimate.table, estimate.rows
+    split = jq != j
+    r = table.sizes[j] // table.sizes[jq] if split else 1
+    e1, e2 = estimate(j, a1), estimate(jq, a2) if split else 0.0
+    if e1 + e2 > theta:
+        return a1, a2
+    marg = table.estimate_terms()[2][rows]
+    m1, m2 = marg[:, j], marg[:, jq]
+    dense1 = np.where(ok1 & (y > 0), y / np.maximum(m1, 1e-30), -1.0)
+    dense2 = np.where(ok2 & (y > 0), y / np.maximum(m2, 1e-30), -1.0) if split else np.full(len(y), -1.0)
+    a1, a2 = a1.copy(), a2.copy()
+    while True:
+        room, used = theta - e1 - e2, a1 + r * a2
+        d1 = np.where((used < counts) & (m1 <= room), dense1, -1.0)
+        d2 = np.where((used + r <= counts) & (m2 <= room), dense2, -1.0)
+        for _ in range(TRIES):
+            k1, k2 = int(np.argmax(d1)), int(np.argmax(d2))
+            if d1[k1] <= 0 and d2[k2] <= 0:
+                return a1, a2
+            if d1[k1] >= d2[k2]:
+                a1[k1] += 1
+                grown = estimate(j, a1)
+                if grown + e2 <= theta:
+                    e1 = grown
+                    break
+                a1[k1] -= 1
+                d1[k1] = -1.0
+            else:
+                a2[k2] += 1
+                grown = estimate(jq, a2)
+                if e1 + grown <= theta:
+                    e2 = grown
+                    break
+                a2[k2] -= 1
+                d2[k2] = -1.0
+        else:
+            return a1, a2
 
 
 def _cut(estimate: _Estimates, j: int, jq: int, a1: np.ndarray, a2: np.ndarray, y: np.ndarray,

@@ -125,18 +125,17 @@ their program 0.15 s or less, and ended 2.2-4.4% above the bound.)"""
 NESTED_COLUMNS_PER_GPU = 4
 """Nested column plans are sought for batches of fewer samples per GPU than this (Open-Sora's
 cells of 2 per GPU: with more, single layouts already end within 1% of the bound)..."""
-NESTED_COLUMNS_SHARE = 0.5
-"""...in what the single layout leaves of the time limit, at least this share of it..."""
-NESTED_COLUMNS_MIN_S = 0.5
-"""...when it is at least this long (a level takes 0.15-0.45 s, `dcp.planner.nested_columns`).
-Open-Sora at 1 s, 5 batches each, the single layout given half the limit and the nested plans the
-rest, against the single layout given all of it (3.74% and 3.10% mean gap, worst 4.35% and
-3.33%): 512 videos on 256 GPUs 2.3-3.8% (worst 2.5-5.5%), 2,048 on 1,024 2.0-3.1% (2.2-4.9%),
-over the runs on this machine (`benchmarks/planner.py`, docs/design.md): most batches 1-3%
-faster, a few up to 1% slower, where the shortened single layout did worse and no nested plan
-came in time. 512 videos on 1,024 GPUs, which the single layout plans at the bound in 0.2 s,
-never ask. Before their integer program kept the fractional optimum's whole copies, given 0.5 s
-of 1 s they found a plan on 1 batch of 10."""
+NESTED_COLUMNS_SHARE = 0.7
+"""...in what the single layout leaves of the time limit, at least this share of it (its plan
+only starts theirs there)..."""
+NESTED_COLUMNS_MIN_S = 0.7
+"""...when it is at least this long (a level takes 0.05-0.45 s, `dcp.planner.nested_columns`):
+limits of 1 s and more. Open-Sora at 1 s, 5 batches each, the single layout given 0.3 s and the
+nested plans the rest: 512 videos on 256 GPUs 1.86-2.05% mean gap (worst 2.2-2.3%), 2,048 on
+1,024 1.82-1.92% (worst 1.9-2.2%), in three runs each on this machine; with half the limit
+each, 2.1-2.3% and 1.97-2.0%. 512 videos on 1,024 GPUs, which the single layout plans at the
+bound in 0.2 s, never ask. Before their integer program kept the fractional optimum's whole
+copies, given 0.5 s of 1 s they found a plan on 1 batch of 10."""
 
 
 def split_order(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], makespan_s: float,
