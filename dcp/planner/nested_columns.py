@@ -478,33 +478,26 @@ def _top_up(estimate: _Estimates, j: int, jq: int, a1: np.ndarray, a2: np.ndarra
     m1, m2 = marg[:, j], marg[:, jq]
     dense1 = np.where(ok1 & (y > 0), y / np.maximum(m1, 1e-30), -1.0)
     dense2 = np.where(ok2 & (y > 0), y / np.maximum(m2, 1e-30), -1.0) if split else np.full(len(y), -1.0)
-    a1, a2 = a1.copy(), a2.copy()
+    parts, spent, size = [a1.copy(), a2.copy()], [e1, e2], (j, jq)
     while True:
-        room, used = theta - e1 - e2, a1 + r * a2
-        d1 = np.where((used < counts) & (m1 <= room), dense1, -1.0)
-        d2 = np.where((used + r <= counts) & (m2 <= room), dense2, -1.0)
+        room, used = theta - spent[0] - spent[1], parts[0] + r * parts[1]
+        dense = [np.where((used < counts) & (m1 <= room), dense1, -1.0),
+                 np.where((used + r <= counts) & (m2 <= room), dense2, -1.0)]
         for _ in range(TRIES):
-            k1, k2 = int(np.argmax(d1)), int(np.argmax(d2))
-            if d1[k1] <= 0 and d2[k2] <= 0:
-                return a1, a2
-            if d1[k1] >= d2[k2]:
-                a1[k1] += 1
-                grown = estimate(j, a1)
-                if grown + e2 <= theta:
-                    e1 = grown
-                    break
-                a1[k1] -= 1
-                d1[k1] = -1.0
-            else:
-                a2[k2] += 1
-                grown = estimate(jq, a2)
-                if e1 + grown <= theta:
-                    e2 = grown
-                    break
-                a2[k2] -= 1
-                d2[k2] = -1.0
+            first = [int(np.argmax(d)) for d in dense]
+            side = 0 if dense[0][first[0]] >= dense[1][first[1]] else 1
+            k = first[side]
+            if dense[side][k] <= 0:
+                return parts[0], parts[1]
+            parts[side][k] += 1
+            grown = estimate(size[side], parts[side])
+            if grown + spent[1 - side] <= theta:
+                spent[side] = grown
+                break
+            parts[side][k] -= 1
+            dense[side][k] = -1.0
         else:
-            return a1, a2
+            return parts[0], parts[1]
 
 
 def _cut(estimate: _Estimates, j: int, jq: int, a1: np.ndarray, a2: np.ndarray, y: np.ndarray,
