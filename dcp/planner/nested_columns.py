@@ -41,8 +41,8 @@ Near the least level with a plan, three things decide whether a level gives one:
   (`_top_up`: the shapes of most dual value per second of estimate first, while the parts'
   estimates fit) and the generation goes on from them, `TOP_UP_ROUNDS` times at most;
 - a level's generation starts from the last level's fractional optimum, cut to fit (`carry`):
-  a level below takes a quarter of the rounds (Open-Sora, 512 videos on 256 GPUs, batch 1:
-  0.025 s against 0.1 s);
+  the level below the first generates in a quarter of the time (Open-Sora, 512 videos on 256
+  GPUs, batch 0: 0.025 s against 0.105 s before its topping up);
 - the integer program: with under a GPU to spare, the whole copies of one optimum often leave
   what no whole copies cover, where those of another optimum do; `_integer` tries `ATTEMPTS`
   optima (the program's costs perturbed, seeded: the same ones every run).
