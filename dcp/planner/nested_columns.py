@@ -38,8 +38,8 @@ batch 1).
 Near the least level with a plan, three things decide whether a level gives one:
 - the columns fit their level to the knapsack's step (theta / `UNITS`, rounded up per sample), so
   each leaves room a short video would fill: the fractional optimum's columns are topped up
-  (`_top_up`: the shapes of most dual value per second of estimate first, while the parts'
-  estimates fit) and the generation goes on from them, `TOP_UP_ROUNDS` times at most;
+  (`_top_up`: the shapes of most dual value per second of marginal time first, while the
+  parts' estimates fit) and the generation goes on from them, `TOP_UP_ROUNDS` times at most;
 - a level's generation starts from the last level's fractional optimum, cut to fit (`carry`):
   the level below the first generates in a quarter of the time (Open-Sora, 512 videos on 256
   GPUs, batch 0: 0.025 s against 0.105 s before its topping up);
