@@ -314,15 +314,12 @@ class _Program:
                     pooled.estimate = self.estimate(j, a1) + self.estimate(jq, a2)
                 if pooled.estimate <= theta:
                     self.add(j, jq, a1, a2, keep=False)
-        if len(starts):  # a plan's groups, cut to fit (the fewest GPU-seconds per second of weight kept)
+        # A plan's groups (unsplit) and the last level's optimum, cut to fit (the fewest
+        # GPU-seconds per second of weight kept).
+        given = [*((j, j, a, np.zeros_like(a)) for j, a in starts), *carry]
+        if given:
             least = np.where(np.stack(self.ok, axis=1), table.gpu_seconds(rows), np.inf).min(axis=1)
-            for j, a in starts:
-                a1, _ = _cut(self.estimate, j, j, np.where(self.ok[j], a, 0), np.zeros_like(a), least, theta)
-                if a1.any():
-                    self.add(j, j, a1, np.zeros_like(a1), keep=False)
-        if len(carry):  # the last level's optimum, cut the same way where it does not fit
-            least = np.where(np.stack(self.ok, axis=1), table.gpu_seconds(rows), np.inf).min(axis=1)
-            for j, jq, a1, a2 in carry:
+            for j, jq, a1, a2 in given:
                 b1, b2 = _cut(self.estimate, j, jq, np.where(self.ok[j], a1, 0), np.where(self.ok[jq], a2, 0),
                               least, theta)
                 if b1.any() or b2.any():
@@ -370,11 +367,8 @@ class _Program:
             if solved is None:
                 return fits
             _, y = solved
-            values = self.master.last_values()
             added = False
-            for c in np.flatnonzero(values > 1e-9):
-                j, _ = self.master.cols[c]
-                jq, a1, a2 = self.kinds[c]
+            for j, jq, a1, a2 in self.optimum():
                 b1, b2 = _top_up(self.estimate, j, jq, a1, a2, y, theta, counts, self.ok[j], self.ok[jq])
                 if (b1 != a1).any() or (b2 != a2).any():
                     added |= self.add(j, jq, b1, b2)
@@ -471,7 +465,7 @@ def _top_up(estimate: _Estimates, j: int, jq: int, a1: np.ndarray, a2: np.ndarra
     table, rows = estimate.table, estimate.rows
     split = jq != j
     r = table.sizes[j] // table.sizes[jq] if split else 1
-    e1, e2 = estimate(j, a1), estimate(jq, a2) if split else 0.0
+    e1, e2 = estimate(j, a1), estimate(jq, a2)  # an unsplit column's a2 is empty: 0
     if e1 + e2 > theta:
         return a1, a2
     marg = table.estimate_terms()[2][rows]
