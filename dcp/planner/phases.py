@@ -131,9 +131,9 @@ only starts theirs there)..."""
 NESTED_COLUMNS_MIN_S = 0.7
 """...when it is at least this long (a level takes 0.05-0.45 s, `dcp.planner.nested_columns`):
 limits of 1 s and more. Open-Sora at 1 s, 5 batches each, the single layout given 0.3 s and the
-nested plans the rest: 512 videos on 256 GPUs 1.86-2.05% mean gap (worst 2.2-2.3%), 2,048 on
-1,024 1.82-1.92% (worst 1.9-2.2%), in three runs each on this machine; with half the limit
-each, 2.1-2.3% and 1.97-2.0%. 512 videos on 1,024 GPUs, which the single layout plans at the
+nested plans the rest: 512 videos on 256 GPUs 1.88-1.91% mean gap (worst 2.21%), 2,048 on
+1,024 1.79-1.82% (worst 1.92-2.04%), in five runs on this machine (docs/design.md); with half
+the limit each, 2.1-2.3% and 1.97-2.0% (the prototype). 512 videos on 1,024 GPUs, which the single layout plans at the
 bound in 0.2 s, never ask. Before their integer program kept the fractional optimum's whole
 copies, given 0.5 s of 1 s they found a plan on 1 batch of 10."""
 
