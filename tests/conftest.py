@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import tempfile
 from collections.abc import Iterator
 from typing import Any
@@ -18,6 +19,31 @@ from dcp.planner.sample import Sample
 settings.register_profile("dcp", derandomize=True, deadline=None, max_examples=40,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("dcp")
+
+FAKECLOCK_DIR = os.path.join(os.path.dirname(__file__), "fakeclock")
+sys.path.insert(0, FAKECLOCK_DIR)
+import fakeclock  # noqa: E402
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--clock-speed", type=float, default=None, metavar="N",
+                     help="run time.perf_counter and time.monotonic N times fast for the whole session, "
+                          "in every process it starts (tests/fakeclock): a test whose verdict needs a "
+                          "fast machine fails")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    speed = config.getoption("--clock-speed")
+    if speed is None or speed == 1:
+        return
+    fakeclock.install(speed)
+    # Processes the tests start (planner workers, `dcp` subprocesses) load sitecustomize.py there.
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (FAKECLOCK_DIR, os.environ.get("PYTHONPATH")) if p)
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    speed = fakeclock.speed()
+    return f"fake clock: perf_counter and monotonic run {speed:g}x fast" if speed != 1 else None
 
 
 @pytest.fixture(scope="module")
