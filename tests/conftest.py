@@ -41,6 +41,20 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (FAKECLOCK_DIR, os.environ.get("PYTHONPATH")) if p)
 
 
+UNHURRIED = 0.01
+"""How fast the clock runs for a test that uses `unhurried`."""
+
+
+@pytest.fixture
+def unhurried() -> Iterator[None]:
+    """The clock runs a hundred times slow for the test (`fakeclock.running`): a time limit of
+    1 s gives the planner 100 s of this machine, so the test checks what the planner finds when
+    its deadlines do not stop it, on any machine under any load (it still stops at its own
+    convergence rules: gaps, node limits, rounds). A test that uses it says what that takes."""
+    with fakeclock.running(UNHURRIED):
+        yield
+
+
 def pytest_report_header(config: pytest.Config) -> str | None:
     speed = fakeclock.speed()
     return f"fake clock: perf_counter and monotonic run {speed:g}x fast" if speed != 1 else None

@@ -86,3 +86,22 @@ def test_the_session_clock_reaches_the_planner() -> None:
     anchor = float(os.environ[fakeclock.ENV].split(":")[1])
     assert anchor + speed * (r0 - anchor) <= b.wall_started <= anchor + speed * (r1 - anchor)
     assert dataclasses.is_dataclass(b)
+
+
+def test_a_slow_clock_inside_a_block_reaches_the_planner_and_goes_away_after() -> None:
+    from dcp.planner.ilp import budget
+
+    def factory() -> object:
+        return next(c.cell_contents for c in budget.Budget.__init__.__closure__
+                    if getattr(c.cell_contents, "__name__", "") == "perf_counter")
+
+    before, held, session = time.perf_counter, factory(), fakeclock.speed()
+    with fakeclock.running(0.01):
+        inner = time.perf_counter
+        assert inner is not before and factory() is inner
+        assert inner.fake_speed == pytest.approx(0.01 * session)
+        b0, f0, c0 = before(), inner(), before()
+        time.sleep(0.02)
+        b1, f1, c1 = before(), inner(), before()
+        assert 0.01 * (b1 - c0) <= f1 - f0 <= 0.01 * (c1 - b0)
+    assert time.perf_counter is before and factory() is held

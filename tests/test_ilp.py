@@ -370,29 +370,45 @@ def test_the_machine_probe_is_the_faster_of_two_runs(monkeypatch) -> None:  # no
     """The probe that sizes the final-pricing reserve (`Budget.slowdown`) runs twice without
     garbage collection and the faster counts: a 30 ms stall in one run (a collection or a
     preemption) does not make the machine look 6x slower and keep back half the limit. It is a
-    fixed loop, so where the batch's samples lie in memory does not change it."""
+    fixed loop, so where the batch's samples lie in memory does not change it. The clock is
+    scripted (a stall in either run), so the verdict does not depend on this machine's load."""
+    import gc
+    import types
+
     import dcp.planner.ilp.budget as budget_module
-    from dcp.planner.ilp.budget import PROBE_S, Budget, machine_probe_s
+    import dcp.planner.ilp.search as search_module
+    from dcp.planner.ilp.budget import PROBE_FROM, PROBE_S, Budget, machine_probe_s
     from dcp.planner.ilp.search import Search
 
-    real_range, calls = range, []
+    real_range, collecting = range, []
 
-    def stalled(*args):  # noqa: ANN002, ANN202
+    def counted(*args):  # noqa: ANN002, ANN202
         if args == (budget_module.PROBE_STEPS,):
-            calls.append(1)
-            if len(calls) == 1:
-                time.sleep(0.03)
+            collecting.append(gc.isenabled())
         return real_range(*args)
 
-    monkeypatch.setattr(budget_module, "range", stalled, raising=False)
-    assert machine_probe_s() < 0.01
-    assert len(calls) == 2
+    monkeypatch.setattr(budget_module, "range", counted, raising=False)
+    for readings in ([0.0, 0.03 + 2 * PROBE_S, 1.0, 1.0 + PROBE_S],  # the first run stalls
+                     [0.0, PROBE_S, 1.0, 1.03 + 2 * PROBE_S]):  # the second does
+        clock = iter(readings)
+        monkeypatch.setattr(budget_module, "time", types.SimpleNamespace(perf_counter=lambda c=clock: next(c)))
+        collecting.clear()
+        assert machine_probe_s() == pytest.approx(PROBE_S, rel=1e-9)
+        assert collecting == [False, False]  # two runs, no collection during either
+        assert next(clock, None) is None  # two readings per run, no more
+    monkeypatch.undo()
+
+    # The solve's search takes the probe once its batch reaches PROBE_FROM samples, and the
+    # reserve scales with it: a probe 6x the benchmark machine's is a slowdown of at least 6.
+    monkeypatch.setattr(search_module, "machine_probe_s", lambda: 6 * PROBE_S)
     cm = cost_model(gpus=32)
-    batch = make_batch([300 + (i * 37) % 4000 for i in range(2000)])
-    budget = Budget.start(1.0, len(batch))
-    Search(batch, cm, allowed_sp_sizes(cm), IlpOptions(), budget)
-    assert 0 < budget.probe_s < 0.01
-    assert budget.probe_s < 6 * PROBE_S  # the probe alone never claims the largest slowdown here
+    for n, probe in ((PROBE_FROM, 6 * PROBE_S), (PROBE_FROM - 1, 0.0)):
+        batch = make_batch([300 + (i * 37) % 4000 for i in range(n)])
+        budget = Budget.start(1.0, len(batch))
+        Search(batch, cm, allowed_sp_sizes(cm), IlpOptions(), budget)
+        assert budget.probe_s == probe
+    budget.probe_s = 6 * PROBE_S
+    assert budget.slowdown() >= 6 - 1e-9
 
 
 @pytest.mark.parametrize("collecting", [True, False])

@@ -51,11 +51,13 @@ def test_zero3_plans_balanced_slots_ahead_of_the_baselines() -> None:
     assert plan.grad_sync_s <= 0.04 * plan.step_time_s
 
 
-def test_zero3_at_scale_plans_no_slower_than_the_first_fill() -> None:
+def test_zero3_at_scale_plans_no_slower_than_the_first_fill(unhurried: None) -> None:
     """Llama-70B, ZeRO-3, 4,096 wikipedia samples on 128 GPUs: the fill runs first there, and the
     plan is never slower than the fill it tries first (its lowest bound). Before, a fill whose
     bound on its busy time was above the least-busy candidate's was not run, though its one slot
-    steps faster than that candidate's many unaligned ones (45.9 s against 37.4 s)."""
+    steps faster than that candidate's many unaligned ones (45.9 s against 37.4 s). Unhurried: on
+    a loaded machine the limit cut the warm start before its fills, and the check is of which
+    plans the solve tries, not of how fast this machine runs them."""
     cm = cost_model(model="llama-70b", gpus=128, zero_stage=3)
     batch = make_batches("wikipedia", cm, global_batch=4096, steps=1, seed=0)[0]
     plan = solve(batch, cm.cluster, cm, IlpOptions())

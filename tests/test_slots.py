@@ -66,9 +66,11 @@ def test_greedy_under_zero3_lines_slots_up_and_beats_bucket() -> None:
     assert greedy.step_time_s < solve_bucket(batch, cm).step_time_s
 
 
-def test_ilp_under_zero3_runs_lined_up_slots() -> None:
+def test_ilp_under_zero3_runs_lined_up_slots(unhurried: None) -> None:
     """The same batch planned by the ILP: its slots end together (the schedule adds under 3% to
-    the slowest group; before, 7.7% on a plan of 6 slots whose busy time was 570 s)."""
+    the slowest group; before, 7.7% on a plan of 6 slots whose busy time was 570 s). Unhurried:
+    under load the limit cut the search short of its aligned plans; the check is of the plans it
+    finds, not of this machine's speed."""
     cm = cost_model(model="llama-70b", gpus=256, zero_stage=3)
     batch = make_batches("lognormal:scale=16", cm, global_batch=2048, steps=1, seed=0)[0]
     plan = solve(batch, cm.cluster, cm, IlpOptions())

@@ -22,7 +22,8 @@ import os
 import sys
 import time
 import types
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 
 ENV = "DCP_TEST_CLOCK"
 """`speed:perf_anchor:monotonic_anchor` (real readings), set by the first `install`."""
@@ -59,12 +60,17 @@ def fake_ns(real_ns: Callable[[], int], speed: float, anchor: float) -> Callable
     return clock_ns
 
 
-def clocks(speed: float, anchors: dict[str, float]) -> dict[str, Callable[[], float]]:
-    """The four fake clocks for `speed` and each clock's anchor (a real reading)."""
+def clocks(speed: float, anchors: dict[str, float],
+           base: dict[str, Callable[[], float]] | None = None) -> dict[str, Callable[[], float]]:
+    """The four fake clocks, each `speed` times as fast as its `base` (default: the real one)
+    from its anchor (a reading of the base)."""
+    base = REAL if base is None else base
     out: dict[str, Callable[[], float]] = {}
     for name in NAMES:
-        out[name] = fake(REAL[name], speed, anchors[name])
-        out[f"{name}_ns"] = fake_ns(REAL[f"{name}_ns"], speed, anchors[name])
+        out[name] = fake(base[name], speed, anchors[name])
+        out[f"{name}_ns"] = fake_ns(base[f"{name}_ns"], speed, anchors[name])
+    for name, clock in out.items():  # how fast against the real clock
+        clock.fake_speed = speed * getattr(base[name], "fake_speed", 1.0)  # type: ignore[attr-defined]
     return out
 
 
@@ -125,10 +131,14 @@ def replace_references(objects: Iterable[object], swap: dict[int, Callable]) -> 
     return done
 
 
-def install(speed: float, prefixes: tuple[str, ...] = ("dcp", "tests", "benchmarks", "examples")) -> int:
+PREFIXES = ("dcp", "tests", "benchmarks", "examples")
+"""Top-level packages whose modules are swept for clock references (and test modules, `test_*`)."""
+
+
+def install(speed: float) -> int:
     """Make the clocks run `speed` times fast in this process (and in the processes it starts:
-    `ENV`). Modules named by `prefixes` that are already imported are swept
-    (`replace_references`); returns how many references that replaced."""
+    `ENV`). Modules of `PREFIXES` that are already imported are swept (`replace_references`);
+    returns how many references that replaced."""
     if speed <= 0:
         raise ValueError(f"clock speed must be positive, got {speed}")
     spec = os.environ.get(ENV)
@@ -141,9 +151,35 @@ def install(speed: float, prefixes: tuple[str, ...] = ("dcp", "tests", "benchmar
     swap = {id(REAL[name]): _installed[name] for name in REAL}
     for name, clock in _installed.items():
         setattr(time, name, clock)
-    modules = [m for name, m in list(sys.modules.items())
-               if m is not None and (name.split(".")[0] in prefixes or name.startswith("test_"))]
-    return replace_references(modules, swap)
+    return replace_references(_sweepable(), swap)
+
+
+def _sweepable() -> list[types.ModuleType]:
+    return [m for name, m in list(sys.modules.items())
+            if m is not None and (name.split(".")[0] in PREFIXES or name.startswith("test_"))]
+
+
+@contextmanager
+def running(speed: float) -> Iterator[None]:
+    """The clocks run `speed` times as fast as the real ones inside (0.01: a hundred times slow,
+    so a solve's time limit of 1 s gives it 100 s of this machine), in this process only; on
+    leaving, the clocks in place before come back (a session's `--clock-speed` one included).
+    For a test of what a planner finds when time is not what stops it."""
+    if speed <= 0:
+        raise ValueError(f"clock speed must be positive, got {speed}")
+    before = {name: getattr(time, name) for name in REAL}
+    now = {"perf_counter": before["perf_counter"](), "monotonic": before["monotonic"]()}
+    inner = clocks(speed, now, {name: before[name] for name in REAL})
+    modules = _sweepable()
+    for name, clock in inner.items():
+        setattr(time, name, clock)
+    replace_references(modules, {id(before[name]): inner[name] for name in REAL})
+    try:
+        yield
+    finally:
+        for name, clock in before.items():
+            setattr(time, name, clock)
+        replace_references(_sweepable(), {id(inner[name]): before[name] for name in REAL})
 
 
 def install_from_env() -> None:
