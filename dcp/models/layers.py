@@ -12,6 +12,7 @@ from torch import nn
 
 from dcp.models.attention import AttentionFn, cross_attention, varlen_attention
 from dcp.models.packing import PackedSeqs
+from dcp.models.precision import wide
 
 
 class RMSNorm(nn.Module):
@@ -23,13 +24,14 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalize in fp32: bf16 sums of squares lose the small components.
-        x32 = x.float()
-        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+        # Normalize in fp32 (float64 stays float64): bf16 sums of squares lose the small components.
+        xw = wide(x)
+        return (xw * torch.rsqrt(xw.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
 
 
 class FP32LayerNorm(nn.LayerNorm):
-    """LayerNorm computed in fp32 and returned in its input's dtype, whatever autocast says.
+    """LayerNorm computed in fp32 (float64 in float64) and returned in its input's dtype,
+    whatever autocast says.
 
     CUDA autocast runs layer_norm in fp32 and hands its fp32 output to every projection that
     follows, each of which casts it to bf16 again; CPU autocast keeps it in bf16. Explicit dtypes
@@ -37,9 +39,10 @@ class FP32LayerNorm(nn.LayerNorm):
     numerics of CUDA autocast: the projections read the bf16 rounding of the fp32 result."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self.weight.float() if self.weight is not None else None
-        bias = self.bias.float() if self.bias is not None else None
-        return F.layer_norm(x.float(), self.normalized_shape, weight, bias, self.eps).to(x.dtype)
+        xw = wide(x)
+        weight = self.weight.to(xw.dtype) if self.weight is not None else None
+        bias = self.bias.to(xw.dtype) if self.bias is not None else None
+        return F.layer_norm(xw, self.normalized_shape, weight, bias, self.eps).to(x.dtype)
 
 
 def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:

@@ -8,21 +8,18 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from dcp.models.precision import wide
+
 IGNORE_INDEX = -100
-
-
-def _wide(x: torch.Tensor) -> torch.Tensor:
-    """At least fp32 for the loss (bf16 logits lose the softmax), float64 kept as is."""
-    return x if x.dtype == torch.float64 else x.float()
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Cross-entropy summed over tokens whose label is not IGNORE_INDEX (pads, last tokens)."""
-    loss = F.cross_entropy(_wide(logits), labels, ignore_index=IGNORE_INDEX, reduction="sum")
+    loss = F.cross_entropy(wide(logits), labels, ignore_index=IGNORE_INDEX, reduction="sum")
     return loss, (labels != IGNORE_INDEX).sum()
 
 
 def mse_loss(pred: torch.Tensor, target: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token mean squared error (over channels), summed over the `valid` tokens."""
-    per_token = (_wide(pred) - _wide(target)).pow(2).mean(-1)
+    per_token = (wide(pred) - wide(target)).pow(2).mean(-1)
     return per_token[valid].sum(), valid.sum()

@@ -15,6 +15,12 @@ TORCH_DTYPES: dict[str, torch.dtype] = {"fp64": torch.float64, "fp32": torch.flo
                                          "fp16": torch.float16}
 
 
+def wide(x: torch.Tensor) -> torch.Tensor:
+    """`x` in at least fp32, for the sums that lose small terms in bf16 (norms, losses); float64
+    stays float64, so a float64 run is exact in every op (packing-invariant to rounding)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 def torch_dtype(name: str) -> torch.dtype:
     """torch dtype of a recipe dtype name (fp32, bf16, fp16)."""
     return TORCH_DTYPES[name]
