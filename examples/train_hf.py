@@ -21,7 +21,6 @@ import copy
 import sys
 
 import torch
-import torch.distributed as dist
 
 try:  # transformers comes with dcp's hf extra
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -43,6 +42,7 @@ from dcp.launch import (
     init_distributed,
     planned_batches,
     run_main,
+    shutdown_distributed,
     step_summary,
     write_step_stats,
 )
@@ -105,7 +105,7 @@ def main() -> None:
     sampler.close()
     if options.check_grads and rank == 0:
         print(f"max_grad_diff={worst:.3e}", flush=True)
-    dist.destroy_process_group()
+    shutdown_distributed()
 
 
 if __name__ == "__main__":

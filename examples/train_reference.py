@@ -19,7 +19,6 @@ import argparse
 import copy
 
 import torch
-import torch.distributed as dist
 
 from dcp.costmodel import load_model
 from dcp.executor import Executor, broadcast_plan, default_forward, executor_optimizer
@@ -29,6 +28,7 @@ from dcp.launch import (
     init_distributed,
     planned_batches,
     run_main,
+    shutdown_distributed,
     step_summary,
     write_step_stats,
 )
@@ -89,7 +89,7 @@ def main() -> None:
     sampler.close()
     if options.check_grads and rank == 0:
         print(f"max_grad_diff={worst:.3e}", flush=True)
-    dist.destroy_process_group()
+    shutdown_distributed()
 
 
 if __name__ == "__main__":

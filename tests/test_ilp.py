@@ -9,6 +9,7 @@ import time
 import warnings
 from pathlib import Path
 
+import fakeclock
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -124,13 +125,19 @@ def test_tiny_random_batches_match_brute_force(lengths: list[int], cap: int) -> 
 
 
 def test_time_limit_is_respected() -> None:
-    """A large batch with a small limit: the whole solve stays within 20% of it."""
+    """A large batch with a small limit: the whole solve stays within 20% of it, and the status
+    says the limit cut it. On a clock that moves 1 ms at every reading (`fakeclock.stepping`,
+    about 50 readings to the limit): what is checked is the limit's bookkeeping (deadlines, the
+    reserve, every loop's check of the clock), the same on any machine at any load;
+    benchmarks/planner.py measures the wall clock against the limit."""
     from dcp.data.batches import make_batches
 
     cm = cost_model(gpus=128)
     batch = make_batches("wikipedia", cm, global_batch=2048, steps=1)[0]
-    plan = solve(batch, cm.cluster, cm, IlpOptions(time_limit_s=0.6))
-    assert plan.solve_time_s <= 0.6 * 1.2
+    with fakeclock.stepping(1e-3):
+        plan = solve(batch, cm.cluster, cm, IlpOptions(time_limit_s=0.1))
+    assert plan.solve_time_s <= 0.1 * 1.2
+    assert "time limit reached" in plan.solver_status
     plan.validate()
 
 

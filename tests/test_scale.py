@@ -4,10 +4,9 @@ guarantees on a cost model with heavy per-micro-batch costs and less memory."""
 
 from __future__ import annotations
 
-import gc
-import time
 import warnings
 
+import fakeclock
 import numpy as np
 import pytest
 
@@ -28,20 +27,15 @@ from tests.conftest import cost_model, heavy_cost_model, make_batch
 
 def test_twenty_thousand_samples_plan_within_the_limit() -> None:
     """20,000 wikipedia samples on 32 GPUs with a 0.2 s limit: the whole solve (warm start and
-    baselines included) ends well under half a second, and the plan is no worse than
-    dcp-greedy-inter's (a generous bound on the wall clock; `benchmarks/planner.py` measures)."""
+    baselines included) ends within the limit, and the plan is no worse than dcp-greedy-inter's.
+    On a clock that moves 1 ms at every reading (`fakeclock.stepping`): the limit's bookkeeping
+    is checked, the same at any load; `benchmarks/planner.py` measures the wall clock."""
     cm = cost_model(gpus=32)
-    # Imports, and every code path once on a batch as large (first-touch costs, the solver's
-    # set-up): the timed solve is what a training loop planning every step sees.
-    solve(make_batch([100, 2000, 30_000] * 4), cm.cluster, cm, IlpOptions(time_limit_s=0.2))
-    solve(make_batches("wikipedia", cm, global_batch=20_000, steps=1, seed=1)[0], cm.cluster, cm,
-          IlpOptions(time_limit_s=0.2))
     batch = make_batches("wikipedia", cm, global_batch=20_000, steps=1)[0]
-    gc.collect()  # not the previous solves' garbage
-    started = time.perf_counter()
-    plan = solve(batch, cm.cluster, cm, IlpOptions(time_limit_s=0.2))
-    wall_s = time.perf_counter() - started
-    assert wall_s < 0.5
+    with fakeclock.stepping(1e-3):
+        plan = solve(batch, cm.cluster, cm, IlpOptions(time_limit_s=0.2))
+    assert plan.solve_time_s <= 0.2
+    assert "time limit reached" in plan.solver_status
     plan.validate()
     inter = solve(batch, cm.cluster, cm, GreedyOptions(pyramid=False))
     assert plan.busy_s() <= inter.busy_s() * (1 + 1e-9)  # the ILP's objective: the slowest group

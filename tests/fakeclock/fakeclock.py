@@ -182,6 +182,46 @@ def running(speed: float) -> Iterator[None]:
         replace_references(_sweepable(), {id(inner[name]): before[name] for name in REAL})
 
 
+class Stepping:
+    """A clock that moves only when read: each reading is `tick` seconds after the one before
+    (`reads` counts them). Time then follows the work's clock reads, not the machine: a solve
+    under it takes the same steps, and stops at the same point, on any machine at any load."""
+
+    def __init__(self, tick: float, start: float = 1000.0) -> None:
+        self.tick, self.now, self.reads = tick, start, 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        self.now += self.tick
+        return self.now
+
+    def ns(self) -> int:
+        return int(self() * 1e9)
+
+
+@contextmanager
+def stepping(tick: float) -> Iterator[Stepping]:
+    """`time.perf_counter` and `time.monotonic` (and the `_ns` variants) read one `Stepping`
+    clock inside (in this process, wherever the planner reads them), the clocks before after."""
+    if tick <= 0:
+        raise ValueError(f"clock tick must be positive, got {tick}")
+    clock = Stepping(tick)
+    before = {name: getattr(time, name) for name in REAL}
+    inner: dict[str, Callable] = {}
+    for name in NAMES:
+        inner[name], inner[f"{name}_ns"] = clock, clock.ns
+    modules = _sweepable()
+    for name, fn in inner.items():
+        setattr(time, name, fn)
+    replace_references(modules, {id(before[name]): inner[name] for name in REAL})
+    try:
+        yield clock
+    finally:
+        for name, fn in before.items():
+            setattr(time, name, fn)
+        replace_references(_sweepable(), {id(inner[name]): before[name] for name in REAL})
+
+
 def install_from_env() -> None:
     """`install` at the speed `ENV` names, if it is set (`sitecustomize.py`)."""
     spec = os.environ.get(ENV)
