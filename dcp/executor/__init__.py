@@ -7,10 +7,11 @@ from dcp.executor.executor import Executor, MicroBatchStats, StepStats, default_
 from dcp.executor.optim import FlatShardOptimizer, executor_optimizer, held_bytes, sharded_optimizer
 from dcp.executor.parallel_state import ParallelState, aligned_blocks
 from dcp.executor.plan_check import ExecutorError, agree_on_plan, broadcast_plan, check_plan
+from dcp.executor.run_checkpoint import Checkpointer, CheckpointError, Resumed, run_digest
 from dcp.executor.ulysses import SPContext, UlyssesAttention, install_ulysses
 
 __all__ = [
-    "CheckpointSwitches", "Executor", "ExecutorError", "FlatShardOptimizer", "MicroBatchStats", "PackedBatch", "ParallelState",
+    "CheckpointError", "CheckpointSwitches", "Checkpointer", "Executor", "ExecutorError", "FlatShardOptimizer", "MicroBatchStats", "PackedBatch", "ParallelState",
     "SPContext", "StepStats", "UlyssesAttention", "agree_on_plan", "aligned_blocks", "broadcast_plan",
-    "check_plan", "default_forward", "executor_optimizer", "held_bytes", "install_ulysses", "pack_microbatch", "sharded_optimizer",
+    "check_plan", "default_forward", "executor_optimizer", "held_bytes", "install_ulysses", "pack_microbatch", "Resumed", "run_digest", "sharded_optimizer",
 ]
