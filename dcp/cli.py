@@ -22,14 +22,23 @@ from dcp.planner.plan import InfeasibleError, PlanError
 USER_ERRORS = (CostModelError, WorkloadError, InfeasibleError, PlanError, ValueError, OSError)
 
 
+INTERRUPTED_EXIT = 130
+"""Exit status after Ctrl-C: 128 + SIGINT, as shells report a process the signal ended."""
+
+
 class DcpGroup(click.Group):
-    """A click group that turns library errors of any subcommand into `Error: ...`, exit 1."""
+    """A click group that turns library errors of any subcommand into `Error: ...`, exit 1, and
+    Ctrl-C into one line and exit 130 (click's own `Aborted!` exits 1)."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except USER_ERRORS as e:
             raise click.ClickException(_one_line(e)) from e
+        except KeyboardInterrupt:
+            # Outputs are written whole (dcp.commands.common.write_whole): nothing half-written is left.
+            click.echo("Error: interrupted (Ctrl-C); no output file was written", err=True)
+            ctx.exit(INTERRUPTED_EXIT)
 
 
 def _one_line(e: BaseException) -> str:

@@ -81,6 +81,9 @@ CASES = [
     (["show", "plan.json", "--gantt", "no/dir/g.png"], "--gantt: folder no/dir of no/dir/g.png does not exist"),
     (["show", "plan.json", "--gantt", "g.bmp"], "--gantt: g.bmp: the extension must be one of"),
     (["profile", "--device", "cpu", "--quick", "-o", "no/dir/p.json"], "-o: folder no/dir of no/dir/p.json"),
+    # Written in the wrong format before (issue 56, item 4): a --format that contradicts -o's extension.
+    (["plan", "--format", "table", "-o", "plan_out.json"], "--format: table contradicts -o plan_out.json (a .json file)"),
+    (["compare", "--format", "json", "-o", "bars.csv"], "--format: json contradicts -o bars.csv (a .csv file)"),
     # Planning fails after the output was checked: nothing half-written either.
     (["plan", "--workload", "long.txt", "--global-batch", "3", "--gpus", "8"], "sample 1 (9000000 tokens) fits nowhere"),
 ]
@@ -235,3 +238,113 @@ def test_static_baselines_size_for_the_sampler_data() -> None:
     with GlobalBatchSampler(lengths, cm, batch_size=2, strategy="bucket-per-batch", workers=0) as sampler:
         per_batch = {g.sp for b in sampler for g in b.plan.groups}
     assert sizes == {2} and per_batch == {1, 2}
+
+
+# -- output files, exit codes (issue 56, items 4 and 7-10) ----------------------------------------------
+
+
+@pytest.mark.parametrize(("command", "name"), [("plan", "p.json"), ("plan", "p.csv"), ("compare", "c.json"),
+                                                ("compare", "c.csv"), ("plan", "p.txt")])
+def test_the_output_format_follows_the_extension(command: str, name: str, tmp_path: Path) -> None:
+    path = tmp_path / name
+    extra = ["--strategy", "bucket"] if command == "plan" else ["--strategies", "bucket,packed"]
+    run(command, *FAST, *extra, "-o", str(path))
+    text = path.read_text()
+    if name.endswith(".json"):
+        doc = json.loads(text)
+        assert ("steps" in doc) if command == "plan" else ("results" in doc)
+    elif name.endswith(".csv"):
+        import pandas as pd
+
+        frame = pd.read_csv(path)
+        assert ("group" in frame.columns) if command == "plan" else ("strategy" in frame.columns)
+    else:  # no extension that names a format: the text table, as on stdout
+        assert text.startswith("bucket on 32 x ") and "mean step" in text
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_output_files_respect_the_umask(umask: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    old = os.umask(umask)
+    try:
+        run("plan", *FAST, "--strategy", "bucket", "-o", "p.json")
+        run("show", "p.json", "--gantt", "g.png")
+        run("compare", *FAST, "--strategies", "bucket,packed", "-o", "c.csv", "--plot", "c.svg")
+    finally:
+        os.umask(old)
+    want = 0o666 & ~umask  # what open(..., "w") gives a new file
+    modes = {name: (tmp_path / name).stat().st_mode & 0o777 for name in ("p.json", "g.png", "c.csv", "c.svg")}
+    assert modes == dict.fromkeys(modes, want), {k: oct(v) for k, v in modes.items()}
+
+
+def test_ctrl_c_exits_130_with_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dcp.commands.planning as planning
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt  # as Ctrl-C raises it in the middle of planning
+
+    monkeypatch.setattr(planning, "plan_steps", interrupted)
+    monkeypatch.chdir(tmp_path)
+    result = run("plan", *FAST, "-o", "p.json", ok=False)
+    assert result.exit_code == 130, result.output
+    assert result.output.strip().splitlines() == ["Error: interrupted (Ctrl-C); no output file was written"]
+    assert list(tmp_path.iterdir()) == []
+
+
+BLOCKED_PLAN = """
+import sys, threading
+import dcp.commands.planning as planning
+from dcp.cli import main
+
+def blocked(*args, **kwargs):  # planning that never ends: only the signal stops it
+    print("planning", file=sys.stderr, flush=True)
+    threading.Event().wait()
+
+planning.plan_steps = blocked
+main(sys.argv[1:], prog_name="dcp")
+"""
+"""`dcp` in its own process, its planning replaced by a wait, so the signal surely lands mid-plan."""
+
+
+def test_ctrl_c_in_a_real_process_exits_130(tmp_path: Path) -> None:
+    """The signal itself (SIGINT, what Ctrl-C sends), delivered while `dcp plan` plans."""
+    import signal
+
+    cmd = [sys.executable, "-c", BLOCKED_PLAN, "plan", "--steps", "1", "--global-batch", "64", "-o", "p.json"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    assert proc.stderr.readline() == "planning\n"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (out, err)
+    assert err.strip().splitlines() == ["Error: interrupted (Ctrl-C); no output file was written"], err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_validation_exits_non_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dcp.profiler.validate as validate
+    from dcp.profiler.fitting import MAPE_THRESHOLD
+
+    profile = str(ROOT / "notebooks" / "data" / "cpu-tiny-llama.json")
+    for error, status in ((MAPE_THRESHOLD * 3, 1), (float("nan"), 1), (MAPE_THRESHOLD / 3, 0)):
+        monkeypatch.setattr(validate, "validate_profile",
+                            lambda *a, error=error, **k: validate.ValidationReport(model="tiny-llama", rows=[],
+                                                                                  mape=error))
+        result = run("profile", "--validate", profile, "--device", "cpu", ok=False)
+        assert result.exit_code == status, result.output
+        errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+        assert len(errors) == status, result.output
+        if status:
+            assert "re-profile this machine" in errors[0] and "above 15%" in errors[0]
+
+
+def test_presets_name_each_hardware_memory_source() -> None:
+    from dcp.costmodel import load_hardware, preset_names
+
+    out = run("presets").output
+    assert "not given" not in out
+    for name in preset_names("hardware"):
+        source = " ".join(load_hardware(name).sources["memory_capacity_bytes"].split())
+        assert source[:40] in " ".join(out.split()), name

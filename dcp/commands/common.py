@@ -36,15 +36,40 @@ def check_output(path: Path | None, flag: str, suffixes: tuple[str, ...] | None 
 
 def write_whole(path: Path, write: Callable[[Path], None]) -> None:
     """Let `write(tmp)` write a file next to `path`, then rename it into place: a failure (or an
-    interrupt) never leaves a half-written `path` behind."""
+    interrupt) never leaves a half-written `path` behind. The file gets the mode a plain `open`
+    would give it (0666 less the umask), not the private 0600 of a temporary file."""
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent if str(path.parent) else ".")
     os.close(fd)
     tmp = Path(tmp_name)
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def current_umask() -> int:
+    """The process's umask (reading it means setting it: set it straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+FORMAT_SUFFIXES = {".json": "json", ".csv": "csv"}
+"""Output files whose extension names their format."""
+
+
+def output_format(fmt: str | None, output: Path | None) -> str:
+    """The output format: --format if given, else the one -o's extension names (.json, .csv),
+    else the text table. A --format that contradicts the extension is refused, before any work."""
+    implied = FORMAT_SUFFIXES.get(output.suffix.lower()) if output is not None else None
+    if fmt is None:
+        return implied or "table"
+    if implied is not None and fmt != implied:
+        raise click.BadParameter(f"{fmt} contradicts -o {output} (a .{implied} file): drop --format or "
+                                 f"name the file for {fmt}", param_hint="--format")
+    return fmt
 
 
 def emit(text: str, output: Path | None) -> None:

@@ -21,6 +21,7 @@ from dcp.commands.common import (
     emit,
     finite,
     help_parts,
+    output_format,
     pct,
     secs,
     table,
@@ -79,8 +80,8 @@ def planning_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      show_default=True, callback=finite, help="ILP solver limit per global batch, in seconds."),
         click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
                      help="Workload and shuffle seed."),
-        click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table",
-                     show_default=True, help="Output format."),
+        click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default=None,
+                     help="Output format. Default: what -o's extension names (.json, .csv), else table."),
         click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
                      help="Write to this file instead of stdout."),
     ]
@@ -103,6 +104,7 @@ def setup(o: dict[str, Any]) -> Setup:
     """Check the options, then build the cost model and the global batches."""
     ctx = click.get_current_context()
     check_output(o["output"], "-o")
+    o["fmt"] = output_format(o["fmt"], o["output"])
     if o["gpus_per_node"] is not None and o["gpus_per_node"] > o["gpus"]:
         raise click.BadParameter(f"{o['gpus_per_node']} is more than --gpus {o['gpus']}", param_hint="--gpus-per-node")
     config = dict(o, model=o["model"] or default_model(o["workload"]), zero_stage=int(o["zero_stage"]))
@@ -152,8 +154,8 @@ def plan(strategy: str, **o: Any) -> None:
       dcp plan --workload wikipedia --gpus 32 --steps 2 --strategy dcp-greedy
       dcp plan --steps 2 --format json -o plan.json
     """
-    fmt, output = o["fmt"], o["output"]
     s = setup(o)
+    fmt, output = o["fmt"], o["output"]
     plans = plan_steps(s.batches, s.cm, strategy, o["time_limit"], dataset_longest_tokens=s.longest_tokens,
                        progress=StepProgress())
     timelines = simulate_all(plans, s.cm)
@@ -223,10 +225,10 @@ def compare_cmd(strategies: str | None, plot: Path | None, plot_metric: str, **o
       dcp compare --strategies bucket,dcp-greedy --steps 2 --format csv -o compare.csv
       dcp compare --steps 2 --plot compare.png
     """
-    fmt, output = o["fmt"], o["output"]
     names = parse_strategies(strategies)
     check_output(plot, "--plot", FIGURE_SUFFIXES)
     s = setup(o)
+    fmt, output = o["fmt"], o["output"]
     frame = compare(s.batches, s.cm, names, o["time_limit"], dataset_longest_tokens=s.longest_tokens,
                     progress=StepProgress())
     if fmt == "json":

@@ -152,8 +152,8 @@ def presets(name: str | None) -> None:
             hw = load_hardware(n)
             lines.append(f"  {n:22s} {hw.device}, {hw.memory_bytes / 1e9:.1f} GB usable, {hw.gpus_per_node} per node")
             if name is None:
-                lines.append(_wrap(f"sources: {len(hw.sources)} numbers, e.g. memory: "
-                                   f"{hw.sources.get('memory_bytes', 'not given')} (all: dcp presets {n})"))
+                memory = hw.sources.get("memory_capacity_bytes", "not given")
+                lines.append(_wrap(f"sources: {len(hw.sources)} numbers, e.g. memory: {memory} (all: dcp presets {n})"))
             else:
                 lines.append("      sources:")
                 lines += [_wrap(f"{field}: {text}", "        ") for field, text in hw.sources.items()]

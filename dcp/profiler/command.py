@@ -72,6 +72,7 @@ def profile(model: str | None, device: str, dtype: str | None, quick: bool, base
       torchrun --nproc-per-node 8 -m dcp.cli profile --device cuda -o h200.json
     """
     from dcp.profiler import comm
+    from dcp.profiler.fitting import MAPE_THRESHOLD
     from dcp.profiler.profile import ProfileOptions, profile_model
     from dcp.profiler.report import fit_table, mape_panel, validation_table
     from dcp.profiler.validate import validate_profile
@@ -86,6 +87,9 @@ def profile(model: str | None, device: str, dtype: str | None, quick: bool, base
                                       quick=quick, progress=progress)
         console.print(validation_table(report))
         console.print(mape_panel(f"validation of {validate_path}", report.mape))
+        if not report.mape <= MAPE_THRESHOLD:  # a NaN (no rows) fails too
+            raise click.ClickException(f"validation of {validate_path} failed: held-out MAPE {report.mape:.1%} "
+                                       f"is above {MAPE_THRESHOLD:.0%}; re-profile this machine (dcp profile -o ...)")
         return
     if output is None:
         raise click.UsageError("give -o/--output for the profile (or --validate PROFILE)")
