@@ -238,8 +238,14 @@ def test_gates_give_none() -> None:
     assert backfill_plan(batch, cm, [p for p in sizes if p > 1], busy) is None  # SP 1 not allowed
     zero3 = CostModel(cm.model, cm.hardware, cm.cluster, TrainingSetup(zero_stage=3))
     assert backfill_plan(batch, zero3, sizes, busy) is None  # stage 3 runs one layout
-    capped = backfill_plan(batch, cm, sizes, busy, max_microbatches=2)
-    assert capped is None or all(len(g.microbatches) <= 2 for g in capped.groups)
+    # The micro-batch cap: never a plan past it (None instead), and the plan itself once it fits.
+    uncapped = backfill_plan(batch, cm, sizes, busy)
+    most = max(len(g.microbatches) for g in uncapped.groups)
+    assert most >= 2
+    for cap in range(1, most + 1):
+        capped = backfill_plan(batch, cm, sizes, busy, max_microbatches=cap)
+        assert capped is None or all(len(g.microbatches) <= cap for g in capped.groups)
+    assert capped is not None and capped.digest() == uncapped.digest()
 
 
 def test_few_per_gpu_on_a_cluster_too_large_for_the_limit_gets_no_backfill() -> None:

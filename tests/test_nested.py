@@ -54,8 +54,15 @@ def test_gates_give_none() -> None:
     assert nested_plan(batch, cm, [16], busy) is None  # one size
     zero3 = CostModel(cm.model, cm.hardware, cm.cluster, TrainingSetup(zero_stage=3))
     assert nested_plan(batch, zero3, sizes, busy) is None  # stage 3 runs one layout
-    capped = nested_plan(batch, cm, sizes, busy, max_microbatches=1)
-    assert capped is None or all(len(g.microbatches) <= 1 for g in capped.groups)
+    # The micro-batch cap: never a plan past it, and below the uncapped plan's most a plan that
+    # keeps it (9 micro-batches uncapped; 8 under a cap of 8).
+    most = max(len(g.microbatches) for g in nested_plan(batch, cm, sizes, busy).groups)
+    kept = []
+    for cap in range(1, most):
+        capped = nested_plan(batch, cm, sizes, busy, max_microbatches=cap)
+        assert capped is None or all(len(g.microbatches) <= cap for g in capped.groups)
+        kept += [cap] if capped is not None else []
+    assert kept, f"no cap below {most} micro-batches gave a plan: the cap was never exercised"
 
 
 def test_the_planner_keeps_a_nested_plan_that_beats_the_single_layout() -> None:

