@@ -8,7 +8,9 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
+import fakeclock
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -139,23 +141,43 @@ def test_resume_with_real_planner_in_workers_gives_identical_plans(cm):
     assert all(b.plan.strategy == "dcp-greedy" for b in before + after)
 
 
-def test_slow_planner_hides_behind_slow_steps(cm):
-    plan_s, step_s, steps = 0.3, 0.3, 6
-    lengths = [1000] * (steps * 4)
-    with GlobalBatchSampler(lengths, cm, batch_size=4, planner=SlowPlanner(plan_s), workers=2,
-                            plan_ahead=2) as s:
-        started = time.perf_counter()
-        waits = []
+@dataclass(frozen=True)
+class MarkingPlanner:
+    """Sleeps `delay_s`, plans like `one_group_plan`, then leaves a file named by the batch's
+    sample ids in `folder`: a sign, across processes, that the batch is planned."""
+
+    folder: str
+    delay_s: float = 0.0
+
+    def __call__(self, batch: list[Sample]) -> Plan:
+        time.sleep(self.delay_s)
+        plan = one_group_plan(batch)
+        (Path(self.folder) / _mark([s.id for s in batch])).touch()
+        return plan
+
+
+def _mark(ids) -> str:  # noqa: ANN001
+    return "planned-" + "-".join(map(str, sorted(ids)))
+
+
+def test_the_next_steps_are_planned_while_a_step_runs(cm, tmp_path):
+    """Each training step here ends only once the next step's plan exists, which only planning
+    ahead (in the workers, while the step runs) provides: without it the loop would wait forever
+    (a 120 s guard on the real clock turns that into a failure). The first plan has nothing to
+    hide behind, and says so: its wait is at least the planner's sleep."""
+    plan_s, steps = 0.3, 6
+    with GlobalBatchSampler([1000] * (steps * 4), cm, batch_size=4, planner=MarkingPlanner(str(tmp_path), plan_s),
+                            workers=2, plan_ahead=2) as s:
+        batches, waits = s.batches(), []
         for b in s:
             waits.append(b.plan_wait_s)
-            time.sleep(step_s)  # the training step
-        total = time.perf_counter() - started
-    serial = steps * (plan_s + step_s)
-    print(f"planned ahead: {total:.2f} s for {steps} steps (serial {serial:.2f} s, ideal "
-          f"{plan_s + steps * step_s:.2f} s); waits {[round(w, 3) for w in waits]}")
+            if b.step + 1 < steps:  # the training step
+                mark, give_up = tmp_path / _mark(batches[b.step + 1].tolist()), fakeclock.REAL["monotonic"]() + 120
+                while not mark.exists():
+                    assert fakeclock.REAL["monotonic"]() < give_up, f"step {b.step + 1} was not planned during step {b.step}"
+                    time.sleep(0.01)
     assert len(waits) == steps
-    assert total < 0.75 * serial
-    assert waits[0] > 0.5 * plan_s  # the first plan has nothing to hide behind, and says so
+    assert waits[0] >= plan_s  # a real sleep, timed on a clock no slower than the real one
 
 
 def test_late_plans_are_waited_for_and_reported(cm):
