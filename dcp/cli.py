@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from dcp.commands.measure import measure_memory
 from dcp.commands.planning import compare_cmd, plan
 from dcp.commands.show import presets, show
 from dcp.costmodel import CostModelError
@@ -61,7 +62,7 @@ def main() -> None:
     """
 
 
-for command in (plan, compare_cmd, show, presets):
+for command in (plan, compare_cmd, show, presets, measure_memory):
     main.add_command(command)
 
 # Further commands register here: main.add_command(...)

@@ -105,6 +105,15 @@ def run_shell(line: str, where: Path) -> None:
         assert (where / name).stat().st_size > 0, (line, name)
 
 
+def example_inputs(where: Path) -> None:
+    """The files the examples name as the user's own: a model JSON of nine fields."""
+    import json
+
+    spec = json.loads((ROOT / "dcp" / "presets" / "models" / "tiny-llama.json").read_text())
+    fields = ("name", "num_layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "attention", "mlp")
+    (where / "my-model.json").write_text(json.dumps({k: spec[k] for k in fields}))
+
+
 def test_the_commands_are_found() -> None:
     readme, examples = readme_commands(), help_examples()
     assert "dcp presets" in readme and any(c.startswith("dcp profile") for c in readme)
@@ -114,6 +123,7 @@ def test_the_commands_are_found() -> None:
 
 def test_every_documented_command_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
+    example_inputs(tmp_path)
     seen: set[str] = set()
     for line in [*readme_commands(), *help_examples()]:
         if line in seen or line.split()[0] in NOT_RUN:

@@ -72,6 +72,31 @@ def output_format(fmt: str | None, output: Path | None) -> str:
     return fmt
 
 
+def measure_missing_memory(model: str, recipes: list[str], hardware: str | None = None) -> None:
+    """For a model JSON without a measured footprint in some of `recipes` (and no hardware fit that
+    carries one): measure them on fake tensors, add them to the cache file beside the JSON and say
+    so on stderr. Presets carry every recipe, so this is a no-op for them."""
+    import json
+
+    from dcp.costmodel import load_hardware, load_model
+    from dcp.costmodel.presets import footprint_cache_path, presets_of_shape, read_footprint_cache
+    from dcp.profiler.model_memory import measure_recipes, missing_recipes
+
+    spec = load_model(model)
+    missing = missing_recipes(spec, recipes, load_hardware(hardware) if hardware else None)
+    if not missing:
+        return
+    cache = footprint_cache_path(model)
+    check_output(cache, "--model")  # its folder takes the cache: say so before measuring
+    same = presets_of_shape(spec)
+    click.echo(f"note: {model} has no measured {'/'.join(missing)} memory footprint: measuring it on fake tensors "
+               f"(about 5 s a recipe), cached in {cache}"
+               + (f" (the preset {' and '.join(same)} has this shape)" if same else ""), err=True)
+    doc = {r: f.to_dict() for r, f in read_footprint_cache(cache).items()}
+    doc.update({r: f.to_dict() for r, f in measure_recipes(spec, missing).items()})
+    write_whole(cache, lambda tmp: tmp.write_text(json.dumps(doc, indent=1) + "\n"))
+
+
 def emit(text: str, output: Path | None) -> None:
     """Print `text`, or write it (whole) to `output` and say so on stderr."""
     if output is None:
@@ -127,6 +152,11 @@ def help_parts(**parts: str) -> Callable[[Callable[..., Any]], Callable[..., Any
         return f
 
     return fill
+
+
+def plural(n: int, noun: str, many: str | None = None) -> str:
+    """`1 sample`, `2 samples` (thousands separated)."""
+    return f"{n:,} {noun if n == 1 else many or noun + 's'}"
 
 
 def pct(x: float) -> str:

@@ -21,8 +21,10 @@ from dcp.commands.common import (
     emit,
     finite,
     help_parts,
+    measure_missing_memory,
     output_format,
     pct,
+    plural,
     secs,
     table,
     write_whole,
@@ -110,6 +112,7 @@ def setup(o: dict[str, Any]) -> Setup:
     config = dict(o, model=o["model"] or default_model(o["workload"]), zero_stage=int(o["zero_stage"]))
     config.pop("fmt")
     output = config.pop("output")
+    measure_missing_memory(config["model"], [config["precision"]], config["hardware"])
     cm = build_cost_model(config["model"], config["hardware"], config["gpus"], config["gpus_per_node"],
                           config["memory_gb"], config["zero_stage"], config["precision"])
     config["gpus_per_node"] = cm.cluster.gpus_per_node
@@ -122,14 +125,16 @@ def setup(o: dict[str, Any]) -> Setup:
         batches = make_batches(workload, cm, global_batch=o["global_batch"], global_tokens=o["global_tokens"],
                                steps=o["steps"], seed=o["seed"], full_only=True)
     except WorkloadError as e:  # the batch size does not suit the workload
-        raise click.BadParameter(str(e), param_hint="--global-tokens" if o["global_tokens"] else "--global-batch") from e
+        flag = "--global-tokens" if o["global_tokens"] else "--global-batch"
+        given = o["global_tokens"] or o["global_batch"]
+        raise click.BadParameter(str(e) + ("" if given else f" (the default; give {flag} N)"), param_hint=flag) from e
     if len(batches) < o["steps"]:
-        size = f"{o['global_tokens']:,} tokens" if o["global_tokens"] else f"{o['global_batch'] or 512:,} samples"
-        why = (f"{workload.name}'s {len(workload):,} samples make {len(batches)} full global batch"
-               f"{'es' * (len(batches) > 1)} of {size}")
+        size = plural(o["global_tokens"], "token") if o["global_tokens"] else plural(o["global_batch"] or 512, "sample")
+        why = (f"{workload.name}'s {plural(len(workload), 'sample')} make {plural(len(batches), 'full global batch', 'full global batches')}"
+               f" of {size}")
         if ctx.get_parameter_source("steps") != ParameterSource.DEFAULT:
             raise click.BadParameter(f"{o['steps']} steps asked for, but {why}", param_hint="--steps")
-        click.echo(f"note: planning {len(batches)} step{'s' * (len(batches) > 1)}: {why}", err=True)
+        click.echo(f"note: planning {plural(len(batches), 'step')}: {why}", err=True)
     config["steps"] = len(batches)
     return Setup(cm, batches, config, int(workload.tokens.max()))
 

@@ -97,16 +97,26 @@ class MemoryFootprint:
         return _from_dict(cls, d, "memory footprint")
 
 
+def has_footprint(spec: ModelSpec, recipe: str, fit: LayerFit | None = None) -> bool:
+    """Whether `footprint_for` finds a measured footprint of `spec` in `recipe` (its shape unchecked)."""
+    return (fit is not None and fit.memory is not None and fit.memory.recipe == recipe) or recipe in spec.memory
+
+
 def footprint_for(spec: ModelSpec, recipe: PrecisionRecipe, fit: LayerFit | None = None) -> MemoryFootprint:
     """The measured footprint of `spec` in `recipe`: the one a profile's fit carries (measured with
     it), else the spec's own (presets carry one per recipe); a clear error when neither exists."""
     fp = fit.memory if fit is not None and fit.memory is not None and fit.memory.recipe == recipe.name else None
     fp = fp or spec.memory.get(recipe.name)
     if fp is None:
+        from dcp.costmodel.presets import presets_of_shape
+
         have = ", ".join(spec.memory) or "none"
+        same = presets_of_shape(spec)
         raise CostModelError(
             f"model {spec.name!r} has no measured memory footprint for precision recipe {recipe.name!r} (it has: "
-            f"{have}); measure it with dcp.profiler.memory.reference_footprint(spec, {recipe.name!r}) (a transformers "
-            "model: dcp.executor.hf.hf_footprint) and pass ModelSpec(memory={recipe: footprint})")
+            f"{have}); for a model JSON, `dcp measure-memory MODEL.json` measures every recipe (dcp plan, compare "
+            "and profile do it themselves); in Python, dcp.profiler.memory.reference_footprint(spec, "
+            f"{recipe.name!r}) (a transformers model: dcp.executor.hf_memory.measured_model_spec)"
+            + (f"; the preset {' and '.join(same)} has this shape and its footprints" if same else ""))
     fp.check_shape(spec)
     return fp

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
 from dcp.costmodel.hardware import HardwareProfile
+from dcp.costmodel.memory import MemoryFootprint, shape_of
 from dcp.costmodel.spec import CostModelError, ModelSpec
 
 DEFAULT_MODEL = "llama-7b"
@@ -43,7 +45,7 @@ def _load_json(path: Any, what: str) -> Any:
 
 def _read(name_or_path: str, kind: Literal["models", "hardware"], file_what: str) -> Any:
     """The JSON of a preset by name, or of a file when given a path (or a name ending in .json)."""
-    if name_or_path.endswith(".json") or Path(name_or_path).is_file():
+    if _is_file(name_or_path):
         path = Path(name_or_path)
         if path.is_dir():
             raise CostModelError(f"{file_what} {name_or_path} is a directory")
@@ -73,14 +75,50 @@ def _parse(parse: Any, doc: Any, name_or_path: str) -> Any:
     try:
         return parse(doc)
     except CostModelError as e:
-        if name_or_path.endswith(".json") or Path(name_or_path).is_file():
+        if _is_file(name_or_path):
             raise CostModelError(f"{name_or_path}: {e}") from e
         raise
 
 
 def load_model(name_or_path: str) -> ModelSpec:
-    """A model preset by name (see `dcp presets`) or a JSON file path."""
-    return _parse(ModelSpec.from_dict, _read(name_or_path, "models", "model file"), name_or_path)
+    """A model preset by name (see `dcp presets`) or a JSON file path. A file's missing memory
+    footprints come from its cache beside it (`footprint_cache_path`), where measured for its shape."""
+    spec = _parse(ModelSpec.from_dict, _read(name_or_path, "models", "model file"), name_or_path)
+    if not _is_file(name_or_path):
+        return spec
+    cached = read_footprint_cache(footprint_cache_path(name_or_path))
+    extra = {r: f for r, f in cached.items() if r not in spec.memory and f.shape == shape_of(spec)}
+    return dataclasses.replace(spec, memory={**spec.memory, **extra}) if extra else spec
+
+
+def _is_file(name_or_path: str) -> bool:
+    return name_or_path.endswith(".json") or Path(name_or_path).is_file()
+
+
+def footprint_cache_path(model_path: str | Path) -> Path:
+    """Where the footprints measured for a model JSON are kept: beside it, `NAME.memory.json`."""
+    path = Path(model_path)
+    return path.with_name(f"{path.name.removesuffix('.json')}.memory.json")
+
+
+def read_footprint_cache(path: Path) -> dict[str, MemoryFootprint]:
+    """The footprints in a cache file by recipe; none if there is no file. A damaged cache is an
+    error naming it (delete it to measure again)."""
+    if not path.is_file():
+        return {}
+    doc = _load_json(path, "memory footprint cache")
+    if not isinstance(doc, dict):
+        raise CostModelError(f"memory footprint cache {path}: expected a JSON object (delete it to measure again)")
+    try:
+        return {r: MemoryFootprint.from_dict(f) for r, f in doc.items()}
+    except CostModelError as e:
+        raise CostModelError(f"memory footprint cache {path}: {e} (delete it to measure again)") from e
+
+
+def presets_of_shape(spec: ModelSpec) -> list[str]:
+    """The model presets whose footprint shape equals `spec`'s (their measured memory fits it)."""
+    want = shape_of(spec)
+    return [n for n in preset_names("models") if shape_of(load_model(n)) == want]
 
 
 def load_hardware(name_or_path: str) -> HardwareProfile:

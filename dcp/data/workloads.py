@@ -231,7 +231,7 @@ def _full_batches(workload: Workload, batches: list[np.ndarray], batch_size: int
         batches = batches[:-1]
     if not batches:
         size = f"{batch_size:,} samples" if batch_size is not None else f"{token_budget:,} tokens"
-        raise WorkloadError(f"workload {workload.name} holds {len(workload):,} samples of "
+        raise WorkloadError(f"workload {workload.name} holds {len(workload):,} sample{'s' * (len(workload) != 1)} of "
                             f"{_total(workload):,} tokens, less than one global batch of {size}")
     return batches
 
