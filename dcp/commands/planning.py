@@ -79,7 +79,11 @@ def planning_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True,
                      help="Global batches to plan (only full ones; given explicitly, the workload must hold them)."),
         click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=IlpOptions().time_limit_s,
-                     show_default=True, callback=finite, help="ILP solver limit per global batch, in seconds."),
+                     show_default=True, callback=finite, help="ILP limit per global batch, in wall-clock seconds: it bounds the search (every "
+                          "solver call, loop and phase stops by it). What always runs in full, so that the plan "
+                          "is never worse than dcp-greedy, bucket or packed, is not cut: the input checks and cost table, "
+                          "those baselines, the first backfill target and the final assembly; on a quiet "
+                          "machine the whole solve ends within the limit, on a loaded one it can end later."),
         click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
                      help="Workload and shuffle seed."),
         click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default=None,

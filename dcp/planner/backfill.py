@@ -51,7 +51,7 @@ import numpy as np
 from dcp.costmodel import CostModel
 from dcp.costmodel.schedule import reduction_chain_s
 from dcp.planner.common import assemble_indices, chain
-from dcp.planner.ilp.budget import final_pricing_s
+from dcp.planner.ilp.budget import Deadline, final_pricing_s
 from dcp.planner.ilp.costs import CostTable, batch_costs, form_microbatches
 from dcp.planner.plan import Plan
 from dcp.planner.pricing import BatchArrays, Layout, Pricer, price_layout
@@ -154,7 +154,7 @@ class Candidate:
 def backfill_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], busy_floor_s: float,
                   arrays: BatchArrays | None = None, max_microbatches: int | None = None,
                   costs: tuple[Pricer, CostTable] | None = None, time_limit_s: float = math.inf,
-                  solve_started: float | None = None) -> Plan | None:
+                  solve_started: float | None = None, cut: Deadline | None = None) -> Plan | None:
     """The best backfill plan over the targets `FILL_LEVELS` and `FILL_ONWARD` x `busy_floor_s` (a lower bound on
     the batch's busy time), priced and validated; None when the batch has fewer than
     `MIN_SAMPLES_PER_GPU` samples per GPU, fewer than `FEW_PER_GPU` and a cluster so large that
@@ -163,7 +163,8 @@ def backfill_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], 
     no target's plan fits the cluster with at most `max_microbatches` per group. `costs`, when
     given, are the batch's pricer and cost table (`costs.batch_costs`); `time_limit_s` (the
     solve's, which began at `solve_started`, perf_counter, default now) bounds how many targets
-    past the first are tried (`FIRST_END_SHARE`, `LEVELS_SHARE`)."""
+    past the first are tried (`FIRST_END_SHARE`, `LEVELS_SHARE`); `cut`, when given, records it
+    when the time stops the targets before they run out (the plan then depends on the load)."""
     n = cm.cluster.num_gpus
     if len(batch) < MIN_SAMPLES_PER_GPU * n or not sizes or sizes[0] != 1 or cm.training.zero_stage == 3:
         return None
@@ -188,9 +189,10 @@ def backfill_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], 
         if best is not None and best.busy_s <= busy_floor_s * (1 + CLOSE_ENOUGH):
             break
         now = time.perf_counter()
-        if k >= 1 and now + (now - started) / k + assembly_s > solve_started + FIRST_END_SHARE * time_limit_s:
-            break
-        if k >= 2 and (now - started) * (k + 1) / k > LEVELS_SHARE * time_limit_s:
+        if (k >= 1 and now + (now - started) / k + assembly_s > solve_started + FIRST_END_SHARE * time_limit_s) \
+                or (k >= 2 and (now - started) * (k + 1) / k > LEVELS_SHARE * time_limit_s):
+            if cut is not None:
+                cut.record()
             break
         # Fillers before the short core groups, then into them (only where the first did put some
         # first); above `BOTH_UP_TO` samples only into them, for time.

@@ -35,6 +35,7 @@ import numpy as np
 
 from dcp.costmodel import CostModel
 from dcp.planner.backfill import MIN_SAMPLES_PER_GPU, Candidate, assemble_candidate, pack_per_size
+from dcp.planner.ilp.budget import Deadline
 from dcp.planner.ilp.costs import CostTable, batch_costs, form_microbatches
 from dcp.planner.plan import Plan
 from dcp.planner.pricing import BatchArrays, Pricer, price_layout
@@ -59,14 +60,15 @@ five batches: mean 2.07%, against 1.92% with the three in a run on a quiet machi
 
 def nested_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], busy_floor_s: float,
                 arrays: BatchArrays | None = None, max_microbatches: int | None = None,
-                costs: tuple[Pricer, CostTable] | None = None, time_limit_s: float = math.inf) -> Plan | None:
+                costs: tuple[Pricer, CostTable] | None = None, time_limit_s: float = math.inf,
+                cut: Deadline | None = None) -> Plan | None:
     """The fastest nested plan over the targets `LEVELS` x `busy_floor_s` (a lower bound on the
     batch's busy time), priced and validated; None when the batch has `MIN_SAMPLES_PER_GPU` or
     more samples per GPU (the backfill's), one size is allowed, ZeRO stage 3 runs one layout, no
     sample runs best above SP 1, or no target's plan fits the cluster with at most
     `max_microbatches` per group. `costs`, when given, are the batch's pricer and cost table
     (`costs.batch_costs`); `time_limit_s` bounds how many targets past the first are tried
-    (`LEVELS_SHARE`)."""
+    (`LEVELS_SHARE`); `cut`, when given, records it when the time stops them."""
     n = cm.cluster.num_gpus
     if len(batch) >= MIN_SAMPLES_PER_GPU * n or len(sizes) < 2 or cm.training.zero_stage == 3:
         return None
@@ -77,6 +79,8 @@ def nested_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], bu
     for k, level in enumerate(LEVELS):
         now = time.perf_counter()
         if k >= 1 and (now - started) * (k + 1) / k > LEVELS_SHARE * time_limit_s:
+            if cut is not None:
+                cut.record()
             break
         cand = nested_candidate(table, cm, arrays, pricer, busy_floor_s * level)
         if cand is None or (max_microbatches is not None and max(

@@ -141,9 +141,10 @@ class Nested:
 
 def nested_column_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], busy_floor_s: float,
                        arrays: BatchArrays | None = None, max_microbatches: int | None = None,
-                       costs: tuple[Pricer, CostTable] | None = None, deadline_s: float = float("inf"),
+                       costs: tuple[Pricer, CostTable] | None = None, deadline_s: float | Deadline = float("inf"),
                        seed: Plan | None = None) -> Plan | None:
-    """The fastest nested plan found (module docstring) by `deadline_s` (perf_counter), priced and
+    """The fastest nested plan found (module docstring) by `deadline_s` (perf_counter, or a
+    `Deadline` that records it when it stops the levels), priced and
     validated; None when the batch has more shapes than the column program takes, a single size
     is allowed, ZeRO stage 3 runs one layout, or no level gives a plan in time. `seed`, a plan of
     the batch (the single layout's), starts every level's program with its groups, cut to fit."""
@@ -154,7 +155,7 @@ def nested_column_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[i
     shapes = shapes_of(table)
     if shapes is None:
         return None
-    deadline = Deadline(deadline_s)
+    deadline = Deadline.of(deadline_s)
     best: Plan | None = None
     pool: list[_Pooled] = []  # every level's columns, for the next
     starts = _seed_columns(seed, batch, shapes, table) if seed is not None else []

@@ -84,7 +84,11 @@ class IlpOptions(StrategyOptions):
     """The exact planner: a mixed-integer program over group sizes, assignment and checkpointing."""
 
     time_limit_s: float = 1.0
-    """Solver wall-clock limit; the best incumbent is returned with its gap."""
+    """Wall-clock seconds for the search (from the start of `solve`): every solver call, loop and
+    phase stops by it, and the best plan found is returned with its gap. Not cut, so that the plan
+    is never worse than a baseline at any load: the input checks, the cost table, the baselines
+    no bound rules out (dcp-greedy first), the first backfill target and the final assembly. On
+    a quiet machine the whole solve ends within the limit; on a loaded one these can take it past."""
     solver: str = "highs"
     """highs (highspy, in-process) or cbc (bundled with PuLP)."""
     mip_rel_gap: float = 0.005

@@ -63,7 +63,7 @@ from dcp.planner.ilp import (
     solve_ilp,
     solve_ilp_against,
 )
-from dcp.planner.ilp.budget import final_pricing_s
+from dcp.planner.ilp.budget import Budget, final_pricing_s
 from dcp.planner.ilp.columns import shapes_of
 from dcp.planner.ilp.costs import batch_costs
 from dcp.planner.nested import nested_plan
@@ -188,6 +188,9 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
     start."""
 
     started = time.perf_counter() if started is None else started
+    # What the time stops here, outside the single layout's own budget (the backfill's or nested
+    # plan's targets, the nested column levels, the splits): the plan's status and notes say it.
+    cuts = Budget.start(options.time_limit_s, len(batch), started)
     # Chaining a split's phases, validating and reporting the plan come after the search.
     margin_s = min(3 * final_pricing_s(len(batch)), options.time_limit_s / 4)
     deadline = started + options.time_limit_s - margin_s
@@ -212,10 +215,11 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
     fill, fill_source, fill_how = None, "backfill", BACKFILL
     if options.max_phases >= 2:
         fill = backfill_plan(batch, cm, sizes, busy_s, arrays, options.max_microbatches, costs, options.time_limit_s,
-                             started)
+                             started, cut=cuts.deadline_for("backfill targets", deadline))
         if fill is None:  # fewer samples than the backfill needs: the nested plan
             fill, fill_source, fill_how = nested_plan(batch, cm, sizes, busy_s, arrays, options.max_microbatches,
-                                                      costs, options.time_limit_s), "nested", NESTED
+                                                      costs, options.time_limit_s,
+                                                      cut=cuts.deadline_for("nested targets", deadline)), "nested", NESTED
     # Nested column plans (few shapes, few samples a GPU) get what the single layout leaves of
     # the limit, at least `NESTED_COLUMNS_SHARE` of it: it runs first, so that where it meets the
     # bound (a few videos a GPU on a large cluster: 0.2 s) nothing more is spent.
@@ -230,7 +234,8 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
     if nested_ok:
         now = min(p.step_time_s for p in (single, fill) if isinstance(p, Plan))  # the fastest in hand
         if now > bound_s / (1 - options.mip_rel_gap):
-            nested = nested_column_plan(batch, cm, sizes, busy_s, arrays, options.max_microbatches, costs, deadline,
+            nested = nested_column_plan(batch, cm, sizes, busy_s, arrays, options.max_microbatches, costs,
+                                        cuts.deadline_for("nested column levels", deadline),
                                         seed=single if isinstance(single, Plan) else None)
             if nested is not None and nested.step_time_s < now:
                 fill, fill_source, fill_how = nested, "nested columns", NESTED_COLUMNS
@@ -238,12 +243,12 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
         assert fill is not None
         why = f"phases: {fill_how}, {fill.step_time_s:.3f} s; the single layout cannot run faster (not assembled)"
         if fill_source == "nested":  # few samples: a split, planned by the ILP part by part, may still beat it
-            phased, how = _search(batch, cm, options, fill, bound_s, deadline, splits, order, need, estimate,
+            phased, how = _search(batch, cm, options, fill, bound_s, deadline, splits, order, need, estimate, cuts,
                                   against="the nested plan's")
             if phased is not None:
-                return _report(phased, single, bound_s, f"{how}; {why}", started, source="a split of the batch")
-        return _report(fill, single, bound_s, why, started, source=fill_source)
-    phased, why = _search(batch, cm, options, single, bound_s, deadline, splits, order, need, estimate)
+                return _report(phased, single, bound_s, f"{how}; {why}", started, cuts, source="a split of the batch")
+        return _report(fill, single, bound_s, why, started, cuts, source=fill_source)
+    phased, why = _search(batch, cm, options, single, bound_s, deadline, splits, order, need, estimate, cuts)
     best = phased or single
     if fill is not None and fill.step_time_s < best.step_time_s * (1 - _TOL):
         why = (f"phases: {fill_how}, {fill.step_time_s:.3f} s against the single layout's "
@@ -251,7 +256,7 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
                + f"; {why}")
         best = fill
     source = None if best is single else fill_source if best is fill else "a split of the batch"
-    return _report(best, single, bound_s, why, started, source=source)
+    return _report(best, single, bound_s, why, started, cuts, source=source)
 
 
 def _splits(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, sizes: Sequence[int], busy_s: float,
@@ -270,9 +275,10 @@ def _splits(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, sizes: 
 
 def _search(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, single: Plan, bound_s: float,
             deadline: float, splits: list[int], order: np.ndarray, need: np.ndarray,
-            estimate: np.ndarray, against: str = "the single layout's") -> tuple[Plan | None, str]:
+            estimate: np.ndarray, cuts: Budget, against: str = "the single layout's") -> tuple[Plan | None, str]:
     """The best multi-phase plan found faster than `single` (None if none), and what the search
-    did, in words (`against` names `single` there)."""
+    did, in words (`against` names `single` there). `cuts` records what the time stopped: a split
+    not planned, a split beside the k skipped for its time, a part's solve cut short."""
     if options.max_phases < 2 or len(batch) < 2:
         return None, "phases: one allowed" if options.max_phases < 2 else "phases: one sample"
     if cm.training.zero_stage == 3:
@@ -293,23 +299,27 @@ def _search(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, single:
     for i, k in enumerate(ranked):
         left = deadline - time.perf_counter()
         if left < MIN_SOLVE_S:
+            cuts.skip(f"splits {i + 1}-{len(ranked)}")
             break
         if best is not None and own[k] >= n and estimate[k - 1] >= best.busy_s() * (1 - _TOL):
             continue
         # The first split gets most of the time (the ILP stops early once it proves its plan).
         seconds = left * (FIRST_SHARE if i == 0 and len(ranked) > 1 else 1 / (len(ranked) - i))
         found: list[tuple[Plan | None, str]] = []
-        if own[k] < n and seconds * BESIDE_SHARE >= MIN_BESIDE_S:
-            found.append((_plan_beside(batch, cm, options, order, k, own[k], seconds * BESIDE_SHARE, bound_s),
-                          f"on {own[k]} GPUs, the rest beside them"))
-            seconds *= 1 - BESIDE_SHARE
+        if own[k] < n:
+            if seconds * BESIDE_SHARE >= MIN_BESIDE_S:
+                found.append((_plan_beside(batch, cm, options, order, k, own[k], seconds * BESIDE_SHARE, bound_s,
+                                           cuts), f"on {own[k]} GPUs, the rest beside them"))
+                seconds *= 1 - BESIDE_SHARE
+            else:
+                cuts.skip(f"split {k} beside the rest")
         if estimate[k - 1] < single_busy * (1 - _TOL):
-            found.append((_plan_split(batch, cm, options, order, k, seconds, bound_s), "first"))
+            found.append((_plan_split(batch, cm, options, order, k, seconds, bound_s, cuts), "first"))
         tried += 1
         for plan, how in found:
             if plan is not None and plan.step_time_s < (best or single).step_time_s * (1 - _TOL):
                 best, best_k, best_how = plan, k, how
-    cut = f", {CUT_SHORT}" if tried < len(ranked) and deadline - time.perf_counter() < MIN_SOLVE_S else ""
+    cut = f", {CUT_SHORT}" if tried < len(ranked) and cuts.cut else ""
     if best is None:
         return None, f"phases: {tried} of {len(ranked)} promising splits planned, none beat {against[:-2]}{cut}"
     return best, (f"phases: the {best_k} longest sample{'s' * (best_k > 1)} {best_how}, {best.step_time_s:.3f} s "
@@ -317,9 +327,10 @@ def _search(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, single:
 
 
 def _plan_split(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, order: np.ndarray, k: int,
-                seconds: float, bound_s: float) -> Plan | None:
+                seconds: float, bound_s: float, cuts: Budget) -> Plan | None:
     """Phase 1 the `k` first samples of `order`, phase 2 the rest, each planned in its share of
-    `seconds`; the better of phase 2 as laid out and mirrored; None if a part cannot be planned."""
+    `seconds`; the better of phase 2 as laid out and mirrored; None if a part cannot be planned.
+    A part whose solve the time cut short is recorded in `cuts`."""
     head = [batch[i] for i in order[:k].tolist()]
     tail = [batch[i] for i in order[k:].tolist()]
     t0 = time.perf_counter()
@@ -331,6 +342,7 @@ def _plan_split(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, ord
         second = solve_phased(tail, cm, sub, warn=False) if sub.max_phases > 1 else solve_ilp(tail, cm, sub, warn=False)
     except InfeasibleError:
         return None
+    _record_parts(cuts, f"split {k}", first, second)
     out = None
     for mirror in (False, True):
         try:
@@ -355,13 +367,14 @@ def sub_cluster(cm: CostModel, gpus: int) -> CostModel:
 
 
 def _plan_beside(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, order: np.ndarray, k: int,
-                 gpus: int, seconds: float, bound_s: float) -> Plan | None:
+                 gpus: int, seconds: float, bound_s: float, cuts: Budget) -> Plan | None:
     """The `k` first samples of `order` on the first `gpus` GPUs, the rest beside them: part A
     on the other GPUs from the start, part B on the first ones once the k are done, the rest
     split so that both end together by the samples' least GPU-seconds (`bounds.sample_floors`):
     to A those that alone would run over half of B's window, the others along the order each to
     the part furthest behind its share. Each part planned by the
-    single-layout ILP on its GPUs (`sub_cluster`), then priced as one plan on the cluster."""
+    single-layout ILP on its GPUs (`sub_cluster`), then priced as one plan on the cluster. A part
+    whose solve the time cut short is recorded in `cuts`."""
     n = cm.cluster.num_gpus
     head = [batch[i] for i in order[:k].tolist()]
     rest = order[k:]
@@ -394,6 +407,7 @@ def _plan_beside(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, or
         plan_b = solve_ilp(part_b, near, dataclasses.replace(options, time_limit_s=left), warn=False) if part_b else None
     except InfeasibleError:
         return None
+    _record_parts(cuts, f"split {k} beside the rest", first, plan_a, plan_b)
 
     def groups(plan: Plan | None, offset: int) -> list[tuple[int, int, list[list[int]]]]:
         if plan is None:
@@ -408,13 +422,20 @@ def _plan_beside(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, or
         return None
 
 
-def _report(plan: Plan, single: Plan | Beaten, bound_s: float, why: str, started: float, *,
+def _record_parts(cuts: Budget, what: str, *parts: Plan | None) -> None:
+    """Record `what` in `cuts` when the time limit cut the solve of one of its parts short."""
+    if any(p is not None and CUT_SHORT in p.solver_status for p in parts):
+        cuts.stop(what)
+
+
+def _report(plan: Plan, single: Plan | Beaten, bound_s: float, why: str, started: float, cuts: Budget, *,
             source: str | None = None) -> Plan:
     """`plan` with the bound every runnable plan respects, its gap, and notes saying how it came
     about (`source`, when it is not the single layout's plan) and what the single-layout ILP's
     status, notes and bound were. Every plan here was validated where it was assembled (the
     ILP's finish, `common.chain` for splits and backfills): only its bound, gap, notes and
-    status change."""
+    status change. What the time stopped outside the single layout (`cuts`) is noted, and the
+    status then says `CUT_SHORT` too: a status without it means the same plan on any machine."""
     single_bound_s = single.lower_bound_s  # read first: `plan` may be `single`
     step = plan.step_time_s
     plan.lower_bound_s = min(bound_s, step)
@@ -426,8 +447,13 @@ def _report(plan: Plan, single: Plan | Beaten, bound_s: float, why: str, started
         notes.append(f"bound {single_bound_s:.3f} s for single-layout plans only (the solver's); "
                      f"every plan, multi-phase included: {bound_s:.3f} s")
     notes.append(why)
+    notes += [f"{what} skipped: {CUT_SHORT}" for what in cuts.cut] + [f"{what} cut short: {CUT_SHORT}"
+                                                                        for what in cuts.stopped]
     notes += [n for n in single.notes if n.startswith(SECONDS)]
     plan.notes = notes
-    plan.solver_status = single.solver_status + (f", {plan.num_phases} phases" if plan.num_phases > 1 else "")
+    status = single.solver_status
+    if (cuts.cut or cuts.stopped) and CUT_SHORT not in status:
+        status += f", {CUT_SHORT} (phase search)"
+    plan.solver_status = status + (f", {plan.num_phases} phases" if plan.num_phases > 1 else "")
     plan.solve_time_s = time.perf_counter() - started
     return plan

@@ -379,8 +379,8 @@ def integer_copies(cols: Columns, shapes: Shapes, sizes: list[int], num_gpus: in
     h.setOptionValue("time_limit", max(share * deadline.left(), 0.001))
     h.run()
     if h.getInfo().primal_solution_status != 2:
-        if deadline.left() <= 0:
-            deadline.record()
+        if deadline.left() <= 0 or h.getModelStatus() == highspy.HighsModelStatus.kTimeLimit:
+            deadline.record()  # its share of the time ran out: with more, it may have found copies
         return None
     z = np.rint(np.array(h.getSolution().col_value)).astype(np.int64)
     return z if float(z @ np.array([sizes[j] for j, _ in ip.cols])) <= num_gpus else None

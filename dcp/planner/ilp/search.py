@@ -231,8 +231,10 @@ class Search:
                 lo = theta
             # Between them, bisection while the time lasts: the levels are coarse steps.
             for _ in range(COLUMN_SPLITS):
-                if hi is None or hi - lo <= COLUMN_SPLIT_RTOL * hi or self.gap() <= self.options.mip_rel_gap \
-                        or deadline.left() < MIN_SOLVE_S:
+                if hi is None or hi - lo <= COLUMN_SPLIT_RTOL * hi or self.gap() <= self.options.mip_rel_gap:
+                    break
+                if deadline.left() < MIN_SOLVE_S:
+                    deadline.record()  # the bisection stopped for time, not for its tolerance
                     break
                 theta = (lo + hi) / 2
                 lo, hi = (lo, theta) if planned(theta, start) else (theta, hi)
