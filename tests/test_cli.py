@@ -198,7 +198,8 @@ def test_plan_json_labels_its_samples(tmp_path: Path) -> None:
 
 def test_help_shows_defaults_and_names(monkeypatch: pytest.MonkeyPatch) -> None:
     text = " ".join(run("plan", "--help").output.split())
-    assert "ILP solver limit per global batch, in seconds. [default: 1.0" in text
+    assert "ILP limit per global batch, in wall-clock seconds: it bounds the search" in text
+    assert "on a loaded one it can end later. [default: 1.0" in text
     assert "ZeRO sharding of the model states" in text and "gap = (step - bound) / step" in text
     for name in STRATEGIES:
         assert name in text

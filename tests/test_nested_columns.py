@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dcp.data.batches import make_batches
-from dcp.planner import nested_columns, phases, solve
+from dcp.planner import knobs, nested_columns, phases, solve
 from dcp.planner.bounds import capacity_busy, multi_phase_busy
 from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.ilp import columns
@@ -101,12 +101,12 @@ def test_phase_search_asks_for_nested_plans_only_with_the_time_for_them(monkeypa
     started = [0.0]
 
     def spy(batch_, cm_, sizes, busy_s, arrays, max_mb, costs, deadline_s, seed=None):  # noqa: ANN001, ANN202
-        asked.append((time.perf_counter() - started[0], deadline_s - started[0]))
+        asked.append((time.perf_counter() - started[0], Deadline.of(deadline_s).at - started[0]))
         assert seed is not None and seed.num_phases == 1  # the single layout's plan starts its programs
         return None
 
     monkeypatch.setattr(phases, "nested_column_plan", spy)
-    monkeypatch.setattr(phases, "NESTED_COLUMNS_MIN_S", 0.3)
+    monkeypatch.setattr(knobs, "NESTED_COLUMNS_MIN_S", 0.3)
     with fakeclock.stepping(1e-3):
         _ask_for_nested_plans(cm, batch, asked, started)
 

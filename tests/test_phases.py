@@ -388,12 +388,12 @@ def test_without_a_phase_search_the_single_layout_gets_all_but_the_report(monkey
     6,000 samples, its limit is the solve's less `REPORT_S` (it counts from the solve's start, the
     checks and bounds before it included), not less a final pricing's reserve (which left
     lognormal's 32,768 samples on 32 GPUs no time for their program)."""
-    from dcp.planner import phases
+    from dcp.planner import knobs, phases
     from dcp.planner.ilp.budget import final_pricing_s
 
     cm = cost_model(gpus=8)
     batch = make_batch([512 + 37 * (i % 50) for i in range(6000)])
-    assert final_pricing_s(len(batch)) > phases.REPORT_S
+    assert final_pricing_s(len(batch)) > knobs.REPORT_S
     limits: list[float] = []
     real = phases.solve_ilp_against
 
@@ -403,4 +403,4 @@ def test_without_a_phase_search_the_single_layout_gets_all_but_the_report(monkey
 
     monkeypatch.setattr(phases, "solve_ilp_against", spy)
     solve(batch, cm.cluster, cm, IlpOptions(time_limit_s=0.6))
-    assert limits == [pytest.approx(0.6 - phases.REPORT_S)]
+    assert limits == [pytest.approx(0.6 - knobs.REPORT_S)]

@@ -146,8 +146,10 @@ def setup(o: dict[str, Any]) -> Setup:
 @click.command()
 @planning_options
 @click.option("--strategy", default="ilp", show_default=True, help=f"One of: {STRATEGY_NAMES}.")
+@click.option("--explain-budget", is_flag=True,
+              help="Print how --time-limit is divided among the ILP's stages for --global-batch samples, and exit.")
 @help_parts(strategies=STRATEGY_LIST, columns=COLUMN_HELP)
-def plan(strategy: str, **o: Any) -> None:
+def plan(strategy: str, explain_budget: bool, **o: Any) -> None:
     """Plan global batches and print each step's schedule and predicted time.
 
     {strategies}
@@ -163,6 +165,9 @@ def plan(strategy: str, **o: Any) -> None:
       dcp plan --workload wikipedia --gpus 32 --steps 2 --strategy dcp-greedy
       dcp plan --steps 2 --format json -o plan.json
     """
+    if explain_budget:
+        click.echo(IlpOptions(time_limit_s=o["time_limit"]).explain_budget(o["global_batch"] or 512))
+        return
     s = setup(o)
     fmt, output = o["fmt"], o["output"]
     plans = plan_steps(s.batches, s.cm, strategy, o["time_limit"], dataset_longest_tokens=s.longest_tokens,

@@ -112,6 +112,13 @@ class IlpOptions(StrategyOptions):
         if isinstance(self.max_phases, bool) or not isinstance(self.max_phases, int) or self.max_phases < 1:
             raise ValueError(f"max_phases must be a whole number >= 1, got {self.max_phases!r}")
 
+    def explain_budget(self, samples: int) -> str:
+        """How `time_limit_s` is divided among the solve's stages for a batch of `samples`
+        (`dcp.planner.timebudget`), in every case a batch can meet."""
+        from dcp.planner.timebudget import explain_budget
+
+        return explain_budget(self.time_limit_s, samples)
+
 
 def with_dataset(options: StrategyOptions, longest_tokens: int) -> StrategyOptions:
     """`options` with the dataset's longest sample filled in where a static baseline needs it

@@ -18,12 +18,11 @@ The search (`solve_phased`), within the ILP's one deadline `time_limit_s`:
    when that cannot run faster (`solve_ilp_against`); a nested plan so kept still faces step 2's
    splits (with one sample needing most of the cluster, a split planned part by part by the ILP
    can run faster);
-1. the single-layout ILP (`dcp.planner.ilp.solve_ilp`), with the limit less what is kept back
-   for step 2 (`PHASE_SHARE` or `REACHING_SHARE` of it, none below `MIN_SEARCH_S`), whatever it
-   leaves unused going to step 2 too; for batches of few shapes (videos) and fewer than
-   `NESTED_COLUMNS_PER_GPU` samples per GPU (but those the ILP's exact program plans), when
-   `NESTED_COLUMNS_SHARE` of the limit is at least `NESTED_COLUMNS_MIN_S`, at most the rest of
-   the limit, and then, unless the plan in hand is within the solver's gap of the bound, nested
+1. the single-layout ILP (`dcp.planner.ilp.solve_ilp`), in its window of the limit
+   (`dcp.planner.timebudget`: the limit less what is kept back for step 2 and the report),
+   whatever it leaves unused going to step 2 too; for batches of few shapes (videos) and fewer
+   than `NESTED_COLUMNS_PER_GPU` samples per GPU (but those the ILP's exact program plans), when
+   the limit leaves them time (`TimeBudget.nested_columns_fit`), a shorter window, and then, unless the plan in hand is within the solver's gap of the bound, nested
    plans by column generation in the time left (`dcp.planner.nested_columns`: groups that split
    into smaller ones for part of the step; the single layout's groups start its programs), the
    faster kept;
@@ -73,23 +72,8 @@ from dcp.planner.plan import InfeasibleError, Plan, PlanError
 from dcp.planner.pricing import BatchArrays, Pricer
 from dcp.planner.sample import Sample
 from dcp.planner.status import CUT_SHORT
+from dcp.planner.timebudget import TimeBudget
 
-PHASE_SHARE = 0.1
-"""Share of `time_limit_s` kept back from the single-layout ILP for the phase search, when some
-sample needs a large group; what the ILP leaves unused goes to the search too. Batches that
-phases win are those where one sample forces a large group, and there the single-layout program
-proves its plan quickly (0.2 s of 1 s on the example of docs/design.md), so a small share costs
-the other batches little and leaves the search most of the limit where it matters."""
-REACHING_SHARE = 0.5
-"""The share kept back instead when a split's bound (`split_estimates`) is within the solver's
-gap of the batch's bound: its longest sample then holds the whole cluster in phase 1 and the
-rest fits after it, the batches phases win (2 of 20 wikipedia batches of 512 samples on 32
-GPUs: 9-11% faster; the others gated in have bounds 1.2-2% above the batch's and none won)."""
-MIN_SEARCH_S = 0.2
-"""No time is kept back for the search when its share would be shorter than this: too short to
-plan a split of hundreds of samples well (the example's 511 short samples: 0.2 s for a phase 2
-7% slower than 0.7 s gives), it would only cut the single layout's time; the search then gets
-what the single-layout ILP leaves unused."""
 MIN_NEED_SHARE = 1 / 2
 """Splits are tried for the samples that need groups of at least this share of the GPUs (and at
 least 2 of them): phase 1 then holds the cluster (nearly) to itself, and what it saves is the
@@ -116,26 +100,9 @@ NESTED = "nested (the samples at the largest size first, the rest after them at 
 NESTED_COLUMNS = "nested columns (each group split into smaller ones first, then whole)"
 """How the phase notes name the plan built before the ILP (its source, the first word, names it
 in the first note)."""
-REPORT_S = 0.02
-"""Kept back at most for what follows the single layout when no split is searched (a final
-pricing's reserve where that is less): the comparison with the backfill plan and the report,
-5-18 ms at 32,768 samples on 32 to 1,024 GPUs. (The whole reserve, 0.1 s at that size, was kept
-before: lognormal's 32,768 samples on 32 GPUs, whose warm start takes 0.37-0.56 s, then left
-their program 0.15 s or less, and ended 2.2-4.4% above the bound.)"""
 NESTED_COLUMNS_PER_GPU = 4
 """Nested column plans are sought for batches of fewer samples per GPU than this (Open-Sora's
 cells of 2 per GPU: with more, single layouts already end within 1% of the bound)..."""
-NESTED_COLUMNS_SHARE = 0.7
-"""...in what the single layout leaves of the time limit, at least this share of it (its plan
-only starts theirs there)..."""
-NESTED_COLUMNS_MIN_S = 0.7
-"""...when it is at least this long (a level takes 0.05-0.45 s, `dcp.planner.nested_columns`):
-limits of 1 s and more. Open-Sora at 1 s, 5 batches each, the single layout given 0.3 s and the
-nested plans the rest: 512 videos on 256 GPUs 1.88-1.91% mean gap (worst 2.21%), 2,048 on
-1,024 1.79-1.82% (worst 1.92-2.04%), in five runs on this machine (docs/design.md); with half
-the limit each, 2.1-2.3% and 1.97-2.0% (the prototype). 512 videos on 1,024 GPUs, which the single layout plans at the
-bound in 0.2 s, never ask. Before their integer program kept the fractional optimum's whole
-copies, given 0.5 s of 1 s they found a plan on 1 batch of 10."""
 
 
 def split_order(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], makespan_s: float,
@@ -191,24 +158,18 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
     # What the time stops here, outside the single layout's own budget (the backfill's or nested
     # plan's targets, the nested column levels, the splits): the plan's status and notes say it.
     cuts = Budget.start(options.time_limit_s, len(batch), started)
-    # Chaining a split's phases, validating and reporting the plan come after the search.
-    margin_s = min(3 * final_pricing_s(len(batch)), options.time_limit_s / 4)
-    deadline = started + options.time_limit_s - margin_s
     sizes = allowed_sp_sizes(cm, options.sp_sizes)
     arrays = BatchArrays.of(batch)  # read from the samples once, for the bounds and the ILP
     check_feasible(batch, cm, sizes, arrays.tokens)
     bound_arrays = (arrays.tokens, arrays.pairs)
     bound_s, busy_s = multi_phase_bound(batch, cm, sizes, bound_arrays), multi_phase_busy(batch, cm, sizes, bound_arrays)
     splits, order, need, estimate = _splits(batch, cm, options, sizes, busy_s, bound_arrays)
-    reserve_s = 0.0
-    if splits:  # a split whose own bound meets the batch's can reach it: give it more time
-        reaches = min(estimate[k - 1] for k in splits) <= busy_s * (1 + options.mip_rel_gap)
-        reserve_s = (REACHING_SHARE if reaches else PHASE_SHARE) * options.time_limit_s
-        reserve_s = reserve_s if reserve_s >= MIN_SEARCH_S else 0.0  # too short to plan a split: keep none
-    # Without a phase search only the report follows the single layout (whose limit counts from
-    # `started`, the checks and bounds before it included).
-    kept_s = reserve_s + margin_s if reserve_s else min(final_pricing_s(len(batch)), REPORT_S, options.time_limit_s / 4)
-    single_s = options.time_limit_s - kept_s
+    # A split whose own bound meets the batch's can reach it: the search gets more time. The
+    # windows (`timebudget`) count from `started`, the checks and bounds before them included.
+    reaches = bool(splits) and min(estimate[k - 1] for k in splits) <= busy_s * (1 + options.mip_rel_gap)
+    pricing_s = final_pricing_s(len(batch))
+    times = TimeBudget.divide(options.time_limit_s, pricing_s, search=bool(splits), reaching=reaches)
+    deadline = started + times.search_deadline_s
     # The backfill plan first (a few tenths of a second at 32,768 samples): the single layout's
     # limit counts from `started`, so it gets what is left, and is not assembled if it cannot win.
     costs = batch_costs(arrays, cm, sizes)  # the cost table both read
@@ -221,15 +182,16 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
                                                       costs, options.time_limit_s,
                                                       cut=cuts.deadline_for("nested targets", deadline)), "nested", NESTED
     # Nested column plans (few shapes, few samples a GPU) get what the single layout leaves of
-    # the limit, at least `NESTED_COLUMNS_SHARE` of it: it runs first, so that where it meets the
+    # the limit, at least `knobs.NESTED_COLUMNS_SHARE` of it: it runs first, so that where it meets the
     # bound (a few videos a GPU on a large cluster: 0.2 s) nothing more is spent.
     tiny = len(batch) <= EXACT_MAX_SAMPLES and cm.cluster.num_gpus <= EXACT_MAX_GPUS  # the exact program's
     nested_ok = (options.max_phases >= 2 and not tiny and len(batch) < NESTED_COLUMNS_PER_GPU * cm.cluster.num_gpus
-                 and NESTED_COLUMNS_SHARE * options.time_limit_s >= NESTED_COLUMNS_MIN_S
+                 and TimeBudget.nested_columns_fit(options.time_limit_s)
                  and cm.training.zero_stage != 3 and len(sizes) >= 2 and shapes_of(costs[1]) is not None)
     if nested_ok:
-        single_s = min(single_s, (1 - NESTED_COLUMNS_SHARE) * options.time_limit_s)
-    single = solve_ilp_against(batch, cm, dataclasses.replace(options, time_limit_s=single_s), started, arrays,
+        times = TimeBudget.divide(options.time_limit_s, pricing_s, search=bool(splits), reaching=reaches,
+                                  nested_columns=True)
+    single = solve_ilp_against(batch, cm, dataclasses.replace(options, time_limit_s=times.single_s), started, arrays,
                                warn=warn, beat_s=fill.step_time_s if fill is not None else None, costs=costs)
     if nested_ok:
         now = min(p.step_time_s for p in (single, fill) if isinstance(p, Plan))  # the fastest in hand
@@ -327,7 +289,7 @@ def _search(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, single:
 
 
 def _plan_split(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, order: np.ndarray, k: int,
-                seconds: float, bound_s: float, cuts: Budget) -> Plan | None:
+                seconds: float, bound_s: float, cuts: Budget | None = None) -> Plan | None:
     """Phase 1 the `k` first samples of `order`, phase 2 the rest, each planned in its share of
     `seconds`; the better of phase 2 as laid out and mirrored; None if a part cannot be planned.
     A part whose solve the time cut short is recorded in `cuts`."""
@@ -367,7 +329,7 @@ def sub_cluster(cm: CostModel, gpus: int) -> CostModel:
 
 
 def _plan_beside(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, order: np.ndarray, k: int,
-                 gpus: int, seconds: float, bound_s: float, cuts: Budget) -> Plan | None:
+                 gpus: int, seconds: float, bound_s: float, cuts: Budget | None = None) -> Plan | None:
     """The `k` first samples of `order` on the first `gpus` GPUs, the rest beside them: part A
     on the other GPUs from the start, part B on the first ones once the k are done, the rest
     split so that both end together by the samples' least GPU-seconds (`bounds.sample_floors`):
@@ -422,9 +384,9 @@ def _plan_beside(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, or
         return None
 
 
-def _record_parts(cuts: Budget, what: str, *parts: Plan | None) -> None:
-    """Record `what` in `cuts` when the time limit cut the solve of one of its parts short."""
-    if any(p is not None and CUT_SHORT in p.solver_status for p in parts):
+def _record_parts(cuts: Budget | None, what: str, *parts: Plan | None) -> None:
+    """Record `what` in `cuts` (when given) when the time limit cut the solve of one of its parts short."""
+    if cuts is not None and any(p is not None and CUT_SHORT in p.solver_status for p in parts):
         cuts.stop(what)
 
 
@@ -446,9 +408,9 @@ def _report(plan: Plan, single: Plan | Beaten, bound_s: float, why: str, started
     if single_bound_s > bound_s * (1 + _TOL):
         notes.append(f"bound {single_bound_s:.3f} s for single-layout plans only (the solver's); "
                      f"every plan, multi-phase included: {bound_s:.3f} s")
-    notes.append(why)
     notes += [f"{what} skipped: {CUT_SHORT}" for what in cuts.cut] + [f"{what} cut short: {CUT_SHORT}"
                                                                         for what in cuts.stopped]
+    notes.append(why)
     notes += [n for n in single.notes if n.startswith(SECONDS)]
     plan.notes = notes
     status = single.solver_status
