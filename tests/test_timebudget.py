@@ -1,12 +1,12 @@
 """The one time budget (`dcp.planner.timebudget`): its windows tile the limit from the table of
 shares in `dcp.planner.knobs`, and each stage of a solve stops at its window's end, under a
-virtual clock that advances a fixed step per reading (no wall clock, no load)."""
+clock that advances a fixed step per reading (`fakeclock.stepping`: no wall clock, no load)."""
 
 from __future__ import annotations
 
 import itertools
-import time
 
+import fakeclock
 import pytest
 
 from dcp.data.batches import make_batches
@@ -55,17 +55,6 @@ def test_explain_lists_every_case_with_its_seconds() -> None:
     assert "nested columns" not in explain_budget(0.5, 512)  # 0.35 s: below NESTED_COLUMNS_MIN_S
 
 
-class VirtualClock:
-    """perf_counter advancing `step` seconds at every reading: time is the number of readings."""
-
-    def __init__(self, step: float) -> None:
-        self.now, self.step = 1000.0, step
-
-    def __call__(self) -> float:
-        self.now += self.step
-        return self.now
-
-
 def test_each_stage_stops_at_its_deadline_under_a_virtual_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     """The single layout gets `single_s` from the start of the solve and the rest stops by the
     limit: under a clock whose time is only its readings (4 ms each: the solve reads it about a
@@ -74,9 +63,6 @@ def test_each_stage_stops_at_its_deadline_under_a_virtual_clock(monkeypatch: pyt
     and HiGHS's interrupt callbacks, whose count follows the real time)."""
     cm = cost_model(gpus=32)
     batch = make_batches("wikipedia", cm, global_batch=256, steps=1)[0]
-    step = 4e-3
-    clock = VirtualClock(step)
-    monkeypatch.setattr(time, "perf_counter", clock)
     ends: list[tuple[float, float]] = []
     real = phases.solve_ilp_against
 
@@ -86,8 +72,9 @@ def test_each_stage_stops_at_its_deadline_under_a_virtual_clock(monkeypatch: pyt
         return out
 
     monkeypatch.setattr(phases, "solve_ilp_against", spy)
-    started = clock.now
-    plan = solve(batch, cm.cluster, cm, IlpOptions(time_limit_s=0.5))
+    with fakeclock.stepping(4e-3) as clock:
+        started = clock.now
+        plan = solve(batch, cm.cluster, cm, IlpOptions(time_limit_s=0.5))
     (single_end, single_s), = ends
     tb = TimeBudget.divide(0.5, final_pricing_s(len(batch)))
     assert single_s == pytest.approx(tb.single_s)
