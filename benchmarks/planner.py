@@ -44,6 +44,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from phase_wins import phase_columns, phase_lines, phase_summary  # noqa: E402
+from rank_patterns import rank_pattern_bound  # noqa: E402
 
 from dcp.data.batches import make_batches  # noqa: E402
 from dcp.data.lengths import WorkloadError  # noqa: E402
@@ -51,7 +52,6 @@ from dcp.data.workloads import Workload, load_workload  # noqa: E402
 from dcp.planner import Sample, solve  # noqa: E402
 from dcp.planner.ilp.budget import PROBE_S, machine_probe_s  # noqa: E402
 from dcp.planner.options import IlpOptions  # noqa: E402
-from dcp.planner.rank_patterns import rank_pattern_bound  # noqa: E402
 from dcp.planner.run import build_cost_model, default_model, resolve_options  # noqa: E402
 from dcp.planner.status import program_outcome  # noqa: E402
 

@@ -11,13 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from benchmarks.rank_patterns import rank_pattern_bound, rank_pattern_busy
 from dcp.planner import IlpOptions, Plan, PlanError, solve
 from dcp.planner.bounds import multi_phase_bound, multi_phase_busy
 from dcp.planner.common import assemble, chain
 from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.ilp import solve_ilp
 from dcp.planner.phases import split_order
-from dcp.planner.rank_patterns import rank_pattern_bound, rank_pattern_busy
 from dcp.planner.run import groups_label
 from dcp.planner.simulate import simulate
 from tests.brute_helpers import (

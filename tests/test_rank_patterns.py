@@ -1,4 +1,4 @@
-"""The rank-pattern bound (`dcp.planner.rank_patterns`): against brute force over every
+"""The rank-pattern bound (`benchmarks/rank_patterns.py`, offline: not in the solve path): against brute force over every
 multi-phase plan of tiny batches (random ones in tests/test_phases.py; its knapsacks,
 `columns.knapsack`, against enumeration in tests/test_columns.py), and on two videos a GPU above
 the pooled bound and below the best plan found."""
@@ -9,13 +9,13 @@ import time
 
 import pytest
 
+from benchmarks.rank_patterns import rank_pattern_bound, rank_pattern_busy
 from dcp.data.batches import make_batches
 from dcp.planner.bounds import multi_phase_bound, multi_phase_busy
 from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.ilp.costs import batch_costs
 from dcp.planner.nested_columns import nested_column_plan
 from dcp.planner.pricing import BatchArrays
-from dcp.planner.rank_patterns import rank_pattern_bound, rank_pattern_busy
 from tests.brute_helpers import brute_force_phases, tiny_cm
 from tests.conftest import cost_model, make_batch
 
@@ -71,7 +71,7 @@ def test_busy_times_past_the_grid_of_the_least_fixed_time_are_not_searched(monke
     """64 samples of up to a million tokens on 64 GPUs: a busy time of 657 s, whose thousandth is
     past llama-7b's 31 ms fixed time (a slice could then be shorter than a unit of the rank
     knapsack, which charges it one): the pooled bound, at once (no column built, no pricing)."""
-    import dcp.planner.rank_patterns as rank_patterns
+    import benchmarks.rank_patterns as rank_patterns
 
     def searched(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         raise AssertionError("the rank-pattern search ran")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dcp.planner import knobs
+import dcp.planner.knobs as knobs
 
 
 @dataclass(frozen=True)

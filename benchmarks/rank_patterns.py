@@ -1,4 +1,5 @@
-"""A tighter bound on every plan's busy time where GPUs run few samples: the rank-pattern program.
+"""Offline, not in the solve path (benchmarks and tests only): a tighter bound on every plan's busy
+time where GPUs run few samples, the rank-pattern program (`benchmarks/planner.py --pattern-bound`).
 
 `bounds.multi_phase_busy` pools the batch's GPU-seconds: a plan of busy time M has N * M of
 them. That lets every rank fill its M to the last microsecond. At two videos a GPU it cannot:
