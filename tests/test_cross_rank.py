@@ -1,11 +1,11 @@
 """A bad plan on one rank stops all ranks (4 gloo ranks): every rank raises the same clear error,
-within 5 s, instead of waiting in a collective until the timeout or running different steps."""
+instead of waiting in a collective until the timeout (which would raise gloo's timeout error, not
+this one) or running different steps (the good step after each bad one runs on every rank)."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import time
 
 from dist_helpers import run_ranks
 
@@ -13,13 +13,11 @@ from dcp.costmodel import attention_pairs, load_model
 from dcp.planner import Sample
 
 WORLD = 4
-WITHIN_S = 5.0
-# The gloo timeout is longer than WITHIN_S: a rank left waiting in a collective shows as slow.
 PG_TIMEOUT_S = 20
 
 
-def cross_rank_worker(rank: int, world: int) -> list[tuple[str, float]]:
-    """(error, seconds until it was raised) per bad case; then a good step must still run."""
+def cross_rank_worker(rank: int, world: int) -> list[str]:
+    """The error per bad case; then a good step must still run."""
     from dcp.executor import Executor, ExecutorError, ParallelState
     from dcp.executor.reference import manual_plan
     from dcp.models import build_model, lm_loss, mse_loss, sample_tensors
@@ -28,12 +26,11 @@ def cross_rank_worker(rank: int, world: int) -> list[tuple[str, float]]:
     results = []
 
     def attempt(executor: Executor, plan, tensors, loss_fn) -> None:  # noqa: ANN001
-        started = time.perf_counter()
         try:
             executor.step(plan, tensors, loss_fn)
-            results.append(("no error", time.perf_counter() - started))
+            results.append("no error")
         except ExecutorError as e:
-            results.append((str(e), time.perf_counter() - started))
+            results.append(str(e))
 
     # Text model: a plan that fails validation on rank 1 only, and a 0-token sample everywhere.
     spec = load_model("tiny-llama")
@@ -86,8 +83,6 @@ EXPECTED = [
 def test_a_bad_plan_on_any_rank_stops_every_rank_with_the_same_error() -> None:
     results = run_ranks(cross_rank_worker, WORLD, deadline_s=120, pg_timeout_s=PG_TIMEOUT_S)
     for case, want in enumerate(EXPECTED):
-        errors = {rank_results[case][0] for rank_results in results}
+        errors = {rank_results[case] for rank_results in results}
         assert len(errors) == 1, (want, errors)  # the same error on every rank
         assert want in errors.pop(), want
-        slowest = max(rank_results[case][1] for rank_results in results)
-        assert slowest < WITHIN_S, (want, slowest)

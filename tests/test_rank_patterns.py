@@ -5,8 +5,7 @@ the pooled bound and below the best plan found."""
 
 from __future__ import annotations
 
-import time
-
+import fakeclock
 import pytest
 
 from benchmarks.rank_patterns import rank_pattern_bound, rank_pattern_busy
@@ -42,10 +41,11 @@ def test_bound_against_brute_force_over_every_multi_phase_plan(lengths: list[int
     assert (bound > pooled * (1 + 1e-3)) == raised
 
 
-def test_two_videos_a_gpu_raise_the_bound_below_the_nested_plan() -> None:
+def test_two_videos_a_gpu_raise_the_bound_below_the_nested_plan(unhurried) -> None:  # noqa: ANN001
     """Open-Sora's first batch of 128 videos on 64 GPUs: 1.1% above `multi_phase_busy` (0.959 s
     against 0.948 s), below the busy time of the nested plan (0.973 s), whose gap it shows to be
-    1.4% where the pooled bound said 2.6%."""
+    1.4% where the pooled bound said 2.6%. Unhurried: what the search proves, not how far a
+    loaded machine gets in 60 s."""
     cm = cost_model(model="opensora-stdit-1.1b", gpus=64)
     batch = make_batches("opensora", cm, global_batch=128, steps=1, seed=0)[0]
     sizes = allowed_sp_sizes(cm)
@@ -56,10 +56,11 @@ def test_two_videos_a_gpu_raise_the_bound_below_the_nested_plan() -> None:
     assert plan is not None
     assert pooled * 1.008 < bound < plan.busy_s()
     assert multi_phase_bound(batch, cm, sizes) < rank_pattern_bound(batch, cm, sizes, time_limit_s=60) < plan.step_time_s
-    # Anytime: with half a second it stops within it, with what it proved by then.
-    started = time.perf_counter()
-    quick = rank_pattern_busy(batch, cm, sizes, time_limit_s=0.5)
-    assert time.perf_counter() - started < 0.5 + 0.2 and pooled <= quick <= bound
+    # Anytime: with half a second it stops within it (on a clock that moves 1 ms a reading: the
+    # deadline's checks, not this machine's speed), with what it proved by then.
+    with fakeclock.stepping(1e-3) as clock:
+        quick = rank_pattern_busy(batch, cm, sizes, time_limit_s=0.5)
+    assert clock.elapsed <= 0.5 + 0.2 and pooled <= quick <= bound
 
 
 def test_an_empty_batch_is_refused() -> None:

@@ -188,7 +188,12 @@ class Stepping:
     under it takes the same steps, and stops at the same point, on any machine at any load."""
 
     def __init__(self, tick: float, start: float = 1000.0) -> None:
-        self.tick, self.now, self.reads = tick, start, 0
+        self.tick, self.start, self.now, self.reads = tick, start, start, 0
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds on this clock since it began (`reads` ticks)."""
+        return self.now - self.start
 
     def __call__(self) -> float:
         self.reads += 1
