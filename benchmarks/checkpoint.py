@@ -85,6 +85,17 @@ def _slowest(seconds: float) -> float:
     return float(t)
 
 
+def _time_loads(model: torch.nn.Module, opt: torch.optim.Optimizer, root: str, repeats: int) -> list[float]:
+    """The slowest rank's time to load the newest synchronous checkpoint, `repeats` times."""
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        t0 = time.perf_counter()
+        Checkpointer(Path(root) / "sync").load(model, opt)
+        times.append(_slowest(time.perf_counter() - t0))
+    return times
+
+
 def save_worker(rank: int, world: int, store: str, root: str, repeats: int, out: Any) -> None:
     model, opt = _setup(rank, world, store)
     sync, blocking, total = [], [], []
@@ -104,13 +115,7 @@ def save_worker(rank: int, world: int, store: str, root: str, repeats: int, out:
         async_ckpt.wait()
         blocking.append(_slowest(t1 - t0))
         total.append(_slowest(time.perf_counter() - t0))
-    dist.barrier()
-    load_same = []
-    for _ in range(repeats):
-        dist.barrier()
-        t0 = time.perf_counter()
-        Checkpointer(Path(root) / "sync").load(model, opt)
-        load_same.append(_slowest(time.perf_counter() - t0))
+    load_same = _time_loads(model, opt, root, repeats)
     out[rank] = {"written_bytes": written, "shard_bytes": _shard_bytes(model, opt), "sync_s": sync,
                  "async_blocking_s": blocking, "async_total_s": total, "load_same_s": load_same}
     dist.destroy_process_group()
@@ -118,13 +123,7 @@ def save_worker(rank: int, world: int, store: str, root: str, repeats: int, out:
 
 def load_worker(rank: int, world: int, store: str, root: str, repeats: int, out: Any) -> None:
     model, opt = _setup(rank, world, store)
-    times = []
-    for _ in range(repeats):
-        dist.barrier()
-        t0 = time.perf_counter()
-        Checkpointer(Path(root) / "sync").load(model, opt)
-        times.append(_slowest(time.perf_counter() - t0))
-    out[rank] = {"load_other_s": times, "shard_bytes": _shard_bytes(model, opt)}
+    out[rank] = {"load_other_s": _time_loads(model, opt, root, repeats), "shard_bytes": _shard_bytes(model, opt)}
     dist.destroy_process_group()
 
 
