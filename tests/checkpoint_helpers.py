@@ -20,7 +20,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 from dcp.costmodel import Cluster, CostModel, TrainingSetup, load_hardware, load_model
 from dcp.data import GlobalBatchSampler
-from dcp.executor.run_checkpoint import Checkpointer, run_digest
+from dcp.executor.run_checkpoint import Checkpointer
+from dcp.executor.run_checkpoint_state import run_digest
 from dcp.models import build_model, lm_loss, sample_tensors
 from dcp.models.packing import PackedSeqs
 from dcp.planner import Sample
@@ -31,11 +32,11 @@ LENGTHS = [5, 9, 3, 12, 7, 4, 11, 6, 8, 10, 2, 13, 5, 7, 9, 3, 6, 8, 4, 10, 12, 
 BATCH = 4
 
 
-def make_sampler(world: int) -> GlobalBatchSampler:
+def make_sampler(world: int, zero_stage: int = 0) -> GlobalBatchSampler:
     spec = load_model("tiny-llama")
     hw = load_hardware("cpu")
     cm = CostModel(spec, hw, Cluster(num_gpus=world, gpus_per_node=world, memory_bytes=hw.memory_bytes),
-                   TrainingSetup(precision="fp32", zero_stage=0))
+                   TrainingSetup(precision="fp32", zero_stage=zero_stage))
     return GlobalBatchSampler(np.array(LENGTHS), cm, batch_size=BATCH, seed=3, workers=0)
 
 
@@ -147,3 +148,42 @@ def _kill_inside_save(where: str, kill_rank: int, kill_step: int, rank: int) -> 
         return out if where == "write" else original(self, *args, **kwargs)
 
     setattr(cls, "write_data" if where == "write" else "finish", dying)
+
+
+def train_executor(rank: int, world: int, ckdir: str, steps: int, zero_stage: int, *, save_every: int = 0,
+                   resume: bool = False, die_after_step: int | None = None) -> dict[str, Any]:
+    """As `train`, through dcp.executor.Executor at `zero_stage` (FSDP2) and its optimizer: every
+    rank runs its group's part of each step's plan (dcp-greedy, for this world size)."""
+    from dcp.executor import Executor, ParallelState, executor_optimizer
+
+    spec = load_model("tiny-llama")
+    state = ParallelState.create(timeout_s=60)
+    executor = Executor(build_model(spec, dtype=torch.float64, seed=0), state, zero_stage=zero_stage)
+    opt = executor_optimizer(executor, lr=1e-2, weight_decay=0.1)
+    sampler = make_sampler(world, zero_stage)
+    ckpt = Checkpointer(ckdir, digest=run_digest(model=spec, zero_stage=zero_stage, recipe=executor.recipe))
+    step, trained = 0, []
+    if resume:
+        step = ckpt.load(executor.model, opt, sampler=sampler).step
+
+    def loss_fn(out: torch.Tensor, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return lm_loss(out, batch["labels"])
+
+    for batch in sampler:
+        plan = batch.plan
+        tensors = {i: sample_tensors(spec, plan.sample_map()[i], dtype=torch.float64)
+                   for i in batch.local_samples(rank)}
+        executor.step(plan, tensors, loss_fn)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        trained.append((batch.epoch, batch.step, batch.sample_ids))
+        step += 1
+        if save_every and step % save_every == 0:
+            ckpt.save(step, executor.model, opt, sampler_state=sampler.state_dict_after(batch))
+        if die_after_step == step:
+            dist.barrier()
+            os.kill(os.getpid(), signal.SIGKILL)
+        if step == steps:
+            break
+    state_ = full_state(executor.model, opt)  # a collective: every rank
+    return {"trained": trained, "state": state_ if rank == 0 else None}

@@ -17,7 +17,8 @@ from torch.distributed.checkpoint import CheckpointException
 
 from dcp.costmodel import load_model
 from dcp.executor import run_checkpoint_files as files
-from dcp.executor.run_checkpoint import Checkpointer, CheckpointError, run_digest
+from dcp.executor.run_checkpoint import Checkpointer, CheckpointError
+from dcp.executor.run_checkpoint_state import run_digest
 
 
 def _pair(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:

@@ -7,7 +7,8 @@ from dcp.executor.executor import Executor, MicroBatchStats, StepStats, default_
 from dcp.executor.optim import FlatShardOptimizer, executor_optimizer, held_bytes, sharded_optimizer
 from dcp.executor.parallel_state import ParallelState, aligned_blocks
 from dcp.executor.plan_check import ExecutorError, agree_on_plan, broadcast_plan, check_plan
-from dcp.executor.run_checkpoint import Checkpointer, CheckpointError, Resumed, run_digest
+from dcp.executor.run_checkpoint import Checkpointer, CheckpointError, Resumed
+from dcp.executor.run_checkpoint_state import run_digest
 from dcp.executor.ulysses import SPContext, UlyssesAttention, install_ulysses
 
 __all__ = [

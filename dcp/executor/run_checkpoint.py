@@ -30,13 +30,12 @@ import hashlib
 import io
 import json
 import logging
-import random
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -54,38 +53,13 @@ from dcp.executor.run_checkpoint_files import (
     step_dir,
     verify_files,
 )
+from dcp.executor.run_checkpoint_state import rng_state, seed_all, set_rng_state
 
 log = logging.getLogger(__name__)
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be resumed from, raised on every rank with the same message."""
-
-
-def _short_hash(doc: Any) -> str:
-    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-
-def run_digest(*, model: Any = None, hardware: Any = None, zero_stage: int | None = None,
-               recipe: Any = None) -> dict[str, str]:
-    """What plans depend on, one entry per part, each '<name>@<hash of its fields>': the model
-    spec (a ModelSpec), the hardware profile (a HardwareProfile; its `meta` and `sources`, which
-    an online refit extends, are left out), the ZeRO stage and the precision recipe (a name or
-    PrecisionRecipe). Parts given as None are not recorded and not compared."""
-    out: dict[str, str] = {}
-    if model is not None:
-        out["model spec"] = f"{model.name}@{_short_hash(model.to_dict())}"
-    if hardware is not None:
-        d = {k: v for k, v in hardware.to_dict().items() if k not in ("meta", "sources")}
-        out["hardware profile"] = f"{hardware.name}@{_short_hash(d)}"
-    if zero_stage is not None:
-        out["ZeRO stage"] = str(zero_stage)
-    if recipe is not None:
-        from dcp.costmodel.precision import get_recipe
-
-        r = get_recipe(recipe)
-        out["precision recipe"] = f"{r.name}@{_short_hash(r.__dict__)}"
-    return out
 
 
 @dataclass(frozen=True)
@@ -100,33 +74,6 @@ class Resumed:
     """The online refit state given to `save` (JSON), or None."""
     extra: dict[str, Any]
     saved_world_size: int
-
-
-def _rng_state() -> bytes:
-    np_state = np.random.get_state()
-    state = {"torch": torch.get_rng_state(), "numpy": (np_state[0], np_state[1].tolist(), *np_state[2:]),
-             "python": random.getstate(),
-             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    return buf.getvalue()
-
-
-def _set_rng_state(raw: bytes) -> None:
-    state = torch.load(io.BytesIO(raw), weights_only=True)
-    torch.set_rng_state(state["torch"])
-    kind, keys, *rest = state["numpy"]
-    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), *rest))
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _seed_all(seed: int) -> None:
-    torch.manual_seed(seed)
-    np.random.seed(seed % 2**32)
-    random.seed(seed)
 
 
 def _tensor_shapes(model_sd: Mapping[str, Any], optim_sd: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -200,7 +147,7 @@ class Checkpointer:
                  "sampler": dict(sampler_state) if sampler_state is not None else None,
                  "refit": refit, "extra": dict(extra or {})}
         state = {"model": model_sd, "optim": optim_sd, "train": io.BytesIO(json.dumps(train).encode()),
-                 f"rng.{self.rank}": io.BytesIO(_rng_state())}
+                 f"rng.{self.rank}": io.BytesIO(rng_state())}
         writer = CommittingWriter(partial, final, keep=self.keep, thread_count=self.thread_count,
                                   manifest_fields={"step": step, "world_size": self.world_size})
         self.last_writer = writer
@@ -260,9 +207,9 @@ class Checkpointer:
         dcp.load(state, storage_reader=FileSystemReader(path), no_dist=not dist.is_initialized())
         set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
         if has_rng and train["world_size"] == self.world_size:
-            _set_rng_state(state[rng_key].getvalue())
+            set_rng_state(state[rng_key].getvalue())
         else:
-            _seed_all(int.from_bytes(hashlib.sha256(f"{train['step']}/{self.rank}".encode()).digest()[:8], "little"))
+            seed_all(int.from_bytes(hashlib.sha256(f"{train['step']}/{self.rank}".encode()).digest()[:8], "little"))
         if sampler is not None and train["sampler"] is not None:
             sampler.load_state_dict(train["sampler"])
         return Resumed(int(train["step"]), path, train["sampler"], train["refit"], train["extra"],
@@ -322,13 +269,5 @@ class Checkpointer:
 
 
 def _rmtree(path: Path) -> None:
-    import shutil
-
     shutil.rmtree(path, ignore_errors=True)
 
-
-def export_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The whole model's state dict on rank 0 (empty elsewhere), gathered from its shards."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
