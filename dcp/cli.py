@@ -7,6 +7,8 @@ and `presets` in dcp.commands.show, `profile` in dcp.profiler.command; they regi
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
 import click
@@ -40,6 +42,22 @@ class DcpGroup(click.Group):
             # Outputs are written whole (dcp.commands.common.write_whole): nothing half-written is left.
             click.echo("Error: interrupted (Ctrl-C); no output file was written", err=True)
             ctx.exit(INTERRUPTED_EXIT)
+
+
+    def main(self, args: Any = None, prog_name: str | None = None, **extra: Any) -> Any:
+        """click's main, except that under torchrun only rank 0 prints a usage or input error (every
+        rank parses the same arguments, so they all fail alike) and every rank exits with its status."""
+        extra.pop("standalone_mode", None)
+        try:
+            status = super().main(args, prog_name, standalone_mode=False, **extra)
+        except click.ClickException as e:
+            if os.environ.get("RANK", "0") == "0":
+                e.show()
+            sys.exit(e.exit_code)
+        except click.Abort:  # end of input at a prompt
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(status if isinstance(status, int) else 0)
 
 
 def _one_line(e: BaseException) -> str:

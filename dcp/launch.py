@@ -23,6 +23,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -32,12 +33,14 @@ from dcp.costmodel import (
     RECIPES,
     Cluster,
     CostModel,
+    HardwareProfile,
     ModelSpec,
     PrecisionRecipe,
     TrainingSetup,
     get_recipe,
     load_hardware,
 )
+from dcp.costmodel.presets import check_fitted_for
 from dcp.data import GlobalBatchSampler, load_workload
 from dcp.executor import ExecutorError, ParallelState, StepStats
 from dcp.planner import STRATEGIES
@@ -118,7 +121,8 @@ class RunOptions:
                             help="usable memory per rank for the planner in GB (small values force SP and "
                                  "checkpointing; default: the hardware profile's)")
         parser.add_argument("--hardware", default=d.hardware,
-                            help="hardware profile for the cost model (default: cpu, or h200-sxm on GPUs)")
+                            help="hardware profile for the cost model: a profile JSON from `dcp profile` (measured "
+                                 "on this machine), or a preset (default: cpu, or h200-sxm on GPUs)")
         parser.add_argument("--steps", type=int, default=d.steps, help="training steps")
         parser.add_argument("--lr", type=float, default=d.lr, help="learning rate")
         parser.add_argument("--seed", type=int, default=d.seed, help="seed of data, batches and weights")
@@ -170,7 +174,11 @@ def planned_batches(spec: ModelSpec, state: ParallelState, options: RunOptions) 
     `spec` on the hardware in the run's precision recipe and ZeRO stage (`options.recipe`), the
     ones the training script gives its executor and `executor_optimizer`."""
     cuda = state.device.type == "cuda"
-    hw = load_hardware(options.hardware or (DEFAULT_HARDWARE if cuda else "cpu"))
+    hardware = options.hardware or (DEFAULT_HARDWARE if cuda else "cpu")
+    hw = load_hardware(hardware)
+    check_fitted_for(hw, spec, hardware, spec.name)
+    if state.rank == 0:
+        print(pricing_line(hardware, hw, spec), flush=True)
     cluster = Cluster(num_gpus=state.world_size, gpus_per_node=state.gpus_per_node,
                       memory_bytes=options.memory_gb * 1e9 if options.memory_gb else hw.memory_bytes)
     training = TrainingSetup(precision=options.recipe(cuda), zero_stage=options.zero_stage)
@@ -179,6 +187,18 @@ def planned_batches(spec: ModelSpec, state: ParallelState, options: RunOptions) 
     return GlobalBatchSampler.from_workload(load_workload(options.workload, seed=options.seed), cm,
                                             batch_size=options.global_batch, strategy=options.strategy,
                                             seed=options.seed, workers=0)
+
+
+def pricing_line(hardware: str, hw: HardwareProfile, spec: ModelSpec) -> str:
+    """Which profile priced the plans' predicted times, and how far to trust it: a fit measured
+    for this model (with its held-out error), or a preset's datasheet rates (no fit: measure one)."""
+    fit = hw.fits.get(spec.name)
+    if fit is not None:
+        error = "" if fit.heldout_mape is None else f", held-out error {fit.heldout_mape:.1%}"
+        return f"predictions priced by hardware profile {hardware} ({hw.device}: fitted for {spec.name}{error})"
+    return (f"predictions priced by hardware profile {hardware} ({hw.device}: no fit for {spec.name}, priced from "
+            f"its datasheet rates; measure this machine with `dcp profile --model {spec.name} -o p.json` and pass "
+            "--hardware p.json)")
 
 
 def step_summary(step: int, plan: Plan, stats: StepStats) -> str:
@@ -196,10 +216,25 @@ def write_step_stats(path: str, step: int, stats: StepStats) -> None:
     with open(path, "a") as f:
         f.write(json.dumps({"step": step, "loss": stats.loss, "predicted_step_s": stats.predicted_step_s,
                             "measured_step_s": stats.measured_step_s, "microbatches": rows}) + "\n")
+def lead_rank() -> bool:
+    """Whether this process speaks for the job: rank 0 under torchrun, or a process on its own."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def fail(message: str) -> NoReturn:
+    """End this rank with exit status 1, and `Error: message` on stderr from rank 0 only: the
+    errors that reach here (bad arguments, a missing extra, a launch error, a plan error every rank
+    agreed on in its all-gather) are the same on every rank, so one line says it for the job.
+    torchrun still reports the failed ranks in its own summary."""
+    if lead_rank():
+        print(f"Error: {' '.join(message.split())}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
 def run_main(main: Callable[[], None]) -> None:
     """Run a training script's `main`: a launch, input or plan error ends it with one `Error:` line
-    on stderr and exit status 1 (on every rank that hits it) instead of a traceback."""
+    on stderr (from rank 0 under torchrun, `fail`) and exit status 1 instead of a traceback."""
     try:
         main()
     except (LaunchError, ExecutorError, ValueError) as e:
-        sys.exit(f"Error: {' '.join(str(e).split())}")
+        fail(str(e))

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import sys
 
 import torch
 
@@ -33,7 +32,10 @@ try:  # transformers comes with dcp's hf extra
     )
     from dcp.executor.hf_memory import measured_model_spec
 except ImportError as e:
-    sys.exit(f"Error: examples/train_hf.py needs transformers ({e}): pip install -e '.[hf]'")
+    from dcp.launch import fail
+
+    fail(f"examples/train_hf.py needs transformers ({e}): install dcp's hf extra with `scripts/setup_env.sh hf` "
+         "(or `.venv/bin/pip install -e '.[hf]'`) in the repository")
 
 from dcp.executor import executor_optimizer
 from dcp.executor.reference import load_reference, reference_grad_diff

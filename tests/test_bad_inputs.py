@@ -84,6 +84,15 @@ CASES = [
     # Written in the wrong format before (issue 56, item 4): a --format that contradicts -o's extension.
     (["plan", "--format", "table", "-o", "plan_out.json"], "--format: table contradicts -o plan_out.json (a .json file)"),
     (["compare", "--format", "json", "-o", "bars.csv"], "--format: json contradicts -o bars.csv (a .csv file)"),
+    # Priced in silence, or advised what cannot help, before (issue 56, item 11).
+    (["plan", "--hardware", "profile.json", "--model", "llama-7b", "--zero-stage", "3"],
+     "hardware profile profile.json was fitted for tiny-llama, not llama-7b: add a fit with "
+     "`dcp profile --model llama-7b --base profile.json -o profile.json`"),
+    (["plan", "--model", "llama-70b", "--gpus", "8", "--zero-stage", "0"],
+     "model states of llama-70b need 1242.1 GB per GPU at ZeRO stage 0 in bf16, more than the 137.1 GB usable; "
+     "these fit them: --zero-stage 3 --gpus 16"),
+    (["plan", "--model", "llama-70b", "--gpus", "8", "--zero-stage", "3", "--memory-gb", "1"],
+     "and no ZeRO stage, precision recipe or GPU count (up to 1,048,576) brings them under it"),
     # Planning fails after the output was checked: nothing half-written either.
     (["plan", "--workload", "long.txt", "--global-batch", "3", "--gpus", "8"], "sample 1 (9000000 tokens) fits nowhere"),
 ]
@@ -348,3 +357,73 @@ def test_presets_name_each_hardware_memory_source() -> None:
     for name in preset_names("hardware"):
         source = " ".join(load_hardware(name).sources["memory_capacity_bytes"].split())
         assert source[:40] in " ".join(out.split()), name
+
+
+# -- under torchrun: one line for the job (issue 56, item 14) ------------------------------------------
+
+NO_TRANSFORMERS = """
+import runpy, sys
+sys.modules["transformers"] = None  # as on an install without the hf extra
+sys.argv = ["examples/train_hf.py", "--steps", "1"]
+runpy.run_path("examples/train_hf.py", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("case", ["dcp profile on a GPU that is not there", "train_hf.py without transformers",
+                                  "a bad option"])
+def test_under_torchrun_an_error_prints_once(case: str, tmp_path: Path) -> None:
+    import torch
+
+    if case.startswith("dcp profile") and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    script = tmp_path / "no_transformers.py"
+    script.write_text(NO_TRANSFORMERS)
+    args = {"dcp profile on a GPU that is not there": ["-m", "dcp.cli", "profile", "--device", "cuda", "-o", "p.json"],
+            "train_hf.py without transformers": [str(script)],
+            "a bad option": ["-m", "dcp.cli", "plan", "--gpus", "0"]}[case]
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "3", *args],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode != 0  # the failure is not hidden: torchrun reports the ranks' exit status 1
+    errors = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1, proc.stdout + proc.stderr
+    want = {"dcp profile on a GPU that is not there": "no CUDA device is visible",
+            "train_hf.py without transformers": "scripts/setup_env.sh hf", "a bad option": "'--gpus': 0"}[case]
+    assert want in errors[0]
+    import re
+
+    # torchrun's summary: the first failure is a sys.exit (1, or 2 for a usage error); ranks still
+    # running then are ended by torchrun's SIGTERM (-15).
+    root = proc.stderr.split("Root Cause", 1)[1]
+    assert re.search(r"exitcode\s*:\s*(\d+)", root).group(1) in ("1", "2"), proc.stderr
+    assert set(re.findall(r"exitcode\s*:\s*(-?\d+)", proc.stderr)) <= {"1", "2", "-15"}, proc.stderr
+
+
+@pytest.mark.parametrize(("flags", "room_gb"), [(["--gpus", "8", "--zero-stage", "0"], None),
+                                                (["--gpus", "8", "--zero-stage", "1", "--precision", "fp32"], 40.0),
+                                                (["--gpus", "8", "--zero-stage", "3"], 1.0)])
+def test_memory_advice_offers_only_what_helps(flags: list[str], room_gb: float | None) -> None:
+    """Every option the advice offers passes the model-states check when taken; when it offers none,
+    a brute force over every stage, recipe and GPU count up to 2**20 finds none either."""
+    from dcp.costmodel import RECIPES
+    from dcp.planner.run import build_cost_model
+
+    memory = ["--memory-gb", str(room_gb)] if room_gb else []
+    line = run_bad("plan", "--model", "llama-70b", *flags, *memory, "--steps", "1", "--strategy", "bucket")
+    assert "model states of llama-70b need" in line
+    if "these fit them: " in line:
+        offers = [o.split(" (")[0].split() for o in line.split("these fit them: ")[1].split("), ")]
+        assert offers
+        for offer in offers:
+            taken = dict(zip(flags[::2], flags[1::2], strict=True))
+            taken.update(dict(zip(offer[::2], offer[1::2], strict=True)))
+            args = [x for kv in taken.items() for x in kv]
+            result = run("plan", "--model", "llama-70b", *args, *memory, "--steps", "1", "--global-batch", "16",
+                         "--strategy", "dcp-greedy", "--workload", "lognormal:mean=256,max=1024", ok=False)
+            assert "model states" not in result.output, (offer, result.output)
+    else:
+        stage0 = int(flags[flags.index("--zero-stage") + 1])
+        for stage in range(4):
+            for recipe in RECIPES:
+                for gpus in (8 * 2**k for k in range(18)):
+                    cm = build_cost_model("llama-70b", "h200-sxm", gpus, None, room_gb, stage, recipe)
+                    assert cm.static_bytes >= cm.cluster.memory_bytes, (stage, recipe, gpus, stage0)

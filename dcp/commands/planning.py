@@ -12,6 +12,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from dcp.commands.advice import check_model_states
 from dcp.commands.common import (
     COLUMN_HELP,
     FIGURE_SUFFIXES,
@@ -29,7 +30,15 @@ from dcp.commands.common import (
     table,
     write_whole,
 )
-from dcp.costmodel import DEFAULT_HARDWARE, DEFAULT_MODEL, RECIPES, CostModel
+from dcp.costmodel import (
+    DEFAULT_HARDWARE,
+    DEFAULT_MODEL,
+    RECIPES,
+    CostModel,
+    load_hardware,
+    load_model,
+)
+from dcp.costmodel.presets import check_fitted_for
 from dcp.data.batches import make_batches
 from dcp.data.workloads import WorkloadError, load_workload
 from dcp.planner import STRATEGIES, STRATEGY_HELP, Sample
@@ -116,10 +125,13 @@ def setup(o: dict[str, Any]) -> Setup:
     config = dict(o, model=o["model"] or default_model(o["workload"]), zero_stage=int(o["zero_stage"]))
     config.pop("fmt")
     output = config.pop("output")
+    check_fitted_for(load_hardware(config["hardware"]), load_model(config["model"]), config["hardware"],
+                     config["model"])
     measure_missing_memory(config["model"], [config["precision"]], config["hardware"])
     cm = build_cost_model(config["model"], config["hardware"], config["gpus"], config["gpus_per_node"],
                           config["memory_gb"], config["zero_stage"], config["precision"])
     config["gpus_per_node"] = cm.cluster.gpus_per_node
+    check_model_states(cm, config)
     for note in cm.notes():
         click.echo(f"note: {note}", err=True)
     for key in ("model", "hardware"):

@@ -126,5 +126,16 @@ def load_hardware(name_or_path: str) -> HardwareProfile:
     return _parse(HardwareProfile.from_dict, _read(name_or_path, "hardware", "hardware profile"), name_or_path)
 
 
+def check_fitted_for(hw: HardwareProfile, spec: ModelSpec, hardware: str, model: str) -> None:
+    """A measured profile (one with fits) prices only the models it was fitted for; any other would
+    be priced from FLOPs on the profiled device's rates, in silence. Datasheet presets have no fits
+    and price every model that way by design."""
+    if hw.fits and spec.name not in hw.fits:
+        raise CostModelError(
+            f"hardware profile {hardware} was fitted for {', '.join(sorted(hw.fits))}, not {spec.name}: add a fit "
+            f"with `dcp profile --model {model} --base {hardware} -o {hardware}` (it keeps the others), or plan on "
+            "a preset (`dcp presets`)")
+
+
 def save_hardware(profile: HardwareProfile, path: str | Path) -> None:
     Path(path).write_text(json.dumps(profile.to_dict(), indent=1) + "\n")

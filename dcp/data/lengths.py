@@ -103,7 +103,8 @@ def _read_parquet(path: Path) -> list[int]:
         import pyarrow.parquet as pq
     except ImportError:
         raise WorkloadError(f"lengths file {path}: reading .parquet needs pyarrow: "
-                            "pip install 'dcp[parquet]'") from None
+                            "install dcp's parquet extra with `scripts/setup_env.sh parquet` "
+                            "(or `.venv/bin/pip install -e '.[parquet]'`) in the repository") from None
     try:
         table = pq.read_table(path)
     except Exception as e:  # pyarrow raises several types for a file that is not parquet

@@ -35,7 +35,8 @@ from torch import nn
 try:
     from transformers import AttentionInterface
 except ImportError as e:  # transformers is an extra, not a dependency
-    raise ImportError(f"dcp.executor.hf needs transformers ({e}): pip install 'dcp[hf]'") from e
+    raise ImportError(f"dcp.executor.hf needs transformers ({e}): install dcp's hf extra with "
+                      "`scripts/setup_env.sh hf` (or `.venv/bin/pip install -e '.[hf]'`) in the repository") from e
 
 from dcp.executor.batch import PackedBatch
 from dcp.executor.executor import Executor
