@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/nested_phases.py                       # lognormal, 512 samples on 1,024 GPUs
     .venv/bin/python benchmarks/nested_phases.py --workload wikipedia --gpus 256 --batch 512
 
-The planner's nested plan (`dcp.planner.nested`) tries the targets `nested.LEVELS` with q1 the
+The planner's nested plan (`dcp.planner.nested`) tries the targets `knobs.NESTED_LEVELS` with q1 the
 largest size a sample runs at; this what-if tries every q1 > 1 at the targets `LEVELS` (1.0 to
 1.05 times the batch's busy bound), each plan priced on the executor's schedule (the backfill's
 assembly) and reported against `bounds.multi_phase_bound`, beside the planner's own plan

@@ -22,7 +22,7 @@ and by how much multi-phase plans beat the single-layout ILP (benchmarks/phase_w
 is planned once more with `max_phases=1`, JSON `phases`). The machine's load
 average is recorded per cell: wall times on a shared machine are inflated by the others' work;
 and its speed once, as the budget's probe (`budget.machine_probe_s`, fastest of 50; JSON
-`probe_ms`, against the `PROBE_S` the time budget was measured with): wall times from two
+`probe_ms`, against the `knobs.PROBE_S` the time budget was measured with): wall times from two
 machines compare only with it.
 Prints a table and writes JSON (default benchmarks/results/planner.json).
 """
@@ -46,11 +46,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from phase_wins import phase_columns, phase_lines, phase_summary  # noqa: E402
 from rank_patterns import rank_pattern_bound  # noqa: E402
 
+import dcp.planner.knobs as knobs
 from dcp.data.batches import make_batches  # noqa: E402
 from dcp.data.lengths import WorkloadError  # noqa: E402
 from dcp.data.workloads import Workload, load_workload  # noqa: E402
 from dcp.planner import Sample, solve  # noqa: E402
-from dcp.planner.ilp.budget import PROBE_S, machine_probe_s  # noqa: E402
+from dcp.planner.ilp.budget import machine_probe_s
 from dcp.planner.options import IlpOptions  # noqa: E402
 from dcp.planner.run import build_cost_model, default_model, resolve_options  # noqa: E402
 from dcp.planner.status import program_outcome  # noqa: E402
@@ -180,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     solve(make_batches("wikipedia", warm_cm, global_batch=64, steps=1)[0], warm_cm.cluster, warm_cm, ilp)
     # The machine's speed, the budget's probe at its fastest of 50 (the module docstring says why).
     probe_ms = 1e3 * min(machine_probe_s() for _ in range(50))
-    print(f"machine probe {probe_ms:.3f} ms (the budget's reference machine: {1e3 * PROBE_S:.3f} ms)")
+    print(f"machine probe {probe_ms:.3f} ms (the budget's reference machine: {1e3 * knobs.PROBE_S:.3f} ms)")
     header = (f"{'workload':<19}{'gpus':>5}{'batch':>6}{'p50 s':>7}{'p95 s':>7}{'cpu95':>7}{'gap%':>6}{'max%':>6}"
               f"{'1gap%':>6}{'1max%':>6}{'cut':>4}" + "".join(f"{LABELS[n]:>9}" for n in BASELINES) + f"{'grd/bkt':>8}{'load':>6}"
               + (f"{'pgap%':>6}{'pmax%':>6}" if args.pattern_bound > 0 else ""))
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             "pattern_bound_s": args.pattern_bound,
             "python": platform.python_version(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "duration_s": time.perf_counter() - started, "probe_ms": probe_ms, "probe_ref_ms": 1e3 * PROBE_S}
+            "duration_s": time.perf_counter() - started, "probe_ms": probe_ms, "probe_ref_ms": 1e3 * knobs.PROBE_S}
     phases = phase_summary(cases)
     print("\n".join(phase_lines(phases)))
     out.parent.mkdir(parents=True, exist_ok=True)

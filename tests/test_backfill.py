@@ -9,17 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import dcp.planner.knobs as knobs
 from dcp.costmodel import TrainingSetup
 from dcp.costmodel.model import CostModel
 from dcp.costmodel.schedule import reduction_chain_s
 from dcp.data.batches import make_batches
 from dcp.planner import IlpOptions, backfill, solve
 from dcp.planner.backfill import (
-    FEW_COST_SHARE,
-    FEW_PER_GPU,
-    FILL_LEVELS,
-    FILL_ONWARD,
-    MIN_SAMPLES_PER_GPU,
     _hiding_tokens,
     _lpt,
     _rebalance,
@@ -231,7 +227,7 @@ def test_a_short_late_backfill_moves_to_a_running_slot_not_an_empty_one() -> Non
 def test_gates_give_none() -> None:
     cm = cost_model(gpus=64)
     sizes = allowed_sp_sizes(cm)
-    few = mixed_batch(n_short=MIN_SAMPLES_PER_GPU * 64 - 6)  # one sample per GPU short of the gate
+    few = mixed_batch(n_short=knobs.BACKFILL_MIN_PER_GPU * 64 - 6)  # one sample per GPU short of the gate
     assert backfill_plan(few, cm, sizes, multi_phase_busy(few, cm, sizes)) is None
     batch = mixed_batch()
     busy = multi_phase_busy(batch, cm, sizes)
@@ -249,26 +245,26 @@ def test_gates_give_none() -> None:
 
 
 def test_few_per_gpu_on_a_cluster_too_large_for_the_limit_gets_no_backfill() -> None:
-    # Its assembly alone (a group per GPU) would take more than FEW_COST_SHARE of the limit: the
+    # Its assembly alone (a group per GPU) would take more than knobs.BACKFILL_FEW_COST_SHARE of the limit: the
     # time goes to the single layout instead. Many per GPU keep it at any limit.
     cm = cost_model(gpus=64)
     sizes = allowed_sp_sizes(cm)
-    few = mixed_batch(n_short=MIN_SAMPLES_PER_GPU * 64)
-    assert len(few) < FEW_PER_GPU * 64
+    few = mixed_batch(n_short=knobs.BACKFILL_MIN_PER_GPU * 64)
+    assert len(few) < knobs.BACKFILL_FEW_PER_GPU * 64
     predicted = final_pricing_s(len(few), len(few), 64, 1.0)
     busy = multi_phase_busy(few, cm, sizes)
-    assert backfill_plan(few, cm, sizes, busy, time_limit_s=predicted / FEW_COST_SHARE * 1.01) is not None
-    assert backfill_plan(few, cm, sizes, busy, time_limit_s=predicted / FEW_COST_SHARE * 0.99) is None
-    many = mixed_batch(n_short=FEW_PER_GPU * 64)
-    tight = final_pricing_s(len(many), len(many), 64, 1.0) / FEW_COST_SHARE * 0.99
+    assert backfill_plan(few, cm, sizes, busy, time_limit_s=predicted / knobs.BACKFILL_FEW_COST_SHARE * 1.01) is not None
+    assert backfill_plan(few, cm, sizes, busy, time_limit_s=predicted / knobs.BACKFILL_FEW_COST_SHARE * 0.99) is None
+    many = mixed_batch(n_short=knobs.BACKFILL_FEW_PER_GPU * 64)
+    tight = final_pricing_s(len(many), len(many), 64, 1.0) / knobs.BACKFILL_FEW_COST_SHARE * 0.99
     assert backfill_plan(many, cm, sizes, multi_phase_busy(many, cm, sizes), time_limit_s=tight) is not None
 
 
-@pytest.mark.parametrize("per_gpu", [MIN_SAMPLES_PER_GPU, FEW_PER_GPU])
+@pytest.mark.parametrize("per_gpu", [knobs.BACKFILL_MIN_PER_GPU, knobs.BACKFILL_FEW_PER_GPU])
 def test_targets_after_the_first_two_go_the_faster_ones_way(per_gpu: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Below FEW_PER_GPU samples per GPU the backfill stops after the first two targets, however
+    # Below knobs.BACKFILL_FEW_PER_GPU samples per GPU the backfill stops after the first two targets, however
     # much time is left; from it on it goes on through the targets on the side of the faster of
-    # those two (FILL_ONWARD). Targets are recorded as multiples of a floor far below any plan, so
+    # those two (knobs.BACKFILL_ONWARD). Targets are recorded as multiples of a floor far below any plan, so
     # no plan ends close enough to it to stop them early.
     cm = cost_model(gpus=32)
     batch = mixed_batch(n_short=per_gpu * 32 - 5)
@@ -289,13 +285,13 @@ def test_targets_after_the_first_two_go_the_faster_ones_way(per_gpu: int, monkey
     monkeypatch.setattr(backfill, "_candidate", recording)
     backfill_plan(batch, cm, sizes, floor)
     levels = list(dict.fromkeys(tried))  # each target once (two placements may try it)
-    assert levels[:2] == list(FILL_LEVELS)
-    if per_gpu < FEW_PER_GPU:
-        assert levels == list(FILL_LEVELS)
+    assert levels[:2] == list(knobs.BACKFILL_LEVELS)
+    if per_gpu < knobs.BACKFILL_FEW_PER_GPU:
+        assert levels == list(knobs.BACKFILL_LEVELS)
     else:
-        up = busy.get(FILL_LEVELS[1], np.inf) < busy.get(FILL_LEVELS[0], np.inf)
-        assert levels[2:] == [round(x, 6) for x in FILL_ONWARD[up]]
-        assert sorted(FILL_ONWARD[0]) == sorted(FILL_ONWARD[1])  # the same targets either way
+        up = busy.get(knobs.BACKFILL_LEVELS[1], np.inf) < busy.get(knobs.BACKFILL_LEVELS[0], np.inf)
+        assert levels[2:] == [round(x, 6) for x in knobs.BACKFILL_ONWARD[up]]
+        assert sorted(knobs.BACKFILL_ONWARD[0]) == sorted(knobs.BACKFILL_ONWARD[1])  # the same targets either way
 
 
 def test_the_planner_keeps_a_backfill_only_when_it_beats_the_single_layout() -> None:

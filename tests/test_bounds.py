@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import dcp.planner.knobs as knobs
 from dcp.costmodel.schedule import least_step_s
 from dcp.data.batches import make_batches
 from dcp.planner import IlpOptions, bounds, lower_bound, solve
@@ -96,7 +97,7 @@ def test_each_size_takes_the_weighting_that_raises_the_work_most_given_the_other
         for k in range(4):
             work.weighting = np.where(work.row_sizes == p, k, weighting)
             assert work(m) <= weighed * (1 + 1e-12)
-    monkeypatch.setattr(bounds, "WEIGH_PASSES", 1)
+    monkeypatch.setattr(knobs, "BOUND_WEIGH_PASSES", 1)
     work.weigh(m)
     assert work(m) < weighed * 0.995
     monkeypatch.undo()
@@ -273,15 +274,15 @@ def test_coarse_classes_keep_the_bounds_valid_and_close() -> None:
     the 16 longest samples as they are and the rest rounded down, so the group bound can only
     fall, and here by less than 0.1%; every sample is still counted once."""
     from dcp.planner.bound_group import group_bound
-    from dcp.planner.bounds import _COARSE, _coarse
+    from dcp.planner.bounds import _coarse
 
     cm = cost_model(gpus=256)
     batch = make_batches("lognormal:scale=16", cm, global_batch=8192, steps=1, seed=0)[0]
     sizes = tuple(allowed_sp_sizes(cm))
     work = _Work(*distinct_samples(*sample_arrays(batch)), cm, sizes)
-    assert len(work.tokens) > _COARSE
+    assert len(work.tokens) > knobs.BOUND_COARSE
     tokens, pairs, weight = _coarse(work)
-    assert len(tokens) <= _COARSE and weight.sum() == len(batch)
+    assert len(tokens) <= knobs.BOUND_COARSE and weight.sum() == len(batch)
     top = np.sort(work.tokens)[-16:]
     assert np.array_equal(np.sort(tokens)[-16:], top)
     coarse = _Work(tokens, pairs, weight, cm, sizes)
@@ -348,7 +349,7 @@ def test_the_release_caps_every_microbatchs_charge(monkeypatch: pytest.MonkeyPat
     every micro-batch's charge (its time, less the backward below the top layer for a rank's
     last) is at most the step less the chain, a tighter cap than the busy time's. Charged on that
     cap too the bound rises by more than 0.5%, and stays below every plan the planner prices."""
-    without, bound = _with_and_without(monkeypatch, 2, bounds, "_CAPPED_CHAIN_SHARE", math.inf)
+    without, bound = _with_and_without(monkeypatch, 2, knobs, "BOUND_CAPPED_CHAIN_SHARE", math.inf)
     assert bound > without * 1.005
 
 

@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 
+import dcp.planner.knobs as knobs
 from dcp.data.batches import make_batches
 from dcp.planner.bounds import capacity_busy
 from dcp.planner.feasibility import allowed_sp_sizes
@@ -109,14 +110,14 @@ def test_rounding_places_the_largest_unplaced_videos_on_the_free_gpus(monkeypatc
 def test_column_levels_are_bisected_below_the_first_that_gives_a_plan(monkeypatch) -> None:  # noqa: ANN001
     """Open-Sora's second batch of 512 on 256 GPUs, with time to spare: the first column level
     (1.015 times the bound) gives a plan, then levels halfway between the highest without one and
-    the lowest with one are tried (`search.COLUMN_SPLITS`), each inside the last pair, and the
+    the lowest with one are tried (`knobs.COLUMN_SPLITS`), each inside the last pair, and the
     plan of a lower level ends the program with a less busy incumbent than the first level's
     alone (0.7757 s against 0.7799 s)."""
     cm = cost_model(model="opensora-stdit-1.1b", gpus=256)
     batch = make_batches("opensora", cm, global_batch=512, steps=1, seed=1)[0]
 
     def run(splits: int) -> tuple[float, list[tuple[float, bool]]]:
-        monkeypatch.setattr(search_module, "COLUMN_SPLITS", splits)
+        monkeypatch.setattr(knobs, "COLUMN_SPLITS", splits)
         levels: list[tuple[float, bool]] = []
         plan = columns.column_plan
 
@@ -134,7 +135,7 @@ def test_column_levels_are_bisected_below_the_first_that_gives_a_plan(monkeypatc
     first_busy, first_levels = run(0)
     busy, levels = run(3)
     assert first_levels == levels[:1] and levels[0][1]  # the first level gives a plan
-    lo, hi = levels[0][0] / search_module.COLUMN_LEVELS[0], levels[0][0]  # from the bound up
+    lo, hi = levels[0][0] / knobs.COLUMN_LEVELS[0], levels[0][0]  # from the bound up
     for theta, found in levels[1:]:
         assert theta == pytest.approx((lo + hi) / 2)
         lo, hi = (lo, theta) if found else (theta, hi)

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import dcp.planner.knobs as knobs
 from dcp.planner import IlpOptions, InfeasibleError, lower_bound, solve
-from dcp.planner import ilp as ilp_module
 from dcp.planner.bounds import capacity_bound, capacity_busy
 from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.ilp import search as search_module
@@ -47,7 +47,7 @@ def test_aggregated_program_bound_is_valid(lengths: list[int], gpus: int, per_no
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The aggregated program (used at scale) on the same cases: its proven bound never exceeds
     the true optimum, and its plan is within its own reported gap of the bound."""
-    monkeypatch.setattr(ilp_module, "EXACT_MAX_SAMPLES", 0)
+    monkeypatch.setattr(knobs, "EXACT_MAX_SAMPLES", 0)
     cm = tiny_cm(gpus, per_node)
     batch = make_batch(lengths)
     best = brute_force(batch, cm)
@@ -389,37 +389,37 @@ def test_the_machine_probe_is_the_faster_of_two_runs(monkeypatch) -> None:  # no
 
     import dcp.planner.ilp.budget as budget_module
     import dcp.planner.ilp.search as search_module
-    from dcp.planner.ilp.budget import PROBE_FROM, PROBE_S, Budget, machine_probe_s
+    from dcp.planner.ilp.budget import Budget, machine_probe_s
     from dcp.planner.ilp.search import Search
 
     real_range, collecting = range, []
 
     def counted(*args):  # noqa: ANN002, ANN202
-        if args == (budget_module.PROBE_STEPS,):
+        if args == (knobs.PROBE_STEPS,):
             collecting.append(gc.isenabled())
         return real_range(*args)
 
     monkeypatch.setattr(budget_module, "range", counted, raising=False)
-    for readings in ([0.0, 0.03 + 2 * PROBE_S, 1.0, 1.0 + PROBE_S],  # the first run stalls
-                     [0.0, PROBE_S, 1.0, 1.03 + 2 * PROBE_S]):  # the second does
+    for readings in ([0.0, 0.03 + 2 * knobs.PROBE_S, 1.0, 1.0 + knobs.PROBE_S],  # the first run stalls
+                     [0.0, knobs.PROBE_S, 1.0, 1.03 + 2 * knobs.PROBE_S]):  # the second does
         clock = iter(readings)
         monkeypatch.setattr(budget_module, "time", types.SimpleNamespace(perf_counter=lambda c=clock: next(c)))
         collecting.clear()
-        assert machine_probe_s() == pytest.approx(PROBE_S, rel=1e-9)
+        assert machine_probe_s() == pytest.approx(knobs.PROBE_S, rel=1e-9)
         assert collecting == [False, False]  # two runs, no collection during either
         assert next(clock, None) is None  # two readings per run, no more
     monkeypatch.undo()
 
-    # The solve's search takes the probe once its batch reaches PROBE_FROM samples, and the
+    # The solve's search takes the probe once its batch reaches knobs.PROBE_FROM samples, and the
     # reserve scales with it: a probe 6x the benchmark machine's is a slowdown of at least 6.
-    monkeypatch.setattr(search_module, "machine_probe_s", lambda: 6 * PROBE_S)
+    monkeypatch.setattr(search_module, "machine_probe_s", lambda: 6 * knobs.PROBE_S)
     cm = cost_model(gpus=32)
-    for n, probe in ((PROBE_FROM, 6 * PROBE_S), (PROBE_FROM - 1, 0.0)):
+    for n, probe in ((knobs.PROBE_FROM, 6 * knobs.PROBE_S), (knobs.PROBE_FROM - 1, 0.0)):
         batch = make_batch([300 + (i * 37) % 4000 for i in range(n)])
         budget = Budget.start(1.0, len(batch))
         Search(batch, cm, allowed_sp_sizes(cm), IlpOptions(), budget)
         assert budget.probe_s == probe
-    budget.probe_s = 6 * PROBE_S
+    budget.probe_s = 6 * knobs.PROBE_S
     assert budget.slowdown() >= 6 - 1e-9
 
 

@@ -4,11 +4,11 @@ that the planner keeps them only when they beat the single layout."""
 
 from __future__ import annotations
 
+import dcp.planner.knobs as knobs
 from dcp.costmodel import TrainingSetup
 from dcp.costmodel.model import CostModel
 from dcp.data.batches import make_batches
 from dcp.planner import IlpOptions, solve
-from dcp.planner.backfill import MIN_SAMPLES_PER_GPU
 from dcp.planner.bounds import multi_phase_bound, multi_phase_busy
 from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.ilp import solve_ilp
@@ -46,7 +46,7 @@ def test_longest_run_first_at_the_largest_size_and_the_rest_after_on_smaller_gro
 
 
 def test_gates_give_none() -> None:
-    cm, batch = lognormal_batch(gpus=64, samples=MIN_SAMPLES_PER_GPU * 64)  # the backfill's batch
+    cm, batch = lognormal_batch(gpus=64, samples=knobs.BACKFILL_MIN_PER_GPU * 64)  # the backfill's batch
     sizes = allowed_sp_sizes(cm)
     assert nested_plan(batch, cm, sizes, multi_phase_busy(batch, cm, sizes)) is None
     cm, batch = lognormal_batch(gpus=64, samples=100)

@@ -10,13 +10,14 @@ import fakeclock
 import numpy as np
 import pytest
 
+import dcp.planner.knobs as knobs
 from dcp.costmodel import SPLayout
 from dcp.data.batches import make_batches
 from dcp.planner import GreedyOptions, IlpOptions, lower_bound, solve
 from dcp.planner.baselines import solve_bucket
 from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.greedy import solve_greedy
-from dcp.planner.ilp.classes import MAX_BUCKETS, MAX_EXACT, program_items
+from dcp.planner.ilp.classes import program_items
 from dcp.planner.ilp.costs import cost_table, pack_tokens
 from dcp.planner.ilp.pack import lpt_fast
 from dcp.planner.ilp.warm import baseline_plans
@@ -52,10 +53,10 @@ def test_program_size_does_not_grow_with_the_batch() -> None:
         items = program_items(table, greedy.step_time_s - greedy.grad_sync_s)
         members = np.sort(np.concatenate([it.members for it in items]))
         assert np.array_equal(members, np.arange(n))  # every sample in exactly one item
-        assert sum(it.exact for it in items) <= MAX_EXACT
-        assert sum(not it.exact for it in items) <= MAX_BUCKETS
+        assert sum(it.exact for it in items) <= knobs.CLASS_MAX_EXACT
+        assert sum(not it.exact for it in items) <= knobs.CLASS_MAX_BUCKETS
         counts.append(len(items))
-    assert counts[1] <= MAX_EXACT + MAX_BUCKETS
+    assert counts[1] <= knobs.CLASS_MAX_EXACT + knobs.CLASS_MAX_BUCKETS
 
 
 @pytest.mark.parametrize("workload,gpus,n", [("wikipedia", 32, 8192), ("wikipedia", 256, 512),

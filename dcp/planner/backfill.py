@@ -6,8 +6,8 @@ A single layout runs a long sample's group at its size for the whole step: the s
 that fill the rest of its time pay that size's all-to-alls (wikipedia, 8,192 samples on 1,024
 GPUs: their marginal GPU-seconds are 31% higher at SP 16 than at SP 1, 97% at SP 128). Here
 they run after it, in phase 2, at SP 1, on each of its ranks (`dcp.planner.plan`: a rank goes
-on to its next group when its part of the phase ends). The plan, for a target T (`FILL_LEVELS`, then
-`FILL_ONWARD`, times the batch's busy bound):
+on to its next group when its part of the phase ends). The plan, for a target T (`knobs.BACKFILL_LEVELS`, then
+`knobs.BACKFILL_ONWARD`, times the batch's busy bound):
 
 1. cores, the samples that do not fit SP 1 without checkpointing or run longer than T there:
    each at the allowed size where it fits within T on the fewest GPU-seconds (the fastest if
@@ -26,7 +26,7 @@ on to its next group when its part of the phase ends). The plan, for a target T 
    expose the whole chain (0.17 s for llama-7b on 1,024 GPUs). So a core group whose room
    before the water level is too short for a micro-batch that hides it, and that does not take
    its fillers inside (2.), runs its ranks' fillers first (at SP 1; the group then starts when
-   its last rank is done); batches of up to `BOTH_UP_TO` samples also get a plan where such
+   its last rank is done); batches of up to `knobs.BACKFILL_BOTH_UP_TO` samples also get a plan where such
    groups take them inside anyway, the better kept. And a rank whose backfill is that short
    near the end gives it to the ranks that end first with a longer one (`_unexposed`).
 
@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+import dcp.planner.knobs as knobs
 from dcp.costmodel import CostModel
 from dcp.costmodel.schedule import reduction_chain_s
 from dcp.planner.common import assemble_indices, chain
@@ -58,85 +59,12 @@ from dcp.planner.pricing import BatchArrays, Layout, Pricer, price_layout
 from dcp.planner.sample import Sample
 from dcp.planner.sync import longest_last
 
-FILL_LEVELS = (1.0, 1.02)
-"""The first two targets T for the cores, as multiples of the batch's busy bound, in the order
-tried: a higher T puts a core on fewer GPUs (fewer GPU-seconds) but the plan ends near T. The
-best lies between 1.0 and 1.03 (wikipedia, 2,048 to 32,768 samples on 256 and 1,024 GPUs: 1.04
-and 1.08 end 4-8% above the bound), and which one varies from batch to batch."""
-FILL_ONWARD = ((1.0075, 1.01, 1.015, 1.0225, 1.025, 1.03), (1.0225, 1.015, 1.025, 1.01, 1.03, 1.0075))
-"""The targets after the first two, while `LEVELS_SHARE` allows: the first tuple when 1.0's plan
-was at least as fast as 1.02's, the second when 1.02's was faster, nearest first. The best target
-lies on the side of the faster of the two: on wikipedia's 8,192 samples on 1,024 GPUs 1.02 beats
-1.0 on every batch and the best are 1.0225 (2 of 5), 1.015 and 1.02; on 32,768 samples on 256
-and 1,024 GPUs and Open-Sora's 8,192 and 32,768 on 1,024, 1.0 beats 1.02 on every batch and the
-best are 1.0 and 1.0075 (busy times of every target on 5 batches each). Against the fixed order
-1.0, 1.02, 1.01, 1.03, 1.015, 1.025, 1.0225, 1.0075, in one session at 1 s (mean and worst gap):
-wikipedia 8,192 on 1,024 GPUs 2.03%, 2.42% to 1.91%, 2.34%; 32,768 on 1,024 1.26%, 1.82% to 1.21%,
-1.59%; Open-Sora 8,192 on 1,024 0.68%, 0.80% to 0.66%, 0.74%; six other cells of 4+ per GPU
-(wikipedia 2,048-32,768 on 256, Open-Sora 32,768 and lognormal 8,192 and 32,768 on 1,024) the same."""
-LEVELS_SHARE = 0.3
-"""No target after the first two starts when, at the mean time of those before it, it would end
-past this share of the time limit (wikipedia, 8,192 samples on 1,024 GPUs: about 0.1 s a target,
-so three; lognormal, 32,768 on 256: 0.15 s, so two, as the ILP's warm start and final pricing
-need what is left)."""
-FIRST_END_SHARE = 0.5
-"""Nor does any target after the first when, at that mean time and with the chosen candidate's
-assembly after it (`budget.final_pricing_s`: 0.1 s at 32,768 samples), it would end past this
-share of the time limit counted from the solve's start: on a machine 1.5-2.3 times slower than
-the one `LEVELS_SHARE` was set on (32,768 samples: 0.25-0.4 s a target, after 0.2-0.45 s of
-bounds and costs) the second target alone took lognormal's solves on 256 and 1,024 GPUs to
-1.3-1.9 s; at 1.8 times slower, without the assembly counted, a second target of 0.1 s still
-took lognormal's on 256 GPUs to 1.12-1.27 s (the assembly: 0.12-0.17 s)."""
 WATER_FROM, LPT_SHARE = 256, 1 / 64
 """`_lpt` places fillers one round at a time (a round per filler per slot), the rest by water
 filling at once once more than `WATER_FROM` per slot remain, each below `LPT_SHARE` of the mean
 load per slot (32,768 samples on 32 GPUs: a thousand rounds). Not sooner: a run that crosses a
 micro-batch's capacity adds a whole fixed cost the level did not see (32,768 samples on 256
 GPUs, 128 per slot: 1.4-1.9% above the bound filled so, against 0.5-0.6% in rounds)."""
-BOTH_UP_TO = 16384
-"""Batches up to this many samples get both placements of a core group's short room (fillers
-before the core, or inside its micro-batches) at every target, the better by busy time kept
-(wikipedia, 8,192 samples on 1,024 GPUs: 3.3% mean gap against 3.7% inside only); larger ones
-only inside: each placement is 0.1-0.2 s at 32,768 samples (Open-Sora on 1,024 GPUs: 0.9 s
-for all four)."""
-REBALANCE_MOVES = 4
-"""`_rebalance` moves at most this many fillers per slot."""
-CLOSE_ENOUGH = 0.005
-"""No further target once a plan's busy time is within this of the bound (each costs 0.1-0.2 s
-at 32,768 samples; lognormal's on 1,024 GPUs end 0.2% above it at the first)."""
-FILL_PASSES = 3
-"""Passes filling a core group's short room: each takes the longest run of the remaining fillers
-(longest first) that fits what is left."""
-FEW_PER_GPU = 4
-"""Batches of fewer than `FEW_PER_GPU` samples per GPU try only the first two targets:
-there the backfill rarely wins (`MIN_SAMPLES_PER_GPU`), and its later targets take the time the
-single layout's program needs (wikipedia, 2,048 samples on 1,024 GPUs: 0.3 s of the 1 s limit
-for five targets). Against all of them, in one session at 1 s (mean and worst gap over 5
-batches): wikipedia 2,048 on 1,024 GPUs 5.55%, 15.41% to 4.82%, 11.98%, lognormal 0.83%, 1.49%
-to 0.56%, 1.09%; at 3 per GPU wikipedia 768 on 256 GPUs 2.75% to 2.45%, 3,072 on 1,024 5.69% to
-4.92%, lognormal 3,072 on 1,024 0.53% to 0.54%; the other cells of 2 per GPU (wikipedia, Open-Sora
-and lognormal, 512 on 256; Open-Sora 2,048 on 1,024) within 0.15 points. At 4 per GPU the later
-targets pay: two would take wikipedia 4,096 on 1,024 GPUs from 3.36% to 4.76%, 1,024 on 256 from
-2.73% to 2.93%, Open-Sora 4,096 on 1,024 from 1.94% to 2.16%."""
-FEW_COST_SHARE = 0.25
-"""Batches of fewer than `FEW_PER_GPU` samples per GPU get no backfill plan when assembling one
-plan of a group per GPU (`budget.final_pricing_s` on the reference machine: about what its two
-targets and its assembly take) would cost more than this share of the time limit: there it
-rarely wins, and the time it takes is the single layout's. Wikipedia, 16,384 samples on 8,192
-GPUs (predicted 0.48 s): the backfill took 0.30-0.42 s, the single layout's warm start then had
-no time for its heuristic, and the plans came out 4.5% above the bound on average, 11.9% at
-worst (13.6% slower than the single layout's alone), some solves in 1.1-1.3 s; without it, all
-five at the bound in 0.58-0.64 s. The grid's cells of 2 per GPU predict 0.02 s (256 GPUs) and
-0.06 s (1,024); 8,192 samples on 4,096 GPUs 0.24 s."""
-MIN_SAMPLES_PER_GPU = 2
-"""Backfill plans are built for batches of at least this many samples per GPU. The planner keeps
-one only when it beats the single layout, so below the gate it costs only its time: at 2 samples
-per GPU it won 3 of wikipedia's 5 batches of 512 on 256 GPUs (5.45%, 3.88% and 5.54% above the
-bound with the single layout, 3.52%, 3.45% and 3.72% with it) and changed no plan of the other
-cells of 2 per GPU (wikipedia, lognormal and Open-Sora, 512 on 256 and 2,048 on 1,024 GPUs);
-with fewer (0.5 to 1.5 per GPU: 512 on 1,024 GPUs, 384 on 256, 1,024 on 1,024) it won none, as
-a rank's fillers are too few to even out (at 2 per GPU too, some of its plans are 30-39% above
-the bound: wikipedia, 2,048 samples on 1,024 GPUs)."""
 
 
 @dataclass
@@ -155,20 +83,20 @@ def backfill_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], 
                   arrays: BatchArrays | None = None, max_microbatches: int | None = None,
                   costs: tuple[Pricer, CostTable] | None = None, time_limit_s: float = math.inf,
                   solve_started: float | None = None, cut: Deadline | None = None) -> Plan | None:
-    """The best backfill plan over the targets `FILL_LEVELS` and `FILL_ONWARD` x `busy_floor_s` (a lower bound on
+    """The best backfill plan over the targets `knobs.BACKFILL_LEVELS` and `knobs.BACKFILL_ONWARD` x `busy_floor_s` (a lower bound on
     the batch's busy time), priced and validated; None when the batch has fewer than
-    `MIN_SAMPLES_PER_GPU` samples per GPU, fewer than `FEW_PER_GPU` and a cluster so large that
-    the plan would take too much of the time limit (`FEW_COST_SHARE`), SP 1 is not allowed, ZeRO
+    `knobs.BACKFILL_MIN_PER_GPU` samples per GPU, fewer than `knobs.BACKFILL_FEW_PER_GPU` and a cluster so large that
+    the plan would take too much of the time limit (`knobs.BACKFILL_FEW_COST_SHARE`), SP 1 is not allowed, ZeRO
     stage 3 runs one layout, or
     no target's plan fits the cluster with at most `max_microbatches` per group. `costs`, when
     given, are the batch's pricer and cost table (`costs.batch_costs`); `time_limit_s` (the
     solve's, which began at `solve_started`, perf_counter, default now) bounds how many targets
-    past the first are tried (`FIRST_END_SHARE`, `LEVELS_SHARE`); `cut`, when given, records it
+    past the first are tried (`knobs.BACKFILL_FIRST_END_SHARE`, `knobs.BACKFILL_LEVELS_SHARE`); `cut`, when given, records it
     when the time stops the targets before they run out (the plan then depends on the load)."""
     n = cm.cluster.num_gpus
-    if len(batch) < MIN_SAMPLES_PER_GPU * n or not sizes or sizes[0] != 1 or cm.training.zero_stage == 3:
+    if len(batch) < knobs.BACKFILL_MIN_PER_GPU * n or not sizes or sizes[0] != 1 or cm.training.zero_stage == 3:
         return None
-    if len(batch) < FEW_PER_GPU * n and final_pricing_s(len(batch), len(batch), n, 1.0) > FEW_COST_SHARE * time_limit_s:
+    if len(batch) < knobs.BACKFILL_FEW_PER_GPU * n and final_pricing_s(len(batch), len(batch), n, 1.0) > knobs.BACKFILL_FEW_COST_SHARE * time_limit_s:
         return None
     arrays = arrays if arrays is not None else BatchArrays.of(batch)
     pricer, table = costs if costs is not None else batch_costs(arrays, cm, sizes)
@@ -178,25 +106,25 @@ def backfill_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], 
     started = time.perf_counter()
     solve_started = started if solve_started is None else solve_started
     assembly_s = final_pricing_s(len(batch))  # the chosen candidate's, after the last target
-    levels = list(FILL_LEVELS)
+    levels = list(knobs.BACKFILL_LEVELS)
     best_level: float | None = None  # the target `best` came from
-    for k in range(len(FILL_LEVELS) + len(FILL_ONWARD[0])):
-        if k == len(FILL_LEVELS):  # the rest on the side of the faster of the first two
-            if len(batch) < FEW_PER_GPU * n:
+    for k in range(len(knobs.BACKFILL_LEVELS) + len(knobs.BACKFILL_ONWARD[0])):
+        if k == len(knobs.BACKFILL_LEVELS):  # the rest on the side of the faster of the first two
+            if len(batch) < knobs.BACKFILL_FEW_PER_GPU * n:
                 break
-            levels += FILL_ONWARD[best_level == FILL_LEVELS[1]]
+            levels += knobs.BACKFILL_ONWARD[best_level == knobs.BACKFILL_LEVELS[1]]
         level = levels[k]
-        if best is not None and best.busy_s <= busy_floor_s * (1 + CLOSE_ENOUGH):
+        if best is not None and best.busy_s <= busy_floor_s * (1 + knobs.BACKFILL_CLOSE_ENOUGH):
             break
         now = time.perf_counter()
-        if (k >= 1 and now + (now - started) / k + assembly_s > solve_started + FIRST_END_SHARE * time_limit_s) \
-                or (k >= 2 and (now - started) * (k + 1) / k > LEVELS_SHARE * time_limit_s):
+        if (k >= 1 and now + (now - started) / k + assembly_s > solve_started + knobs.BACKFILL_FIRST_END_SHARE * time_limit_s) \
+                or (k >= 2 and (now - started) * (k + 1) / k > knobs.BACKFILL_LEVELS_SHARE * time_limit_s):
             if cut is not None:
                 cut.record()
             break
         # Fillers before the short core groups, then into them (only where the first did put some
-        # first); above `BOTH_UP_TO` samples only into them, for time.
-        for fill_first in (True, False) if len(batch) <= BOTH_UP_TO else (False,):
+        # first); above `knobs.BACKFILL_BOTH_UP_TO` samples only into them, for time.
+        for fill_first in (True, False) if len(batch) <= knobs.BACKFILL_BOTH_UP_TO else (False,):
             cand = _candidate(table, cm, arrays, pricer, busy_floor_s * level, hide, reductions, fill_first)
             if cand is not None and not (max_microbatches is not None and max(
                     len(mbs) for _, _, mbs in cand.first + cand.second) > max_microbatches):
@@ -278,7 +206,7 @@ def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pri
             before[start:start + p] = True
             continue
         in_slots[start:start + p] = False
-        for _ in range(FILL_PASSES):  # the longest run of free fillers that fits, then again
+        for _ in range(knobs.BACKFILL_PASSES):  # the longest run of free fillers that fits, then again
             if room < cheapest:  # none fits
                 break
             fit = np.flatnonzero((cost <= room) & ~taken)
@@ -529,7 +457,7 @@ def _rebalance(fills: list[list[list[int]]], ends: np.ndarray, tokens: np.ndarra
     difference, while that ends both sooner than the last (the rounds place a whole filler at a
     time: wikipedia, 8,192 samples on 256 GPUs, batch 0: 1.56% above the bound before, 1.14%
     after). A last micro-batch that hid the reductions keeps at least `hide` tokens; nothing
-    opens a new micro-batch (its fixed cost). At most `REBALANCE_MOVES` per slot. Returns the
+    opens a new micro-batch (its fixed cost). At most `knobs.BACKFILL_REBALANCE_MOVES` per slot. Returns the
     new ends."""
     live = [s for s in range(len(fills)) if fills[s]]
     if len(live) < 2:
@@ -537,7 +465,7 @@ def _rebalance(fills: list[list[list[int]]], ends: np.ndarray, tokens: np.ndarra
     at = np.array(live)
     held = np.array([float(tokens[fills[s][-1]].sum()) for s in live])
     e = ends[at].copy()
-    for _ in range(REBALANCE_MOVES * len(live)):
+    for _ in range(knobs.BACKFILL_REBALANCE_MOVES * len(live)):
         hi = int(np.argmax(e))
         last = fills[live[hi]][-1]
         if len(last) < 2:

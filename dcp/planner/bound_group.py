@@ -26,11 +26,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+import dcp.planner.knobs as knobs
 from dcp.costmodel import CostModel
 from dcp.planner.pricing import exact_times
 
-_STEPS = 24
-"""Bisection steps at most (or down to a relative width of `_RTOL`)."""
 _RTOL = 1e-4
 _FEAS_RTOL = 1e-9
 """Rounding room in the knapsack's comparison (a plan that fits exactly must fit here too)."""
@@ -325,13 +324,13 @@ def _raised(feasible: Callable[[float], bool], lo: float) -> float:
     if feasible(lo):
         return lo
     hi = 2 * lo
-    for _ in range(_STEPS):
+    for _ in range(knobs.GROUP_BOUND_STEPS):
         if feasible(hi):
             break
         lo, hi = hi, 2 * hi
     else:
         return lo
-    for _ in range(_STEPS):
+    for _ in range(knobs.GROUP_BOUND_STEPS):
         if hi - lo <= _RTOL * hi:
             break
         mid = (lo + hi) / 2

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+import dcp.planner.knobs as knobs
 from dcp.costmodel import CostModel
 from dcp.costmodel.schedule import least_exposed_s, least_link_s, least_step_s, reduction_chain_s
 from dcp.planner.bound_group import group_bound, longest_group, step_group_bound
@@ -24,23 +25,11 @@ from dcp.planner.sample import Sample
 _MEMORY_RTOL = 1e-9
 """`Plan.validate` lets a micro-batch exceed the memory limit by this fraction; capacities here do too."""
 _RTOL = 1e-5
-_MAX_STEPS = 40
-"""Root finding on work(M) = N * M: stop at this relative width, or after this many steps."""
-_MAX_CELLS = 1_000_000
-"""Levels x distinct samples the makespan bound evaluates at once at most; past it, samples are
-rounded down to geometric length classes (a smaller sample never raises the bound)."""
 _MEMO: weakref.WeakKeyDictionary[CostModel, dict[tuple, _Floors]] = weakref.WeakKeyDictionary()
 """Recent bounds per cost model: every baseline plan of a batch reports the same bound."""
-_MEMO_SIZE = 16
 _LEVELS: weakref.WeakKeyDictionary[CostModel, dict[tuple[int, bool], SizeLevels]] = weakref.WeakKeyDictionary()
 """Each cost model's `SizeLevels` per (SP size, charged below): a pure function of them, which
 every batch's bounds read (33 levels x up to 11 sizes: 12 ms a batch)."""
-_COARSE = 2048
-"""Classes of samples at most for the bounds that price every sample at many busy times..."""
-_COARSE_EXACT = 16
-"""...of which the longest samples keep their own."""
-_RELEASE_SAMPLES = 4
-"""How many of the longest samples `_released` prices (any subset of the batch gives a bound)."""
 
 
 def sample_arrays(batch: Sequence[Sample]) -> tuple[np.ndarray, np.ndarray]:
@@ -97,14 +86,14 @@ def _bounds(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | No
     key = (sizes, len(tokens), digest)  # all of a sample that the bound reads
     memo = _MEMO.setdefault(cm, {})
     if key not in memo:
-        if len(memo) >= _MEMO_SIZE:
+        if len(memo) >= knobs.BOUND_MEMO_SIZE:
             del memo[next(iter(memo))]
         d_tokens, d_pairs, weight = distinct_samples(tokens, pairs)  # each distinct sample once, weighted
         work = _Work(d_tokens, d_pairs, weight, cm, sizes)
-        # The longest sample's group and the spread release on at most _COARSE classes of samples,
+        # The longest sample's group and the spread release on at most knobs.BOUND_COARSE classes of samples,
         # each rounded down (`round_down`: a bound can only fall): they evaluate every sample at
         # many busy times, and 20,000 distinct lengths made them a quarter of a 1 s solve.
-        coarse = work if len(work.tokens) <= _COARSE else _Work(*_coarse(work), cm, sizes)
+        coarse = work if len(work.tokens) <= knobs.BOUND_COARSE else _Work(*_coarse(work), cm, sizes)
         # The pooled bound with token shares, then, from it up, with each size's fixed costs
         # weighed as `_Work.weigh` chooses there, on the coarse classes (32,768 samples on 1,024
         # GPUs: 0.06 s less than on every distinct sample, for a bound 0.02-0.13% lower).
@@ -148,7 +137,7 @@ class _Floors:
 
 def _released(cm: CostModel, sizes: Sequence[int], tokens: np.ndarray, pairs: np.ndarray) -> np.ndarray | None:
     """Stages 0-2, per layer u: a time before which no plan issues layer u's gradient reduction
-    (None at stage 3, on one GPU, or for an empty batch), from the batch's `_RELEASE_SAMPLES`
+    (None at stage 3, on one GPU, or for an empty batch), from the batch's `knobs.BOUND_RELEASE_SAMPLES`
     longest samples: the most, over them, of the least over the layouts where the sample fits
     of its time alone outside layers u-1..0's backward: K forwards, the head and K - u
     backwards (`schedule.least_step_s` adds the reductions after).
@@ -169,7 +158,7 @@ def _released(cm: CostModel, sizes: Sequence[int], tokens: np.ndarray, pairs: np
     u = np.arange(k, dtype=np.float64)
     memory = cm.cluster.memory_bytes * (1 + _MEMORY_RTOL)
     out = np.zeros(k)
-    for i in np.argsort(-tokens, kind="stable")[:_RELEASE_SAMPLES]:
+    for i in np.argsort(-tokens, kind="stable")[:knobs.BOUND_RELEASE_SAMPLES]:
         t, a = float(tokens[i]), float(pairs[i])
         least = np.full(k, math.inf)
         for p in sizes:
@@ -184,9 +173,6 @@ def _released(cm: CostModel, sizes: Sequence[int], tokens: np.ndarray, pairs: np
     return out
 
 
-_SPREAD_LAYERS = 6
-"""How many layers u `_Spread` prices (K-1, K-2, K-4, ...); the rest take the next one
-above, which is no larger (releases only grow towards layer 0)."""
 
 
 class _Spread:
@@ -212,7 +198,7 @@ class _Spread:
     def __init__(self, cm: CostModel, sizes: Sequence[int], tokens: np.ndarray, pairs: np.ndarray,
                  weight: np.ndarray) -> None:
         k = self.k = cm.model.num_layers
-        self.us = sorted({max(k - 2 ** j, 0) for j in range(_SPREAD_LAYERS)} | {k - 1}, reverse=True)
+        self.us = sorted({max(k - 2 ** j, 0) for j in range(knobs.BOUND_SPREAD_LAYERS)} | {k - 1}, reverse=True)
         u = np.array(self.us, dtype=np.float64)[:, None]
         self.weight, self.gpus = weight, cm.cluster.num_gpus
         self.fixed = np.full(len(self.us), math.inf)
@@ -241,10 +227,6 @@ class _Spread:
         return out
 
 
-_GRID = 8
-"""`_least_step` splits busy times above the bound into this many intervals of..."""
-_GRID_STEP = 0.02
-"""...this width (a share of the bound), the last one unbounded."""
 
 
 def _least_step(cm: CostModel, busy_s: float, sizes: Sequence[int], released: np.ndarray | None,
@@ -255,7 +237,7 @@ def _least_step(cm: CostModel, busy_s: float, sizes: Sequence[int], released: np
     time and the releases), the least over the intervals."""
     if spread is None or not math.isfinite(busy_s):  # spread is None exactly where released is
         return least_step_s(cm, busy_s, sizes, released)
-    grid = [busy_s * (1 + _GRID_STEP * i) for i in range(_GRID)] + [math.inf]
+    grid = [busy_s * (1 + knobs.BOUND_GRID_STEP * i) for i in range(knobs.BOUND_GRID)] + [math.inf]
     return min(least_step_s(cm, lo, sizes, np.maximum(released, spread.at(hi)))
                for lo, hi in zip(grid[:-1], grid[1:], strict=True))
 
@@ -388,7 +370,7 @@ def _makespan_bound(work: _Work, n: int, start: float = 0.0, extra: float = 0.0)
         lo, f_lo, hi = hi, f_hi, 2 * hi
         f_hi = excess(hi)
     side = 0
-    for _ in range(_MAX_STEPS):
+    for _ in range(knobs.BOUND_MAX_STEPS):
         if hi - lo <= _RTOL * hi:
             break
         mid = (lo * f_hi - hi * f_lo) / (f_hi - f_lo)
@@ -405,14 +387,6 @@ def _makespan_bound(work: _Work, n: int, start: float = 0.0, extra: float = 0.0)
     return lo
 
 
-_EXPOSURE_CLASSES = 256
-"""Classes of samples `_exposure_bound` prices at most (rounded down: a bound can only fall)."""
-_CAPPED_CHAIN_SHARE = 0.5
-"""`_exposure_bound` caps each micro-batch's charge by the release (below) only where the chain
-is over this share of the step bound: the cap S - chain then lies under the busy time's, and on
-the benchmark's grid it raised bounds only where the chain was 80% of the step (wikipedia, 512
-samples on 256 GPUs and 2,048 on 1,024); elsewhere it would cost 5-40 ms of the solve for
-nothing."""
 
 
 def _exposure_bound(coarse: _Work, cm: CostModel, sizes: Sequence[int], start_s: float, chain: np.ndarray) -> float:
@@ -433,7 +407,7 @@ def _exposure_bound(coarse: _Work, cm: CostModel, sizes: Sequence[int], start_s:
     Multi-phase plans too: a rank's group may change between micro-batches, and its last
     micro-batch issues its reductions.
 
-    Where the chain is long against the step (`_CAPPED_CHAIN_SHARE`) each micro-batch's charge
+    Where the chain is long against the step (`knobs.BOUND_CAPPED_CHAIN_SHARE`) each micro-batch's charge
     is capped by the release instead: every micro-batch a rank runs ends by e_c, and e_c less the
     last one's backward below is at most R = S - chain[K-1], so the charge of each (its time, or
     its time less that backward for the last) is at most R. That is `_Work`'s argument again in
@@ -457,12 +431,12 @@ def _exposure_bound(coarse: _Work, cm: CostModel, sizes: Sequence[int], start_s:
     if ratio * n * (start_s - least) + extra <= n * (start_s - least):
         return start_s
     tokens, pairs, weight = coarse.tokens, coarse.pairs, coarse.weight
-    if len(tokens) > _EXPOSURE_CLASSES:
-        tokens, pairs, weight = round_down(tokens, pairs, weight, _EXPOSURE_CLASSES)
+    if len(tokens) > knobs.BOUND_EXPOSURE_CLASSES:
+        tokens, pairs, weight = round_down(tokens, pairs, weight, knobs.BOUND_EXPOSURE_CLASSES)
     work = _Work(tokens, pairs, weight, cm, sizes, below=True, longest=coarse.longest)
     raised = max(start_s, _makespan_bound(work, n, start_s - least, extra) + least)
     last = float(chain[-1])
-    if last <= _CAPPED_CHAIN_SHARE * raised:
+    if last <= knobs.BOUND_CAPPED_CHAIN_SHARE * raised:
         return raised
     # Each micro-batch's charge is also at most S - chain (the release, below): on that cap, in
     # charged seconds throughout, with each size's fixed costs weighed as `_Work.weigh` picks.
@@ -486,11 +460,11 @@ def _front(tokens: np.ndarray, pairs: np.ndarray) -> np.ndarray:
 
 
 def _coarse(work: _Work) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`work`'s samples in at most `_COARSE` classes: the `_COARSE_EXACT` longest as they are
+    """`work`'s samples in at most `knobs.BOUND_COARSE` classes: the `knobs.BOUND_COARSE_EXACT` longest as they are
     (the group bound charges the longest), the rest rounded down (`round_down`)."""
     order = np.argsort(work.tokens, kind="stable")
-    rest, top = order[:-_COARSE_EXACT], order[-_COARSE_EXACT:]
-    t, a, w = round_down(work.tokens[rest], work.pairs[rest], work.weight[rest], _COARSE - _COARSE_EXACT)
+    rest, top = order[:-knobs.BOUND_COARSE_EXACT], order[-knobs.BOUND_COARSE_EXACT:]
+    t, a, w = round_down(work.tokens[rest], work.pairs[rest], work.weight[rest], knobs.BOUND_COARSE - knobs.BOUND_COARSE_EXACT)
     return (np.concatenate([t, work.tokens[top]]), np.concatenate([a, work.pairs[top]]),
             np.concatenate([w, work.weight[top]]))
 
@@ -531,8 +505,8 @@ class _Work:
         levels = {p: size_levels(cm, p, below) for p in sizes}
         cands = {p: lv.candidates for p, lv in levels.items()}
         slots = sum(max(len(c) for c in cands[p]) for p in sizes)
-        if slots * len(tokens) > _MAX_CELLS:
-            tokens, pairs, weight = round_down(tokens, pairs, weight, max(1, _MAX_CELLS // slots))
+        if slots * len(tokens) > knobs.BOUND_MAX_CELLS:
+            tokens, pairs, weight = round_down(tokens, pairs, weight, max(1, knobs.BOUND_MAX_CELLS // slots))
         self.tokens, self.pairs, self.weight = tokens, pairs, weight
         self.memory_caps = {p: lv.memory_cap for p, lv in levels.items()}
         self.coefs = {p: (lv.fixed, lv.per_token, lv.per_pair) for p, lv in levels.items()}
@@ -636,7 +610,7 @@ class _Work:
     def weigh(self, makespan: float) -> dict[int, int]:
         """Charges each size's fixed costs by the weighting (`_weigh`; 0: the token shares) under
         which the work at `makespan` is largest, the other sizes' weightings as they stand, size
-        after size, over the sizes again while one changes (at most `WEIGH_PASSES` passes): a
+        after size, over the sizes again while one changes (at most `knobs.BOUND_WEIGH_PASSES` passes): a
         choice is taken only where it raises the work, so it never falls below the token shares'.
         Returns the sizes that took one (and which).
 
@@ -657,7 +631,7 @@ class _Work:
         alts = [cost] + [self._weighed(k, makespan, slice(None), open_) for k in range(1, len(_WEIGHTINGS) + 1)]
         choice = np.zeros(len(sizes), dtype=np.int64)
         now = cost.copy()
-        for _ in range(WEIGH_PASSES):  # each size's best weighting, the others' as they stand
+        for _ in range(knobs.BOUND_WEIGH_PASSES):  # each size's best weighting, the others' as they stand
             changed = False
             for q in range(len(sizes)):
                 mine = row_size == q
@@ -674,9 +648,6 @@ class _Work:
         return {int(p): int(k) for p, k in zip(sizes, choice, strict=True) if k}
 
 
-WEIGH_PASSES = 3
-"""Passes `_Work.weigh` makes over the sizes at most: on the grid's 180 batches, eight give the
-same bounds as three, one leaves ten of them up to 0.43% lower."""
 _WEIGHTINGS = ("time share", "over half the time", "over half the memory")
 """The fixed-cost weightings `_weigh` computes, numbered from 1 (0: the token shares)."""
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+import dcp.planner.knobs as knobs
 from dcp.costmodel import CostModel
 from dcp.costmodel.schedule import slot_link_s
 from dcp.planner.baselines import group_share, lpt_assign
@@ -52,11 +53,6 @@ from dcp.planner.plan import Plan
 from dcp.planner.pricing import BatchArrays, Layout, Pricer, price_layout
 from dcp.planner.sample import Sample
 from dcp.planner.slots import align, slots_estimate
-
-_MAX_PROMOTIONS = 16
-"""Target steps tried, and single straggler promotions at most (each re-allocates and re-balances)."""
-_SMALL = 4000
-"""Single straggler promotions only up to this many micro-batches (each re-schedules them all)."""
 
 
 @dataclass(frozen=True)
@@ -297,7 +293,7 @@ def _promote_stragglers(mbs: _MicroBatches, sizes: Sequence[int], num_gpus: int)
     target, chosen = best.step_s(), None
     est_best = _estimate(mbs, home, groups)
     previous = mbs.home
-    for _ in range(_MAX_PROMOTIONS):
+    for _ in range(knobs.GREEDY_MAX_PROMOTIONS):
         target *= 0.8
         if target < floor:
             break
@@ -313,7 +309,7 @@ def _promote_stragglers(mbs: _MicroBatches, sizes: Sequence[int], num_gpus: int)
         trial_schedule = _Schedule(chosen, *allocate_groups(chosen, sizes, num_gpus))
         if trial_schedule.step_s() < best.step_s() * (1 - 1e-9):
             mbs, best = chosen, trial_schedule
-    for _ in range(_MAX_PROMOTIONS if len(mbs.home) <= _SMALL else 0):
+    for _ in range(knobs.GREEDY_MAX_PROMOTIONS if len(mbs.home) <= knobs.GREEDY_PROMOTE_UP_TO else 0):
         c = int(np.argmax(best.loads))
         members = np.flatnonzero(best.where == c)
         mb = int(members[np.argmax(mbs.times[members, best.size_of[c]])])

@@ -17,9 +17,7 @@ import heapq
 
 import numpy as np
 
-SHORT_ROUND = 16
-"""Fewer groups than this, or a round of fewer jobs: the next jobs (as many as there are
-groups, or all of them with few groups) by heap steps."""
+import dcp.planner.knobs as knobs
 
 
 def least_loaded(times: np.ndarray, groups: int) -> np.ndarray:
@@ -28,7 +26,7 @@ def least_loaded(times: np.ndarray, groups: int) -> np.ndarray:
     times = np.asarray(times, dtype=np.float64)
     owner = np.empty(len(times), dtype=np.int64)
     loads = np.zeros(groups)
-    if groups < SHORT_ROUND:
+    if groups < knobs.LPT_SHORT_ROUND:
         _heap_steps(times, 0, len(times), loads, owner)
         return owner
     at = 0
@@ -40,7 +38,7 @@ def least_loaded(times: np.ndarray, groups: int) -> np.ndarray:
         # The round's pop k finds order[k] only if every group given a job before ends above it.
         beaten = np.minimum.accumulate(ends[:-1]) > low[1:r]
         r = 1 + (int(np.argmin(beaten)) if not beaten.all() else len(beaten))
-        if r < SHORT_ROUND:
+        if r < knobs.LPT_SHORT_ROUND:
             at = _heap_steps(times, at, min(len(times), at + groups), loads, owner)
             continue
         owner[at:at + r] = order[:r]

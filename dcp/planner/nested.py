@@ -1,11 +1,11 @@
-"""Nested two-phase plans for batches of fewer samples than `backfill.MIN_SAMPLES_PER_GPU` per
+"""Nested two-phase plans for batches of fewer samples than `knobs.BACKFILL_MIN_PER_GPU` per
 GPU: the samples that need the largest groups first, the rest after them on aligned groups of
 their own sizes, each as its ranks free up.
 
 A single layout runs the short samples that fill a long sample's group at that group's size
 (lognormal, 512 samples on 1,024 GPUs: every group at SP 16, whose all-to-alls make a 15K-token
 sample cost 2.52 GPU-seconds against 1.73 at SP 4); the backfill runs them at SP 1 but needs
-enough of them per rank to even out. Here, for a target T (`LEVELS` times the batch's busy
+enough of them per rank to even out. Here, for a target T (`knobs.NESTED_LEVELS` times the batch's busy
 bound):
 
 1. each sample at the allowed size of fewest GPU-seconds among those where it runs alone within
@@ -33,52 +33,37 @@ from collections.abc import Sequence
 
 import numpy as np
 
+import dcp.planner.knobs as knobs
 from dcp.costmodel import CostModel
-from dcp.planner.backfill import MIN_SAMPLES_PER_GPU, Candidate, assemble_candidate, pack_per_size
+from dcp.planner.backfill import Candidate, assemble_candidate, pack_per_size
 from dcp.planner.ilp.budget import Deadline
 from dcp.planner.ilp.costs import CostTable, batch_costs, form_microbatches
 from dcp.planner.plan import Plan
 from dcp.planner.pricing import BatchArrays, Pricer, price_layout
 from dcp.planner.sample import Sample
 
-LEVELS = (1.0, 1.005, 1.01)
-"""Targets T, as multiples of the batch's busy bound, in the order tried. Lognormal, 512 samples
-on 1,024 GPUs (benchmarks/nested_phases.py, targets 1.0 to 1.05 and every q1): the best plan of
-each of 5 batches came at 1.0 or 1.01 and q1 = 16, the largest size any sample ran at. On 12
-batches at targets 0.985 to 1.02 (step 0.005) 1.02 never gave the best plan and 1.005 gave it on
-6 (best of the three 1.81% above the bound on average, against 1.86% for 1.0, 1.01 and 1.02);
-planned at 1 s, 1.86% against 1.90%."""
-LEVELS_SHARE = 0.3
-"""No target after the first starts when, at the mean time of those before it, it would end past
-this share of the time limit: the ILP, which runs after, needs the rest. A target takes 35-40 ms
-(lognormal, 512 samples on 1,024 GPUs; 25 ms on batch 3), 70-78 ms on a machine at half speed
-(two busy processes beside the solve on 2 cores); at 0.15 that machine ran the first target only:
-2.07, 1.61 and 3.54% above the bound on batches 0, 1 and 3, against 2.05, 1.51 and 3.27% with
-all three (0.3, the same load). The grid committed with 0.15 had the first target's plans on all
-five batches: mean 2.07%, against 1.92% with the three in a run on a quiet machine."""
-
 
 def nested_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], busy_floor_s: float,
                 arrays: BatchArrays | None = None, max_microbatches: int | None = None,
                 costs: tuple[Pricer, CostTable] | None = None, time_limit_s: float = math.inf,
                 cut: Deadline | None = None) -> Plan | None:
-    """The fastest nested plan over the targets `LEVELS` x `busy_floor_s` (a lower bound on the
-    batch's busy time), priced and validated; None when the batch has `MIN_SAMPLES_PER_GPU` or
+    """The fastest nested plan over the targets `knobs.NESTED_LEVELS` x `busy_floor_s` (a lower bound on the
+    batch's busy time), priced and validated; None when the batch has `knobs.BACKFILL_MIN_PER_GPU` or
     more samples per GPU (the backfill's), one size is allowed, ZeRO stage 3 runs one layout, no
     sample runs best above SP 1, or no target's plan fits the cluster with at most
     `max_microbatches` per group. `costs`, when given, are the batch's pricer and cost table
     (`costs.batch_costs`); `time_limit_s` bounds how many targets past the first are tried
-    (`LEVELS_SHARE`); `cut`, when given, records it when the time stops them."""
+    (`knobs.NESTED_LEVELS_SHARE`); `cut`, when given, records it when the time stops them."""
     n = cm.cluster.num_gpus
-    if len(batch) >= MIN_SAMPLES_PER_GPU * n or len(sizes) < 2 or cm.training.zero_stage == 3:
+    if len(batch) >= knobs.BACKFILL_MIN_PER_GPU * n or len(sizes) < 2 or cm.training.zero_stage == 3:
         return None
     arrays = arrays if arrays is not None else BatchArrays.of(batch)
     pricer, table = costs if costs is not None else batch_costs(arrays, cm, sizes)
     best: Plan | None = None
     started = time.perf_counter()
-    for k, level in enumerate(LEVELS):
+    for k, level in enumerate(knobs.NESTED_LEVELS):
         now = time.perf_counter()
-        if k >= 1 and (now - started) * (k + 1) / k > LEVELS_SHARE * time_limit_s:
+        if k >= 1 and (now - started) * (k + 1) / k > knobs.NESTED_LEVELS_SHARE * time_limit_s:
             if cut is not None:
                 cut.record()
             break

@@ -17,7 +17,7 @@ At a busy-time level theta (`plan_at`) the program
 takes the configurations whose parts' group estimates (`pack.group_estimate`, with the
 micro-batches the canonical packing makes) sum to at most theta. Its columns come from
 knapsacks over every room at once (`columns.knapsack`, on the additive weights
-`CostTable.add` in steps of theta / `UNITS`): per size p, the best column that does not split
+`CostTable.add` in steps of theta / `knobs.NESTED_UNITS`): per size p, the best column that does not split
 and the best that splits into each smaller size q (the room split between a1 at p and p / q
 copies of a2 at q, each shape's count divided by p / q), priced twice: with one whole fixed cost
 charged to each part (it runs at least one micro-batch; the token shares alone priced a part of
@@ -25,7 +25,7 @@ one short video at a tenth of it), and with the token shares alone, the column t
 its parts fit (`_cut`). A plan in hand (the single layout's) starts each level's program with
 its groups, cut to fit (Open-Sora at 1.0225-1.03: 2,048 on 1,024 GPUs, batch 3, 16-28 rounds a
 level instead of 29-37; 512 on 256, batch 0, 22-25 instead of 33-36), and a level's generation
-ends where its last rounds barely move the program (`TAIL`). The integer
+ends where its last rounds barely move the program (`knobs.NESTED_TAIL`). The integer
 program (`_integer`) keeps the fractional optimum's whole copies and covers what they leave
 over every column found, which near the least level with a plan takes a tenth of the time the
 program over the whole batch does; its groups are laid out aligned (the largest first), each
@@ -36,21 +36,21 @@ gradient reductions (the other order exposed twice as much of them: 0.030 s agai
 batch 1).
 
 Near the least level with a plan, three things decide whether a level gives one:
-- the columns fit their level to the knapsack's step (theta / `UNITS`, rounded up per sample), so
+- the columns fit their level to the knapsack's step (theta / `knobs.NESTED_UNITS`, rounded up per sample), so
   each leaves room a short video would fill: the fractional optimum's columns are topped up
   (`_top_up`: the shapes of most dual value per second of marginal time first, while the
-  parts' estimates fit) and the generation goes on from them, `TOP_UP_ROUNDS` times at most;
+  parts' estimates fit) and the generation goes on from them, `knobs.NESTED_TOP_UP_ROUNDS` times at most;
 - a level's generation starts from the last level's fractional optimum, cut to fit (`carry`):
   the level below the first generates in a quarter of the time (Open-Sora, 512 videos on 256
   GPUs, batch 0: 0.025 s against 0.105 s before its topping up);
 - the integer program: with under a GPU to spare, the whole copies of one optimum often leave
-  what no whole copies cover, where those of another optimum do; `_integer` tries `ATTEMPTS`
+  what no whole copies cover, where those of another optimum do; `_integer` tries `knobs.NESTED_ATTEMPTS`
   optima (the program's costs perturbed, seeded: the same ones every run).
 
-`nested_column_plan` tries `FIRST` (1.0225 times the bound of every plan's busy time), or where
-it gives no plan higher ones (`UP`) until one does (the columns of the levels below start it),
-then `GUESS` below it, then halfway between the lowest level with a plan and the highest below
-it without one, down to `FINEST`, until its deadline, and returns the fastest plan priced. A
+`nested_column_plan` tries `knobs.NESTED_FIRST_LEVEL` (1.0225 times the bound of every plan's busy time), or where
+it gives no plan higher ones (`knobs.NESTED_UP_LEVELS`) until one does (the columns of the levels below start it),
+then `knobs.NESTED_GUESS_LEVEL` below it, then halfway between the lowest level with a plan and the highest below
+it without one, down to `knobs.NESTED_FINEST`, until its deadline, and returns the fastest plan priced. A
 level takes 0.05-0.45 s at 512 videos on 256 GPUs and 2,048 on 1,024, its integer program
 included, so the phase search (`dcp.planner.phases`) gives them most of a 1 s limit.
 Never imports torch.
@@ -63,6 +63,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+import dcp.planner.knobs as knobs
 from dcp.costmodel import CostModel
 from dcp.planner.backfill import Candidate, assemble_candidate
 from dcp.planner.ilp.budget import Deadline
@@ -80,38 +81,6 @@ from dcp.planner.ilp.pack import group_estimate, place
 from dcp.planner.plan import Plan
 from dcp.planner.pricing import BatchArrays, Layout, Pricer
 from dcp.planner.sample import Sample
-
-FIRST = 1.0225
-"""The first level tried, as a multiple of the bound of every plan's busy time..."""
-UP = (1.0275, 1.035, 1.045, 1.07)
-"""...then, where it gives no plan, these upward until one does (every column of a level fits the
-levels above it, which start from them)..."""
-GUESS = 1.0175
-"""...then this one, where it lies between the highest level without a plan and the lowest with
-one (Open-Sora's cells of two videos a GPU: most batches' least level with a plan lies within a
-quarter point of it)..."""
-FINEST = 0.001
-"""...then halfway between the lowest with a plan and the highest without, down to this."""
-MAX_ROUNDS = 40
-"""Column-generation rounds per level at most..."""
-TAIL_ROUNDS = 6
-TAIL = 0.0002
-"""...and a level's generation ends where its last `TAIL_ROUNDS` rounds lowered the program by less
-than this share of the cluster's GPUs."""
-TOP_UP_ROUNDS = 3
-"""Rounds of topping up the fractional optimum's columns, each followed by more generation."""
-ATTEMPTS = 3
-"""Optima of the fractional program whose whole copies the integer program starts from..."""
-PERTURB = 0.02
-"""...the second on with each column's GPUs in the objective scaled by up to this share more."""
-TRIES = 3
-"""Shapes `_top_up` tries for each sample it adds, densest first."""
-IP_SHARE = 0.8
-"""The share of the time left the integer program may take (the single layout's: 0.25)."""
-UNITS = 500
-"""Knapsack weights in steps of theta / UNITS (the single-layout program's `columns.UNITS`:
-1,000; the nested pricing runs three times as many knapsacks)."""
-
 
 NestedColumn = tuple[int, int, np.ndarray, np.ndarray]
 """A nested configuration: the size index of its group and of its subgroups (the same where it
@@ -178,7 +147,7 @@ def nested_column_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[i
         return True
 
     lowest, below = 0.0, 1.0  # the lowest level that gave a plan, the highest below it that gave none
-    for level in (FIRST, *UP):
+    for level in (knobs.NESTED_FIRST_LEVEL, *knobs.NESTED_UP_LEVELS):
         if deadline.passed():
             return best
         if tried(level):
@@ -187,8 +156,8 @@ def nested_column_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[i
         below = level
     else:
         return best
-    level = GUESS if below < GUESS < lowest else (lowest + below) / 2
-    while lowest - below > FINEST + 1e-9 and not deadline.passed():
+    level = knobs.NESTED_GUESS_LEVEL if below < knobs.NESTED_GUESS_LEVEL < lowest else (lowest + below) / 2
+    while lowest - below > knobs.NESTED_FINEST + 1e-9 and not deadline.passed():
         if tried(level):
             lowest = level
         else:
@@ -240,7 +209,7 @@ def plan_at(table: CostTable, shapes: Shapes, num_gpus: int, theta: float, deadl
 def _integer(master: Master, shapes: Shapes, num_gpus: int, deadline: Deadline) -> np.ndarray | None:
     """Whole copies of the columns covering every sample within N GPUs: an optimum's whole copies
     and the integer program (`columns.integer_copies`) over every column for what they leave,
-    for the fractional optimum and then `ATTEMPTS` - 1 others (`_other_optimum`) while none is
+    for the fractional optimum and then `knobs.NESTED_ATTEMPTS` - 1 others (`_other_optimum`) while none is
     found. Near the least level with a plan the integer program over the whole batch takes
     seconds where this takes a tenth of one (Open-Sora, 512 on 256 GPUs, batch 3 at 1.0225: 2.1 s
     and 0.2 s); where this finds nothing, the next level is tried."""
@@ -248,7 +217,7 @@ def _integer(master: Master, shapes: Shapes, num_gpus: int, deadline: Deadline) 
     gpus = np.array([master.sizes[j] for j, _ in master.cols])
     rng = np.random.default_rng(0)  # the same optima every run
     values: np.ndarray | None = master.last_values()
-    for attempt in range(ATTEMPTS):
+    for attempt in range(knobs.NESTED_ATTEMPTS):
         if deadline.passed():
             break
         if attempt:
@@ -262,7 +231,7 @@ def _integer(master: Master, shapes: Shapes, num_gpus: int, deadline: Deadline) 
         rest = Shapes(shapes.members, shapes.first, np.maximum(shapes.counts - kept @ a, 0))
         if not rest.counts.any():
             return kept
-        z = integer_copies(master.cols, rest, master.sizes, left, deadline, IP_SHARE)
+        z = integer_copies(master.cols, rest, master.sizes, left, deadline, knobs.NESTED_IP_SHARE)
         if z is not None:
             return kept + z
     return None
@@ -271,14 +240,14 @@ def _integer(master: Master, shapes: Shapes, num_gpus: int, deadline: Deadline) 
 def _other_optimum(master: Master, gpus: np.ndarray, rng: np.random.Generator, num_gpus: int,
                    deadline: Deadline) -> np.ndarray | None:
     """The columns' values at the optimum of the program with each column's GPUs scaled by up to
-    `PERTURB` more (random), another vertex near the optimum; None where it needs more than the
+    `knobs.NESTED_PERTURB` more (random), another vertex near the optimum; None where it needs more than the
     cluster's GPUs or HiGHS gives no optimum in time. The program's own costs are restored."""
     import highspy
 
     n = len(gpus)
     index = np.arange(n, dtype=np.int32)
     h = master.h
-    h.changeColsCost(n, index, gpus * (1 + PERTURB * rng.random(n)))
+    h.changeColsCost(n, index, gpus * (1 + knobs.NESTED_PERTURB * rng.random(n)))
     h.setOptionValue("time_limit", max(deadline.left(), 0.001))
     h.run()
     ok = h.getModelStatus() == highspy.HighsModelStatus.kOptimal
@@ -305,7 +274,7 @@ class _Program:
         each subgroup's."""
         # Each part's one whole fixed cost, in knapsack units (the additive weights charge each
         # sample its token share of it: a part of one short video would be priced at a tenth of it).
-        self.fixed = [min(int(np.ceil(float(table.fixed0[j]) / theta * UNITS - 1e-9)), UNITS) for j in range(len(sizes))]
+        self.fixed = [min(int(np.ceil(float(table.fixed0[j]) / theta * knobs.NESTED_UNITS - 1e-9)), knobs.NESTED_UNITS) for j in range(len(sizes))]
         if pool is not None:  # the columns of other levels that fit this one by the estimate
             for pooled in pool:
                 j, jq, a1, a2 = pooled.column
@@ -340,7 +309,7 @@ class _Program:
         when the rounds or the deadline run out first (with columns that fit, True)."""
         n = self.num_gpus
         seen: list[float] = []
-        for _ in range(MAX_ROUNDS):
+        for _ in range(knobs.NESTED_MAX_ROUNDS):
             if deadline.passed():
                 return None
             solved = self.master.solve(deadline)
@@ -348,7 +317,7 @@ class _Program:
                 return None
             gpus, y = solved
             seen.append(gpus)
-            if len(seen) > TAIL_ROUNDS and seen[-1 - TAIL_ROUNDS] - gpus < TAIL * n:
+            if len(seen) > knobs.NESTED_TAIL_ROUNDS and seen[-1 - knobs.NESTED_TAIL_ROUNDS] - gpus < knobs.NESTED_TAIL * n:
                 return gpus <= n * (1 + 1e-9)  # the tail: columns that barely move the program
             added, ratio = self.price(y)
             if gpus / max(ratio, 1.0) > n * (1 + 1e-9):
@@ -359,11 +328,11 @@ class _Program:
         return True if self.master.last is not None and self.master.last[0] <= n * (1 + 1e-9) else None
 
     def top_up(self, deadline: Deadline, fits: bool) -> bool | None:
-        """`TOP_UP_ROUNDS` rounds at most: the fractional optimum's columns topped up (`_top_up`),
+        """`knobs.NESTED_TOP_UP_ROUNDS` rounds at most: the fractional optimum's columns topped up (`_top_up`),
         added, and the generation gone on from them; whether the program then fits (as
         `generate`), `fits` where no column grew."""
         counts, theta = self.shapes.counts, self.theta
-        for _ in range(TOP_UP_ROUNDS):
+        for _ in range(knobs.NESTED_TOP_UP_ROUNDS):
             solved = self.master.solve(deadline)
             if solved is None:
                 return fits
@@ -390,7 +359,7 @@ class _Program:
         column's value per GPU."""
         table, rows, sizes, theta, counts = self.table, self.shapes.first, self.table.sizes, self.theta, self.shapes.counts
         added, ratio = False, 0.0
-        plain = [knapsack(y, table.add[rows, j], theta, counts, self.ok[j], True, UNITS) for j in range(len(sizes))]
+        plain = [knapsack(y, table.add[rows, j], theta, counts, self.ok[j], True, knobs.NESTED_UNITS) for j in range(len(sizes))]
         seconds: dict[tuple[int, int], tuple[np.ndarray, Callable[[int], np.ndarray]]] = {}
         for j, p in enumerate(sizes):
             values, taken = plain[j]
@@ -400,7 +369,7 @@ class _Program:
                 # the column then cut until its parts' estimates fit (`_cut`). Per size, the
                 # best column that does not split and the best that splits into each smaller
                 # size (its own part within c units, each subgroup within the rest).
-                room = UNITS - self.fixed[j] if whole else UNITS
+                room = knobs.NESTED_UNITS - self.fixed[j] if whole else knobs.NESTED_UNITS
                 found = [(float(values[room]), j, room, None, 0)]
                 for jq, q in enumerate(sizes):
                     rest = room - self.fixed[jq] if whole else room
@@ -408,7 +377,7 @@ class _Program:
                         continue
                     r = p // q
                     if (jq, r) not in seconds:
-                        seconds[jq, r] = knapsack(y, table.add[rows, jq], theta, counts // r, self.ok[jq], True, UNITS)
+                        seconds[jq, r] = knapsack(y, table.add[rows, jq], theta, counts // r, self.ok[jq], True, knobs.NESTED_UNITS)
                     total = values[:rest + 1] + r * seconds[jq, r][0][rest::-1]
                     c = int(np.argmax(total))
                     if values[c] > 0:
@@ -462,7 +431,7 @@ def _top_up(estimate: _Estimates, j: int, jq: int, a1: np.ndarray, a2: np.ndarra
     """The column with samples added while its parts' estimates sum within theta: one at a time,
     of the shape (the batch holding more of it) of most dual value per second of its marginal
     time at the part's size, to the own part or one to each subgroup (p / q of the shape), the
-    next densest where the estimate does not fit (`TRIES` each time)."""
+    next densest where the estimate does not fit (`knobs.NESTED_TRIES` each time)."""
     table, rows = estimate.table, estimate.rows
     split = jq != j
     r = table.sizes[j] // table.sizes[jq] if split else 1
@@ -478,7 +447,7 @@ def _top_up(estimate: _Estimates, j: int, jq: int, a1: np.ndarray, a2: np.ndarra
         room, used = theta - spent[0] - spent[1], parts[0] + r * parts[1]
         dense = [np.where((used < counts) & (m1 <= room), dense1, -1.0),
                  np.where((used + r <= counts) & (m2 <= room), dense2, -1.0)]
-        for _ in range(TRIES):
+        for _ in range(knobs.NESTED_TRIES):
             first = [int(np.argmax(d)) for d in dense]
             side = 0 if dense[0][first[0]] >= dense[1][first[1]] else 1
             k = first[side]

@@ -21,7 +21,7 @@ The search (`solve_phased`), within the ILP's one deadline `time_limit_s`:
 1. the single-layout ILP (`dcp.planner.ilp.solve_ilp`), in its window of the limit
    (`dcp.planner.timebudget`: the limit less what is kept back for step 2 and the report),
    whatever it leaves unused going to step 2 too; for batches of few shapes (videos) and fewer
-   than `NESTED_COLUMNS_PER_GPU` samples per GPU (but those the ILP's exact program plans), when
+   than `knobs.NESTED_COLUMNS_PER_GPU` samples per GPU (but those the ILP's exact program plans), when
    the limit leaves them time (`TimeBudget.nested_columns_fit`), a shorter window, and then, unless the plan in hand is within the solver's gap of the bound, nested
    plans by column generation in the time left (`dcp.planner.nested_columns`: groups that split
    into smaller ones for part of the step; the single layout's groups start its programs), the
@@ -48,20 +48,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+import dcp.planner.knobs as knobs
 from dcp.costmodel import Cluster, CostModel
 from dcp.planner.backfill import backfill_plan
 from dcp.planner.bounds import multi_phase_bound, multi_phase_busy, sample_arrays, sample_floors
 from dcp.planner.common import assemble, chain
 from dcp.planner.feasibility import allowed_sp_sizes, check_feasible
-from dcp.planner.ilp import (
-    EXACT_MAX_GPUS,
-    EXACT_MAX_SAMPLES,
-    SECONDS,
-    SOURCE,
-    Beaten,
-    solve_ilp,
-    solve_ilp_against,
-)
+from dcp.planner.ilp import SECONDS, SOURCE, Beaten, solve_ilp, solve_ilp_against
 from dcp.planner.ilp.budget import Budget, final_pricing_s
 from dcp.planner.ilp.columns import shapes_of
 from dcp.planner.ilp.costs import batch_costs
@@ -74,35 +67,12 @@ from dcp.planner.sample import Sample
 from dcp.planner.status import CUT_SHORT
 from dcp.planner.timebudget import TimeBudget
 
-MIN_NEED_SHARE = 1 / 2
-"""Splits are tried for the samples that need groups of at least this share of the GPUs (and at
-least 2 of them): phase 1 then holds the cluster (nearly) to itself, and what it saves is the
-rest of the step that a single layout runs at that size. On 20 wikipedia batches of 512 samples
-on 32 GPUs (benchmarks/planner.py) the two that phases win have a sample needing all 32."""
-MAX_SPLITS = 3
-"""Splits planned for real at most, the most promising first."""
-MIN_SOLVE_S = 0.02
-"""A split is planned only with at least this long left for it."""
-FIRST_SHARE = 0.85
-"""Share of the search's time for the first split (the one for the samples that need the largest
-groups), when there are others; alone it gets all of it."""
-HEAD_SHARE = 0.2
-"""Share of a split's time for its first phase (a few samples: quick to plan)."""
-MIN_BESIDE_S = 0.15
-"""A split beside the k runs only with this long for it: it solves three parts, each with its
-own warm start (wikipedia, 2,048 samples on 1,024 GPUs: 0.1 s left took 0.35 s)."""
-BESIDE_SHARE = 0.85
-"""Share of a split's time for planning the rest beside the k samples (`_plan_beside`), when
-they leave GPUs free; the sequential split gets the rest."""
 _TOL = 1e-9
 BACKFILL = "backfill (the samples that need SP > 1 first, the rest after them at SP 1)"
 NESTED = "nested (the samples at the largest size first, the rest after them at their own sizes)"
 NESTED_COLUMNS = "nested columns (each group split into smaller ones first, then whole)"
 """How the phase notes name the plan built before the ILP (its source, the first word, names it
 in the first note)."""
-NESTED_COLUMNS_PER_GPU = 4
-"""Nested column plans are sought for batches of fewer samples per GPU than this (Open-Sora's
-cells of 2 per GPU: with more, single layouts already end within 1% of the bound)..."""
 
 
 def split_order(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], makespan_s: float,
@@ -184,8 +154,8 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
     # Nested column plans (few shapes, few samples a GPU) get what the single layout leaves of
     # the limit, at least `knobs.NESTED_COLUMNS_SHARE` of it: it runs first, so that where it meets the
     # bound (a few videos a GPU on a large cluster: 0.2 s) nothing more is spent.
-    tiny = len(batch) <= EXACT_MAX_SAMPLES and cm.cluster.num_gpus <= EXACT_MAX_GPUS  # the exact program's
-    nested_ok = (options.max_phases >= 2 and not tiny and len(batch) < NESTED_COLUMNS_PER_GPU * cm.cluster.num_gpus
+    tiny = len(batch) <= knobs.EXACT_MAX_SAMPLES and cm.cluster.num_gpus <= knobs.EXACT_MAX_GPUS  # the exact program's
+    nested_ok = (options.max_phases >= 2 and not tiny and len(batch) < knobs.NESTED_COLUMNS_PER_GPU * cm.cluster.num_gpus
                  and TimeBudget.nested_columns_fit(options.time_limit_s)
                  and cm.training.zero_stage != 3 and len(sizes) >= 2 and shapes_of(costs[1]) is not None)
     if nested_ok:
@@ -225,12 +195,12 @@ def _splits(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, sizes: 
             arrays: tuple[np.ndarray, np.ndarray]) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
     """The splits worth planning (phase-1 sizes k, in order), the batch order they split and
     every split's bound (`split_order`, `split_estimates`); no split where only small groups are
-    needed: a group of fewer than `MIN_NEED_SHARE` of the GPUs that runs the rest of the step at
+    needed: a group of fewer than `knobs.MIN_NEED_SHARE` of the GPUs that runs the rest of the step at
     its size costs a single layout little."""
     if options.max_phases < 2 or len(batch) < 2 or cm.training.zero_stage == 3:
         return [], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0)
     order, need = split_order(batch, cm, sizes, busy_s, arrays)
-    least = max(2, MIN_NEED_SHARE * cm.cluster.num_gpus)
+    least = max(2, knobs.MIN_NEED_SHARE * cm.cluster.num_gpus)
     splits = split_candidates(need, [q for q in sizes if q >= least])
     return splits, order, need, split_estimates(batch, cm, sizes, order) if splits else np.zeros(0)
 
@@ -253,26 +223,26 @@ def _search(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, single:
     n = cm.cluster.num_gpus
     own = {k: 1 << max(int(need[:k].sum()) - 1, 0).bit_length() for k in splits}  # the k's GPUs, aligned
     # A split beside the k (when they leave GPUs free) is bounded by the batch's bound alone.
-    ranked = [k for k in splits if own[k] < n or estimate[k - 1] < single_busy * (1 - _TOL)][:MAX_SPLITS]
+    ranked = [k for k in splits if own[k] < n or estimate[k - 1] < single_busy * (1 - _TOL)][:knobs.MAX_SPLITS]
     if not ranked:
         return None, "phases not searched: no split's bound beats the single layout"
     best: Plan | None = None
     best_k, best_how, tried = 0, "", 0
     for i, k in enumerate(ranked):
         left = deadline - time.perf_counter()
-        if left < MIN_SOLVE_S:
+        if left < knobs.SPLIT_MIN_S:
             cuts.skip(f"splits {i + 1}-{len(ranked)}")
             break
         if best is not None and own[k] >= n and estimate[k - 1] >= best.busy_s() * (1 - _TOL):
             continue
         # The first split gets most of the time (the ILP stops early once it proves its plan).
-        seconds = left * (FIRST_SHARE if i == 0 and len(ranked) > 1 else 1 / (len(ranked) - i))
+        seconds = left * (knobs.FIRST_SPLIT_SHARE if i == 0 and len(ranked) > 1 else 1 / (len(ranked) - i))
         found: list[tuple[Plan | None, str]] = []
         if own[k] < n:
-            if seconds * BESIDE_SHARE >= MIN_BESIDE_S:
-                found.append((_plan_beside(batch, cm, options, order, k, own[k], seconds * BESIDE_SHARE, bound_s,
+            if seconds * knobs.BESIDE_SHARE >= knobs.MIN_BESIDE_S:
+                found.append((_plan_beside(batch, cm, options, order, k, own[k], seconds * knobs.BESIDE_SHARE, bound_s,
                                            cuts), f"on {own[k]} GPUs, the rest beside them"))
-                seconds *= 1 - BESIDE_SHARE
+                seconds *= 1 - knobs.BESIDE_SHARE
             else:
                 cuts.skip(f"split {k} beside the rest")
         if estimate[k - 1] < single_busy * (1 - _TOL):
@@ -297,7 +267,7 @@ def _plan_split(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, ord
     tail = [batch[i] for i in order[k:].tolist()]
     t0 = time.perf_counter()
     try:
-        first = solve_ilp(head, cm, dataclasses.replace(options, time_limit_s=max(seconds * HEAD_SHARE, 1e-3)),
+        first = solve_ilp(head, cm, dataclasses.replace(options, time_limit_s=max(seconds * knobs.HEAD_SHARE, 1e-3)),
                           warn=False)
         rest_s = max(seconds - (time.perf_counter() - t0), 1e-3)
         sub = dataclasses.replace(options, time_limit_s=rest_s, max_phases=options.max_phases - 1)
@@ -343,7 +313,7 @@ def _plan_beside(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, or
     t0 = time.perf_counter()
     near, far = sub_cluster(cm, gpus), sub_cluster(cm, n - gpus)
     try:
-        first = solve_ilp(head, near, dataclasses.replace(options, time_limit_s=max(seconds * HEAD_SHARE, 1e-3)),
+        first = solve_ilp(head, near, dataclasses.replace(options, time_limit_s=max(seconds * knobs.HEAD_SHARE, 1e-3)),
                           warn=False)
         tokens, pairs = sample_arrays([batch[i] for i in rest.tolist()])
         work, solo = sample_floors(tokens, pairs, cm, allowed_sp_sizes(cm, options.sp_sizes))

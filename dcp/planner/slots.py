@@ -16,11 +16,11 @@ a few counts S:
 2. the slots' lengths tau_j are then the j-th longest micro-batch of any group;
 3. each group again, longest first, to the micro-batch with the most room left under its slot's
    tau_j, so a group with little work fills the slots a long sample holds open elsewhere and
-   keeps the others short; `RESHAPES` times, tau measured again after each.
+   keeps the others short; `knobs.SLOT_RESHAPES` times, tau measured again after each.
 
 The estimate sum_j max(tau_j, slot collectives) picks S (within 0.2-1.3% of the priced step on
 the plans it was measured on); the caller prices the result. Past a group's large samples
-(`BIG`) the rest are dealt in at most `ROUNDS` rounds, a round's samples to the micro-batches in
+(`knobs.SLOT_BIG`) the rest are dealt in at most `knobs.SLOT_ROUNDS` rounds, a round's samples to the micro-batches in
 order of room, so tens of thousands of samples cost a few hundred vectorized pricings.
 
 Never imports torch.
@@ -33,26 +33,8 @@ import time
 
 import numpy as np
 
+import dcp.planner.knobs as knobs
 from dcp.planner.pricing import BatchArrays, Layout, Pricer
-
-RESHAPES = 2
-"""Passes that fill each group's micro-batches against the slots' lengths (step 3), while each
-gains 0.1%, for counts whose first pass estimates within `RESHAPE_WITHIN` of the best so far."""
-RESHAPE_WITHIN = 0.25
-ONE_BY_ONE = 2
-BIG = 0.1
-"""A group's longest samples are placed one at a time while some group's next one takes at least
-`BIG` of an even micro-batch of its own (alone, of its samples' times alone over the slots), at
-most `ONE_BY_ONE` per micro-batch; the rest are dealt in at most `ROUNDS` rounds."""
-ROUNDS = 16
-GROWTH = 1.5
-"""Slot counts tried: the fewest that hold every group with all layers checkpointed, then this
-factor apart up to the fewest that hold them with none (more only add fixed costs), at most
-`SPAN` times the first (and at least up to the layout's own count)."""
-SPAN = 32.0
-WORSE = 2
-"""Counts stop after this many in a row estimate no more than `GAIN` faster than the best so far."""
-GAIN = 0.005
 
 
 class _Groups:
@@ -98,8 +80,8 @@ class _Groups:
         tok, pair, time_s = np.zeros((groups, slots)), np.zeros((groups, slots)), np.zeros((groups, slots))
         where = np.full(len(self.tokens), -1, dtype=np.int64)
         room = np.zeros(slots) if room is None else room
-        big = self.solo >= BIG * self.solo.sum(axis=1, keepdims=True) / slots
-        singles = min(int(big.sum(axis=1).max()), ONE_BY_ONE * slots)
+        big = self.solo >= knobs.SLOT_BIG * self.solo.sum(axis=1, keepdims=True) / slots
+        singles = min(int(big.sum(axis=1).max()), knobs.SLOT_ONE_BY_ONE * slots)
         k, rounds = 0, 0
         while k < width:
             if time.perf_counter() > deadline:
@@ -108,7 +90,7 @@ class _Groups:
                 ranks = 1
             else:
                 rounds += 1
-                ranks = max(1, -(-(width - k) // max(1, ROUNDS - rounds + 1)))
+                ranks = max(1, -(-(width - k) // max(1, knobs.SLOT_ROUNDS - rounds + 1)))
             for p, rows in self.by_size.items():
                 ids = self.order[rows, k:k + ranks]
                 live = ids[:, 0] >= 0
@@ -200,16 +182,16 @@ def align(layout: Layout, arrays: BatchArrays, pricer: Pricer, link_s: float, ck
     groups = _Groups(layout, arrays, pricer, ckpt)
     fewest = groups.slots_needed(pricer.num_layers)
     own = max(len(mbs) for _, _, mbs in layout)
-    top = max(min(groups.slots_needed(0), fewest * SPAN), own)
+    top = max(min(groups.slots_needed(0), fewest * knobs.SLOT_SPAN), own)
     counts, s = [], float(fewest)
     while round(s) <= top:
         counts.append(round(s))
-        s *= GROWTH
+        s *= knobs.SLOT_GROWTH
     counts = sorted({c for c in [*counts, own] if most is None or c <= most})
     best: tuple[float, np.ndarray, np.ndarray] | None = None
     worse = 0
     for slots in counts:
-        if time.perf_counter() > deadline or worse >= WORSE:
+        if time.perf_counter() > deadline or worse >= knobs.SLOT_WORSE:
             break
         found = groups.deal(slots, None, deadline)
         if found is None:
@@ -217,8 +199,8 @@ def align(layout: Layout, arrays: BatchArrays, pricer: Pricer, link_s: float, ck
         est, tau = slots_estimate(found[1], link_s)
         mine = (est, *found)
         uneven = est > found[1].sum(axis=1).max() * (1 + 1e-9)  # else each slot already ends together
-        promising = best is None or est < best[0] * (1 + RESHAPE_WITHIN)
-        for _ in range(RESHAPES if uneven and promising else 0):
+        promising = best is None or est < best[0] * (1 + knobs.SLOT_RESHAPE_WITHIN)
+        for _ in range(knobs.SLOT_RESHAPES if uneven and promising else 0):
             again = groups.deal(slots, tau, deadline)
             if again is None:
                 break
@@ -228,7 +210,7 @@ def align(layout: Layout, arrays: BatchArrays, pricer: Pricer, link_s: float, ck
                     mine = (est2, *again)
                 break
             mine = (est2, *again)
-        worse = 0 if best is None or mine[0] < best[0] * (1 - GAIN) else worse + 1
+        worse = 0 if best is None or mine[0] < best[0] * (1 - knobs.SLOT_GAIN) else worse + 1
         if best is None or mine[0] < best[0]:
             best = mine
     if best is None:

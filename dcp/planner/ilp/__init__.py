@@ -36,6 +36,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import dcp.planner.knobs as knobs
 from dcp.costmodel import CostModel
 from dcp.planner.bounds import step_floor
 from dcp.planner.common import assemble_indices
@@ -48,14 +49,6 @@ from dcp.planner.plan import InfeasibleError, Plan
 from dcp.planner.pricing import BatchArrays, Pricer
 from dcp.planner.sample import Sample
 from dcp.planner.status import CUT_SHORT, NOT_RUN
-
-ALIGN_SHARE = 0.5
-"""Under ZeRO-3 the warm start's best plans get their slots lined up before the program, in at
-most this share of the time left; the program's, after it, in what remains."""
-EXACT_MAX_SAMPLES = 6
-"""Batches up to this many samples (on up to `EXACT_MAX_GPUS`) get the exact program."""
-EXACT_MAX_GPUS = 8
-
 
 SOURCE = "best plan from: "
 """How a plan's first note starts: the search step its plan came from follows."""
@@ -103,8 +96,8 @@ def solve_ilp_against(batch: Sequence[Sample], cm: CostModel, options: IlpOption
     if search.incumbent.best is None:
         raise InfeasibleError(f"ilp: no plan found with at most {options.max_microbatches} micro-batches per group")
     warm_source = search.incumbent.source
-    search.align_slots(ALIGN_SHARE)
-    if len(batch) <= EXACT_MAX_SAMPLES and cm.cluster.num_gpus <= EXACT_MAX_GPUS:
+    search.align_slots(knobs.ALIGN_SHARE)
+    if len(batch) <= knobs.EXACT_MAX_SAMPLES and cm.cluster.num_gpus <= knobs.EXACT_MAX_GPUS:
         search.exact_program()
     else:
         search.aggregated_program()

@@ -25,17 +25,10 @@ import math
 
 import numpy as np
 
+import dcp.planner.knobs as knobs
 from dcp.planner.ilp.budget import Deadline
 from dcp.planner.ilp.costs import CostTable
 from dcp.planner.ilp.pack import Groups, group_estimate
-
-LEVEL_STEPS = 8
-"""Bisection steps on the level at most..."""
-LEVEL_TOLERANCE = 2e-3
-"""...stopping once the levels bracketing the least feasible one are this close (relative)."""
-RING_RUNS = 4
-"""Fill rounds per group at a size whose every layout has a ring (each prices a run of the
-candidates at once, `CostTable.exposure` being costly per call)."""
 
 
 def best_fit(table: CostTable, num_gpus: int, lower: float, upper: float,
@@ -49,8 +42,8 @@ def best_fit(table: CostTable, num_gpus: int, lower: float, upper: float,
         return []
     found = [first]
     lo, hi = lower, upper
-    for _ in range(LEVEL_STEPS):
-        if hi - lo <= LEVEL_TOLERANCE * hi or deadline.passed():
+    for _ in range(knobs.BEST_FIT_LEVEL_STEPS):
+        if hi - lo <= knobs.BEST_FIT_LEVEL_RTOL * hi or deadline.passed():
             break
         mid = (lo + hi) / 2
         groups = _at(table, mid, num_gpus, deadline)
@@ -199,11 +192,11 @@ class _Bins:
     def _fill_runs(self, candidates: np.ndarray) -> np.ndarray:
         """Ring sizes: each group, in turn, takes the longest run of the candidates left (in
         order) that fits, from the first that fits it alone (judged once per group), up to
-        `RING_RUNS` times."""
+        `knobs.BEST_FIT_RING_RUNS` times."""
         left = np.ones(len(candidates), dtype=bool)
         for g in range(len(self.members)):
             alone = self._alone(g, candidates)
-            for _ in range(RING_RUNS):
+            for _ in range(knobs.BEST_FIT_RING_RUNS):
                 open_ = np.flatnonzero(alone & left)
                 if not len(open_):
                     break

@@ -18,41 +18,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-FINAL_PRICING_S = 0.005
-"""Fixed part of the reserve for the final assembly."""
-PER_SAMPLE_S = 1.5e-6
-PER_MICROBATCH_S = 2.5e-6
-PER_GROUP_S = 5e-5
-"""Assembling and validating a plan, measured in CPU time on the benchmark machine (32,768
-samples in 21,307 micro-batches on 32 GPUs: 71 ms; in 19,568 on 1,024 GPUs: 123 ms)..."""
-PROBE_STEPS = 20_000
-"""...on which a fixed Python loop of this many steps (`machine_probe_s`) takes..."""
-PROBE_S = 7.0e-4
-"""...this long (the fastest of 50 runs): the reserve scales with how much slower the probe ran
-here and now (other work on the machine's cores slows both alike), and never below
-`MIN_SLOWDOWN`. Once the solve has run long enough (`MIN_CPU_S`), the ratio of its wall-clock to
-its CPU time so far measures the share of a core the machine's other work leaves it, steadier
-than one short probe (which a single preemption either misses or dominates); the larger of the
-two counts. (A pass over the batch's samples timed the machine before: its speed follows where
-the samples lie in memory, 1.3 to 6 ms at 32,768 samples on the same machine, and at 6 ms the
-reserve took half the limit.)"""
-PROBE_FROM = 1000
-"""Batches of fewer samples take no probe: their reserve is a few milliseconds anyway."""
-MIN_SLOWDOWN = 1.5
-MAX_SLOWDOWN = 6.0
-MIN_CPU_S = 0.02
-FINISH_PRICINGS = 1.5
-"""The final assembly takes up to this many times the longest candidate pricing of the search
-(wikipedia, 32,768 samples on 1,024 GPUs: pricings of 0.09-0.12 s, assemblies of 0.10-0.18 s,
-above `final_pricing_s` at 0.14 s)."""
-PRICING_MARGIN = 1.5
-"""A search step stops this many longest pricings before the deadline (`search_deadline`)."""
+import dcp.planner.knobs as knobs
 
 
 def final_pricing_s(samples: int, microbatches: int = 0, groups: int = 0, slowdown: float = 2.0) -> float:
     """Seconds kept back for assembling and validating the chosen plan."""
-    return FINAL_PRICING_S + slowdown * (PER_SAMPLE_S * samples + PER_MICROBATCH_S * microbatches
-                                         + PER_GROUP_S * groups)
+    return knobs.FINAL_PRICING_S + slowdown * (knobs.PER_SAMPLE_S * samples + knobs.PER_MICROBATCH_S * microbatches
+                                         + knobs.PER_GROUP_S * groups)
 
 
 @contextmanager
@@ -73,14 +45,14 @@ def paused_gc() -> Iterator[None]:
 
 
 def machine_probe_s() -> float:
-    """The faster of two runs of a fixed loop of `PROBE_STEPS` steps, without garbage collection
+    """The faster of two runs of a fixed loop of `knobs.PROBE_STEPS` steps, without garbage collection
     (a collection is not the machine's speed): about 1.4 ms in all."""
     with paused_gc():
         runs = []
         for _ in range(2):
             t0 = time.perf_counter()
             acc = 0
-            for i in range(PROBE_STEPS):
+            for i in range(knobs.PROBE_STEPS):
                 acc += i & 7
             runs.append(time.perf_counter() - t0)
         return min(runs)
@@ -127,26 +99,26 @@ class Budget:
 
     def _reserve(self, samples: int, microbatches: int, groups: int) -> float:
         """What assembling and validating the incumbent will take: `final_pricing_s` at the
-        slowdown, and at least `FINISH_PRICINGS` times the longest candidate pricing so far (it
+        slowdown, and at least `knobs.FINISH_PRICINGS` times the longest candidate pricing so far (it
         runs much of the same work on this batch, on this machine, now), at most half the limit."""
         return min(max(final_pricing_s(samples, microbatches, groups, self.slowdown()),
-                       FINISH_PRICINGS * self.pricing_s), self.limit_s / 2)
+                       knobs.FINISH_PRICINGS * self.pricing_s), self.limit_s / 2)
 
     @property
     def search_deadline(self) -> float:
         """When a search step must stop so that pricing its result ends by `deadline`: the
-        longest pricing so far, with `PRICING_MARGIN` (a loaded machine prices the next one
+        longest pricing so far, with `knobs.PRICING_MARGIN` (a loaded machine prices the next one
         slower: 0.12 s after 0.09 s at 32,768 samples on 1,024 GPUs)."""
-        return self.deadline - PRICING_MARGIN * self.pricing_s
+        return self.deadline - knobs.PRICING_MARGIN * self.pricing_s
 
     def slowdown(self) -> float:
         """How much slower than the benchmark machine's quiet cores this one runs now."""
         cpu_s = time.process_time() - self.cpu_started
-        shared = (time.perf_counter() - self.wall_started) / cpu_s if cpu_s >= MIN_CPU_S else 0.0
-        if self.probe_s <= 0:  # no probe (batches under PROBE_FROM): a reserve too small to tune
-            return min(max(2.0, shared), MAX_SLOWDOWN)
-        measured = self.probe_s / PROBE_S
-        return min(max(measured, shared, MIN_SLOWDOWN), MAX_SLOWDOWN)
+        shared = (time.perf_counter() - self.wall_started) / cpu_s if cpu_s >= knobs.MIN_CPU_S else 0.0
+        if self.probe_s <= 0:  # no probe (batches under knobs.PROBE_FROM): a reserve too small to tune
+            return min(max(2.0, shared), knobs.MAX_SLOWDOWN)
+        measured = self.probe_s / knobs.PROBE_S
+        return min(max(measured, shared, knobs.MIN_SLOWDOWN), knobs.MAX_SLOWDOWN)
 
     def plan_size(self, samples: int, microbatches: int, groups: int) -> None:
         """The incumbent changed: keep back what assembling it will take."""

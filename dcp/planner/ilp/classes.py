@@ -2,14 +2,14 @@
 
 Samples are grouped into
 - exact types: length bands of large samples (their least marginal time, `CostTable.marg`, is
-  at least `SMALL` of the incumbent U; where none is, `CHEAPEST_LARGE` of it at the size where
+  at least `knobs.CLASS_FLUID_SHARE` of the incumbent U; where none is, `knobs.CHEAPEST_LARGE` of it at the size where
   they cost the fewest GPU-seconds; identical samples always together), counted per class, each
-  at its least member's load and solo time; at most `MAX_EXACT`;
+  at its least member's load and solo time; at most `knobs.CLASS_MAX_EXACT`;
 - fluid buckets: the other samples, whose load ratios across SP sizes agree within a tolerance,
   split by fractions. A bucket's coefficient at size p is its exact summed load at its reference
   size times the smallest ratio in the bucket, so the program stays a relaxation and loses only
-  the ratio spread (`RATIO_TOL`, doubled until at most `MAX_BUCKETS` buckets remain).
-However many samples the batch has, the program has at most MAX_EXACT + MAX_BUCKETS rows;
+  the ratio spread (`knobs.CLASS_RATIO_TOL`, doubled until at most `knobs.CLASS_MAX_BUCKETS` buckets remain).
+However many samples the batch has, the program has at most knobs.CLASS_MAX_EXACT + knobs.CLASS_MAX_BUCKETS rows;
 `split_fluid` disaggregates a bucket's fractions back into samples.
 """
 
@@ -19,22 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+import dcp.planner.knobs as knobs
 from dcp.planner.ilp.costs import CostTable
-
-SMALL = 0.03
-"""A sample whose least marginal time is below this fraction of U is treated as fluid..."""
-CHEAPEST_LARGE = 0.25
-"""When no sample is large so, those that take at least this fraction of U at the size where they
-cost the fewest GPU-seconds are: at most three more like them share a group there, and how they
-pack matters."""
-RATIO_TOL = 0.005
-"""Fluid bucket: each size's load ratio (to the bucket's reference size) varies by at most this."""
-MAX_EXACT = 48
-"""Exact types (length bands) at most: the program's integer columns."""
-BAND_TOL = 0.01
-"""A band's members differ in tokens by at most this factor (before it grows to fit MAX_EXACT)."""
-MAX_BUCKETS = 96
-"""Fluid buckets at most: past it the ratio tolerance doubles."""
 
 
 @dataclass
@@ -58,25 +44,25 @@ class Item:
 def program_items(table: CostTable, upper: float) -> list[Item]:
     """Exact types and fluid buckets; a sample's classes are the sizes where it runs alone
     within U (no plan better than the incumbent puts it elsewhere). The program's size does not
-    grow with the batch: at most `MAX_EXACT` length bands of large samples (`_bands`), and
-    buckets of samples whose load ratios across sizes agree to within `RATIO_TOL`, the
-    tolerance doubled until at most `MAX_BUCKETS` remain."""
+    grow with the batch: at most `knobs.CLASS_MAX_EXACT` length bands of large samples (`_bands`), and
+    buckets of samples whose load ratios across sizes agree to within `knobs.CLASS_RATIO_TOL`, the
+    tolerance doubled until at most `knobs.CLASS_MAX_BUCKETS` remain."""
     n = len(table.tokens)
     opts = (table.ckpt >= 0) & (table.solo <= upper * (1 + 1e-9))
     # Large by what a sample adds beyond micro-batch fixed costs (with fixed costs of tens of
     # ms, weight traffic, every sample's solo time would count as large), at its least.
     best_marg = table.marg.min(axis=1)
-    large = np.flatnonzero(best_marg >= SMALL * upper)
+    large = np.flatnonzero(best_marg >= knobs.CLASS_FLUID_SHARE * upper)
     if not len(large):
         # A program without exact types has no integrality at all. At the largest sizes every
         # sample's time is small (lognormal, 512 samples on 1,024 GPUs: none reached 3% of U at
         # SP 1,024, so the 52 of 131,072 tokens, 61% of U at SP 16, went fluid, past the
-        # bin-packing cuts): then those that take `CHEAPEST_LARGE` of U at the size where they
+        # bin-packing cuts): then those that take `knobs.CHEAPEST_LARGE` of U at the size where they
         # cost the fewest GPU-seconds are exact. (Always so, 86 samples of wikipedia's 512 on 256
         # GPUs were, and within 1 s the larger program lost: 12.0% against 9.2% above the bound.)
         gpu_s = np.where(opts, table.load * np.asarray(table.sizes, dtype=np.float64)[None, :], np.inf)
         best_marg = table.marg[np.arange(n), np.argmin(gpu_s, axis=1)]
-        large = np.flatnonzero(best_marg >= CHEAPEST_LARGE * upper)
+        large = np.flatnonzero(best_marg >= knobs.CHEAPEST_LARGE * upper)
     exact_ids = _bands(table, large, opts, best_marg)
     items: list[Item] = []
     for ids in exact_ids:
@@ -96,12 +82,12 @@ def program_items(table: CostTable, upper: float) -> list[Item]:
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(opts[fluid], table.load[fluid] / ref_load[:, None], 1.0)
         log_ratio = np.log(ratio)
-    tol = RATIO_TOL
+    tol = knobs.CLASS_RATIO_TOL
     while True:
         cells = np.floor(log_ratio / np.log1p(tol)).astype(np.int64)
         keys = np.column_stack([mask, cells])
         _, bucket = _unique_rows(keys)
-        if bucket.max() + 1 <= MAX_BUCKETS:
+        if bucket.max() + 1 <= knobs.CLASS_MAX_BUCKETS:
             break
         tol *= 2
     order = np.lexsort((fluid, bucket))
@@ -125,7 +111,7 @@ def program_items(table: CostTable, upper: float) -> list[Item]:
 
 def _bands(table: CostTable, large: np.ndarray, opts: np.ndarray, best_size: np.ndarray) -> list[np.ndarray]:
     """The large samples in length bands: the same sizes open to them, token counts and attention
-    pairs each within a factor 1 + tolerance (`BAND_TOL`, grown by half until at most `MAX_EXACT`
+    pairs each within a factor 1 + tolerance (`knobs.CLASS_BAND_TOL`, grown by half until at most `knobs.CLASS_MAX_EXACT`
     bands remain; so every cost, a positive combination of both, is too), each band's members in
     ascending tokens. Videos of equal tokens but other frame counts differ in pairs several-fold:
     a band by tokens alone would price them all at the cheapest. Identical samples always share a band; past the growth
@@ -135,19 +121,19 @@ def _bands(table: CostTable, large: np.ndarray, opts: np.ndarray, best_size: np.
     mask = (opts[large] * (1 << np.arange(opts.shape[1]))).sum(axis=1)
     log_t = np.log(table.tokens[large].astype(np.float64))
     log_a = np.log(np.maximum(table.pairs[large], 1.0))
-    tol = BAND_TOL
+    tol = knobs.CLASS_BAND_TOL
     for _ in range(24):
         keys = np.column_stack([mask, np.floor(log_t / np.log1p(tol)).astype(np.int64),
                                 np.floor(log_a / np.log1p(tol)).astype(np.int64)])
         _, band = _unique_rows(keys)
-        if band.max() + 1 <= MAX_EXACT:
+        if band.max() + 1 <= knobs.CLASS_MAX_EXACT:
             break
         tol *= 1.5
     order = np.lexsort((large, table.pairs[large], table.tokens[large], band))
     starts = np.flatnonzero(np.concatenate([[True], band[order][1:] != band[order][:-1]]))
     groups = [large[order[lo:hi]] for lo, hi in zip(starts, np.append(starts[1:], len(order)), strict=True)]
-    if len(groups) > MAX_EXACT:
-        groups = sorted(groups, key=lambda g: (-best_size[g[-1]], int(g[0])))[:MAX_EXACT]
+    if len(groups) > knobs.CLASS_MAX_EXACT:
+        groups = sorted(groups, key=lambda g: (-best_size[g[-1]], int(g[0])))[:knobs.CLASS_MAX_EXACT]
     return sorted(groups, key=lambda g: (int(table.tokens[g[0]]), float(table.pairs[g[0]])))
 
 

@@ -8,7 +8,7 @@ At a busy-time level theta, the linear program
 
 over the configurations that fit theta asks how many GPUs the batch needs when no group runs
 longer than theta. Columns come from a bounded knapsack per SP size on the duals (`_price`,
-dynamic programming on the weights in `UNITS` steps of theta). Two uses:
+dynamic programming on the weights in `knobs.COLUMN_UNITS` steps of theta). Two uses:
 
 - bound: a configuration fits when fixed(p, 0) + sum_t a[t] m_tp <= theta (m: `CostTable.marg`,
   the least a sample adds to any micro-batch; every group runs at least one micro-batch) and
@@ -20,7 +20,7 @@ dynamic programming on the weights in `UNITS` steps of theta). Two uses:
   cost included, rounded up) within theta; the integer program over the columns found gives
   groups that fit theta by that estimate (the canonical packing's rounding can add up to one
   micro-batch's fixed cost), priced exactly afterwards; when
-  it finds none within its share of the time (`IP_SHARE`), the fractional optimum rounded
+  it finds none within its share of the time (`knobs.COLUMN_IP_SHARE`), the fractional optimum rounded
   (`_rounded`) is the start the local search takes instead (Open-Sora, 2,048 videos on 256
   GPUs: the cell's mean gap from 2.33% to 1.87%).
 
@@ -35,21 +35,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+import dcp.planner.knobs as knobs
 from dcp.planner.ilp.budget import Deadline
 from dcp.planner.ilp.costs import CostTable
 from dcp.planner.ilp.pack import Groups
-
-MAX_TYPES = 64
-"""Distinct (tokens, pairs) shapes at most for the program to be posed."""
-UNITS = 1000
-"""Knapsack weights in steps of theta / UNITS."""
-MAX_ROUNDS = 60
-"""Column-generation rounds per level at most."""
-IP_NODES = 200
-"""Branch-and-bound nodes for the integer program over the columns..."""
-IP_SHARE = 0.25
-"""...and the share of the time left it may take (over a few hundred columns it can take
-seconds and find nothing: the fractional optimum rounded is the fallback)."""
 
 
 @dataclass
@@ -62,12 +51,12 @@ class Shapes:
 
 
 def shapes_of(table: CostTable) -> Shapes | None:
-    """Distinct (tokens, pairs) of the batch; None when there are more than `MAX_TYPES`."""
-    if len(table.tokens) > MAX_TYPES and len(np.unique(table.tokens)) > MAX_TYPES:
+    """Distinct (tokens, pairs) of the batch; None when there are more than `knobs.COLUMN_MAX_SHAPES`."""
+    if len(table.tokens) > knobs.COLUMN_MAX_SHAPES and len(np.unique(table.tokens)) > knobs.COLUMN_MAX_SHAPES:
         return None  # at least as many shapes as token counts: one plain sort decides
     keys = np.stack([table.tokens.astype(np.float64), table.pairs], axis=1)
     _, first, inverse, counts = np.unique(keys, axis=0, return_index=True, return_inverse=True, return_counts=True)
-    if len(first) > MAX_TYPES:
+    if len(first) > knobs.COLUMN_MAX_SHAPES:
         return None
     inverse = inverse.ravel()
     order = np.argsort(inverse, kind="stable")
@@ -130,13 +119,13 @@ class Master:
 def _price(y: np.ndarray, weight: np.ndarray, room: float, counts: np.ndarray, ok: np.ndarray,
            round_up: bool) -> tuple[float, np.ndarray]:
     """Bounded knapsack: the shape counts a (a[t] <= counts[t], only where `ok`) maximizing
-    sum a y with sum a weight <= room, weights in steps of room / UNITS (rounded down, or up)."""
+    sum a y with sum a weight <= room, weights in steps of room / knobs.COLUMN_UNITS (rounded down, or up)."""
     values, taken = knapsack(y, weight, room, counts, ok, round_up)
-    return float(values[UNITS]), taken(UNITS)
+    return float(values[knobs.COLUMN_UNITS]), taken(knobs.COLUMN_UNITS)
 
 
 def knapsack(y: np.ndarray, weight: np.ndarray, room: float, counts: np.ndarray, ok: np.ndarray,
-             round_up: bool, units: int = UNITS) -> tuple[np.ndarray, Callable[[int], np.ndarray]]:
+             round_up: bool, units: int = knobs.COLUMN_UNITS) -> tuple[np.ndarray, Callable[[int], np.ndarray]]:
     """`_price` at every room c = 0..`units` steps of room / `units` at once: the most value
     within each (an array), and a function giving the shape counts that reach it at c."""
     if room <= 0:
@@ -192,7 +181,7 @@ def _generate(master: Master, table: CostTable, shapes: Shapes, theta: float, nu
     weights = table.add if plan else table.marg
     rows = shapes.first
     ok = [(table.ckpt[rows, j] >= 0) & (table.solo[rows, j] <= theta) for j in range(len(sizes))]
-    for _ in range(MAX_ROUNDS):
+    for _ in range(knobs.COLUMN_MAX_ROUNDS):
         if deadline.passed():
             return None
         solved = master.solve(deadline)
@@ -364,7 +353,7 @@ def _rounded(cols: Columns, values: np.ndarray, shapes: Shapes, table: CostTable
 
 
 def integer_copies(cols: Columns, shapes: Shapes, sizes: list[int], num_gpus: int, deadline: Deadline,
-                   share: float = IP_SHARE) -> np.ndarray | None:
+                   share: float = knobs.COLUMN_IP_SHARE) -> np.ndarray | None:
     """Copies of each column covering every sample within N GPUs (HiGHS, first solution found)."""
     import highspy
 
@@ -374,7 +363,7 @@ def integer_copies(cols: Columns, shapes: Shapes, sizes: list[int], num_gpus: in
     h, n = ip.h, len(ip.cols)
     h.addRow(0.0, float(num_gpus), n, np.arange(n, dtype=np.int32), np.array([float(sizes[j]) for j, _ in ip.cols]))
     h.changeColsIntegrality(n, np.arange(n, dtype=np.int32), np.full(n, highspy.HighsVarType.kInteger))
-    h.setOptionValue("mip_max_nodes", IP_NODES)
+    h.setOptionValue("mip_max_nodes", knobs.COLUMN_IP_NODES)
     h.setOptionValue("mip_max_improving_sols", 1)
     h.setOptionValue("time_limit", max(share * deadline.left(), 0.001))
     h.run()

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+import dcp.planner.knobs as knobs
 from dcp.costmodel import CostModel, LinearCost
 from dcp.costmodel.ring import RingCoefficients
 from dcp.planner.pricing import BatchArrays, Pricer
@@ -190,8 +191,6 @@ def form_microbatches(ids: Sequence[int] | np.ndarray, j: int, table: CostTable,
     return mbs
 
 
-_FIRST_FIT_SHARE = 8
-"""`pack_tokens` places samples above capacity / this one by one (first fit); smaller ones fill."""
 
 
 def pack_tokens(tokens: np.ndarray, ids: np.ndarray, capacity: float) -> list[list[int]]:
@@ -204,7 +203,7 @@ def pack_tokens(tokens: np.ndarray, ids: np.ndarray, capacity: float) -> list[li
         return []
     order = np.lexsort((ids, -tokens))
     t, ids = tokens[order], ids[order]
-    big = int(np.searchsorted(-t, -capacity / _FIRST_FIT_SHARE, side="left"))
+    big = int(np.searchsorted(-t, -capacity / knobs.FIRST_FIT_PARTS, side="left"))
     room_arr = np.zeros(big)
     owner = np.empty(big, dtype=np.int64)
     used = lo = 0

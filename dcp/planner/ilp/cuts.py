@@ -11,13 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pulp
 
+import dcp.planner.knobs as knobs
 from dcp.planner.ilp.classes import Item
 from dcp.planner.ilp.solvers import new_var
-
-LEVELS = 4
-"""Busy-time levels between the lower bound and the incumbent at which bin-packing cuts apply."""
-COUNT_MAX_K = 64
-"""Counting cuts (CN) for items down to theta / (this + 1)."""
 
 
 def level_cuts(prob: pulp.LpProblem, items: list[Item], x: dict, n_groups: dict, busy: pulp.LpVariable,
@@ -36,8 +32,8 @@ def level_cuts(prob: pulp.LpProblem, items: list[Item], x: dict, n_groups: dict,
         return zeta
     g = np.array([[items[t].coef.get(j, 0.0) for j in range(m)] for t in exact])
     mult = np.array([len(items[t].members) for t in exact], dtype=np.float64)
-    for lv in range(LEVELS):
-        theta = lower * (upper / lower) ** ((lv + 1) / LEVELS)
+    for lv in range(knobs.CUT_LEVELS):
+        theta = lower * (upper / lower) ** ((lv + 1) / knobs.CUT_LEVELS)
         z = None
         for j in range(m):
             sized = np.flatnonzero(g[:, j] > theta / 5)
@@ -73,11 +69,11 @@ def level_cuts(prob: pulp.LpProblem, items: list[Item], x: dict, n_groups: dict,
 
 def _count_rows(g: np.ndarray, mult: np.ndarray, theta: float) -> list[tuple[str, np.ndarray, float, np.ndarray]]:
     """(CN) a group within theta holds at most k items larger than theta / (k + 1): for each k
-    that some exact type's size gives (k = floor(theta / g), up to `COUNT_MAX_K`), the number of
+    that some exact type's size gives (k = floor(theta / g), up to `knobs.COUNT_MAX_K`), the number of
     items at least that large is at most k n_p. Written only where it can bind: when more such
     items exist than k (with one group they would not fit)."""
     rows = []
-    on = np.flatnonzero((g > theta / (COUNT_MAX_K + 1)) & (g <= theta / 5))  # (C1)-(C4) cover the larger
+    on = np.flatnonzero((g > theta / (knobs.COUNT_MAX_K + 1)) & (g <= theta / 5))  # (C1)-(C4) cover the larger
     if not len(on):
         return rows
     ks = np.floor(theta / g[on] * (1 - 1e-12)).astype(np.int64)

@@ -16,6 +16,7 @@ from itertools import combinations
 
 import pulp
 
+import dcp.planner.knobs as knobs
 from dcp.costmodel import CostModel
 from dcp.planner.ilp.costs import CostTable
 from dcp.planner.ilp.pack import place
@@ -24,8 +25,6 @@ from dcp.planner.options import IlpOptions
 from dcp.planner.sample import Sample
 
 Layout = list[tuple[int, int, list[list[int]]]]
-EXACT_MAX_NODES = 200_000
-"""The exact program is tiny; let it prove optimality (its time limit still applies)."""
 
 
 def group_slots(sizes: Sequence[int], num_gpus: int) -> list[tuple[int, int]]:
@@ -102,7 +101,7 @@ def solve_exact(batch: Sequence[Sample], cm: CostModel, table: CostTable, option
         prob += pulp.lpSum(v for (k, _, _), v in x.items() if k == i) == 1, f"X1_{i}"
     # (X8) the groups fit the cluster: sum_b p_b u_b <= N
     prob += pulp.lpSum(p * use[b] for b, (p, _) in enumerate(slots)) <= cm.cluster.num_gpus, "X8"
-    res = run_solver(prob, options.solver, max(time_left_s, 0.05), 1e-9, None, max_nodes=EXACT_MAX_NODES)
+    res = run_solver(prob, options.solver, max(time_left_s, 0.05), 1e-9, None, max_nodes=knobs.EXACT_MAX_NODES)
     if res.values is None:
         if "infeasible" in res.status:
             return None, upper, res.status  # nothing beats the warm start: it is optimal

@@ -7,7 +7,7 @@ large micro-batches per group, checkpointing as much as their tokens need, which
 cannot express; packing at a static SP size can, but balances tokens, not time. Here, for each
 SP size p, the cluster is cut into groups of p and every sample, longest first, goes to the
 micro-batch that least lengthens its group (micro-batch times exact: fewest checkpointed layers
-that fit, `pricing.Pricer`); past the longest `ONE_BY_ONE`, the short rest goes a round of one
+that fit, `pricing.Pricer`); past the longest `knobs.FILL_ONE_BY_ONE`, the short rest goes a round of one
 per group at a time (a pass per round, not per sample: 32,768 samples on 1,024 GPUs in
 milliseconds). On Llama-70B, ZeRO-3, 32 GPUs, wikipedia: within 2% of the
 lower bound, where static packing is 20% above it. Under ZeRO-3 the warm start now takes
@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+import dcp.planner.knobs as knobs
 from dcp.costmodel import CostModel
 from dcp.costmodel.schedule import slot_link_s
 from dcp.planner.baselines import lpt_assign
@@ -31,25 +32,11 @@ from dcp.planner.pricing import BatchArrays, Layout, Pricer
 from dcp.planner.sample import Sample
 from dcp.planner.slots import align
 
-_EXTRA_MICROBATCHES = 1
-"""Micro-batches per group beyond the fewest that hold the batch fully checkpointed."""
-WORTH_IT = 0.1
-"""Fill at SP size p only when a micro-batch's fixed cost is at least this fraction of what
-checkpointing every layer adds to a full micro-batch without checkpointing (ZeRO-3: 2 for Llama-70B
-on h200-sxm; ZeRO-1, whose fixed cost is the weight traffic: 0.06-0.09 for STDiT 1.1B, where the
-canonical micro-batching is right, 0.09-0.12 for Llama-7B, 0.3 for Llama-13B)..."""
-HEAVY = 1.0
-MAX_SAMPLES = 4096
-"""...and, below `HEAVY`, only for batches of at most `MAX_SAMPLES` samples: past them its
-placement (a pass per long sample) costs tenths of a second and, with moderate fixed costs,
-the canonical micro-batching wins (wikipedia, Llama-7B, 32 GPUs, 32,768 samples: fills 23% to
-67% above the incumbent, 0.1-0.4 s each)."""
-
 
 def fill_layouts(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], pricer: Pricer,
                  deadline: float | Deadline = math.inf, upper: float = math.inf) -> list[Layout]:
     """One layout (micro-batches of batch indices) per SP size at which every sample fits and
-    fixed costs are worth it (`WORTH_IT`), while time remains before `deadline` (a fill the
+    fixed costs are worth it (`knobs.FILL_WORTH_IT`), while time remains before `deadline` (a fill the
     deadline interrupts is dropped, and the deadline records it). The sizes go in the order of
     a bound on the fill's busy time there (its longest sample alone, its marginal work over its
     groups), the lowest first, and those where it is at least `upper` (the incumbent's) are not
@@ -64,7 +51,7 @@ def fill_layouts(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], price
     for p in sizes:
         no_ckpt, full = cm.linear_time(p, 0), cm.linear_time(p, k)
         worth = no_ckpt.fixed / max((full.per_token - no_ckpt.per_token) * cm.max_tokens(p, 0), 1e-30)
-        if worth >= WORTH_IT and (worth >= HEAVY or len(arrays.tokens) <= MAX_SAMPLES):
+        if worth >= knobs.FILL_WORTH_IT and (worth >= knobs.FILL_HEAVY or len(arrays.tokens) <= knobs.FILL_MAX_SAMPLES):
             worth_it.append(p)
     for p in _ranked(arrays, cm, worth_it, pricer, upper):
         if deadline.passed():
@@ -119,12 +106,6 @@ def fill_plans(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], low
             for layout in fill_layouts(arrays, cm, sizes, Pricer(cm, sizes), deadline)]
 
 
-_CHECK_EVERY = 16
-"""Placement steps between two looks at the clock."""
-ONE_BY_ONE = 1024
-"""The longest samples placed one at a time; the rest in at most `ROUNDS` rounds, each sample
-of a round to the next of the groups ordered by when they would end."""
-ROUNDS = 64
 
 
 def _fill(arrays: BatchArrays, cm: CostModel, p: int, pricer: Pricer, deadline: Deadline) -> Layout | None:
@@ -137,7 +118,7 @@ def _fill(arrays: BatchArrays, cm: CostModel, p: int, pricer: Pricer, deadline: 
     if not np.isfinite(price(tokens, pairs)).all():
         return None
     full = cm.max_tokens(p, cm.model.num_layers)
-    per_group = max(1, math.ceil(tokens.sum() / (groups * full))) + _EXTRA_MICROBATCHES
+    per_group = max(1, math.ceil(tokens.sum() / (groups * full))) + knobs.FILL_EXTRA_MICROBATCHES
     n_bins = groups * per_group
     owner = np.arange(n_bins) // per_group  # the group of each micro-batch
     bin_tok, bin_pair, bin_time = np.zeros(n_bins), np.zeros(n_bins), np.zeros(n_bins)
@@ -145,7 +126,7 @@ def _fill(arrays: BatchArrays, cm: CostModel, p: int, pricer: Pricer, deadline: 
     where = np.full(len(tokens), -1)
     solo = price(tokens, pairs)
     order = np.lexsort((np.arange(len(tokens)), -solo))
-    singles = ONE_BY_ONE
+    singles = knobs.FILL_ONE_BY_ONE
 
     def place(i: int) -> bool:
         new = price(bin_tok + tokens[i], bin_pair + pairs[i])
@@ -162,7 +143,7 @@ def _fill(arrays: BatchArrays, cm: CostModel, p: int, pricer: Pricer, deadline: 
 
     pos = step = 0
     while pos < len(order):
-        if step % _CHECK_EVERY == 0 and deadline.passed():
+        if step % knobs.FILL_CHECK_EVERY == 0 and deadline.passed():
             return None
         step += 1
         if pos < singles or groups == 1:
@@ -172,7 +153,7 @@ def _fill(arrays: BatchArrays, cm: CostModel, p: int, pricer: Pricer, deadline: 
             continue
         # A round: each group's best micro-batch for the round's longest sample; the round's
         # samples, longest first, dealt to the groups in the order they would end with it.
-        size = max(groups, -(-(len(order) - pos) // max(1, ROUNDS - (step - 1 - singles))))
+        size = max(groups, -(-(len(order) - pos) // max(1, knobs.FILL_ROUNDS - (step - 1 - singles))))
         chunk = order[pos:pos + size]
         new = price(bin_tok + tokens[chunk[0]], bin_pair + pairs[chunk[0]])
         after = (group_time[owner] - bin_time + new).reshape(groups, per_group)

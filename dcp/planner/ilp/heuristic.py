@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+import dcp.planner.knobs as knobs
 from dcp.planner.ilp.budget import Deadline
 from dcp.planner.ilp.costs import CostTable
 from dcp.planner.ilp.pack import Groups, estimate, spread
@@ -57,13 +58,10 @@ def class_counts(loads: dict[int, float], sizes: Sequence[int], num_gpus: int,
     return counts
 
 
-HEURISTIC_TARGETS = (1.0, 1.04, 1.1, 1.25)
-"""The heuristic's targets, as multiples of the proven bound: a sample goes to its cheapest size
-among those where it runs alone within the target."""
 
 
 def heuristic(table: CostTable, num_gpus: int, target: float, deadline: float | Deadline = math.inf,
-              targets: Sequence[float] = HEURISTIC_TARGETS) -> Groups:
+              targets: Sequence[float] = knobs.HEURISTIC_TARGETS) -> Groups:
     """A quick solution, the best by estimate over `targets` (while time remains; a target the
     deadline skips is recorded there):
     each sample to the SP size with the least GPU-seconds among those where it runs alone

@@ -15,28 +15,14 @@ from __future__ import annotations
 import numpy as np
 import pulp
 
+import dcp.planner.knobs as knobs
 from dcp.planner.ilp.budget import Deadline
 from dcp.planner.ilp.costs import CostTable
 from dcp.planner.ilp.pack import Groups, _Loads
 from dcp.planner.ilp.solvers import new_var, run_solver, stopped_on_time
 
-NEIGHBOURS = 6
-"""Groups per neighbourhood, the slowest included."""
-MAX_ITEMS = 160
-"""Samples per neighbourhood at most (the slowest group's always count)."""
-LNS_NODES = 10
-"""Node limit per neighbourhood (deterministic)."""
-LNS_SOLUTIONS = 3
-"""Stop a neighbourhood solve at its third improving solution (the start counts): many quick
-rounds beat a few long ones."""
-LNS_GAP = 0.002
-"""Relative gap at which a neighbourhood solve stops: any clear improvement will do."""
-LNS_MIN_S = 0.015
-"""A neighbourhood solve starts only with this long left before its deadline: building its
-model and starting the solver come before the solver's own time limit (lognormal, 512 samples
-on 64 GPUs at 0.2 s: rounds started in the last milliseconds ended 10-14 ms past it)."""
 _HIGHS_OPTIONS: dict[str, float | int] = {
-    "mip_max_improving_sols": LNS_SOLUTIONS,
+    "mip_max_improving_sols": knobs.LNS_SOLUTIONS,
     # Sub-MIP heuristics cost more than they find on these small, warm-started problems.
     "mip_heuristic_run_rins": False, "mip_heuristic_run_rens": False,
 }
@@ -44,13 +30,13 @@ _HIGHS_OPTIONS: dict[str, float | int] = {
 
 def _neighbourhood(loads: np.ndarray, gj: np.ndarray, sizes: np.ndarray, c: int, variant: int) -> list[int]:
     """The slowest group c, the least-loaded group of every other size, then the least-loaded
-    groups overall, starting `variant` places down the list; at most `MAX_ITEMS` samples."""
+    groups overall, starting `variant` places down the list; at most `knobs.LNS_MAX_ITEMS` samples."""
     order = [int(g) for g in np.lexsort((np.arange(len(loads)), loads)) if g != c]
     chosen, items = [c], int(sizes[c])
 
     def take(g: int) -> None:
         nonlocal items
-        if len(chosen) < NEIGHBOURS and items + sizes[g] <= MAX_ITEMS and g not in chosen:
+        if len(chosen) < knobs.LNS_NEIGHBOURS and items + sizes[g] <= knobs.LNS_MAX_ITEMS and g not in chosen:
             chosen.append(g)
             items += int(sizes[g])
 
@@ -95,7 +81,7 @@ def _solve(groups: Groups, hood: list[int], table: CostTable, solver: str,
         for i in types[key]:
             start[c[t, where[i]]] += 1.0
     start[z] = max(sum(float(table.add[i, groups[g][0]]) for i in groups[g][1]) for g in hood)
-    res = run_solver(prob, solver, deadline.left(), LNS_GAP, start, max_nodes=LNS_NODES,
+    res = run_solver(prob, solver, deadline.left(), knobs.LNS_GAP, start, max_nodes=knobs.LNS_NODES,
                      highs_options=_HIGHS_OPTIONS)
     if stopped_on_time(res.status):
         deadline.record()
@@ -125,7 +111,7 @@ def lns(groups: Groups, table: CostTable, solver: str, deadline: float | Deadlin
     for _ in range(rounds):
         if failures >= 2 or len(groups) < 2:
             break
-        if deadline.left() < LNS_MIN_S:  # a solve needs its model built first: it would end late
+        if deadline.left() < knobs.LNS_MIN_S:  # a solve needs its model built first: it would end late
             deadline.record()
             break
         st = _Loads(groups, table)
@@ -134,7 +120,7 @@ def lns(groups: Groups, table: CostTable, solver: str, deadline: float | Deadlin
         if loads[c] <= target:
             break
         counts = np.bincount(st.where, minlength=len(groups))
-        if counts[c] > MAX_ITEMS:
+        if counts[c] > knobs.LNS_MAX_ITEMS:
             break  # many small samples: moves and swaps balance them well
         hood = _neighbourhood(loads, st.gj, counts, c, variant)
         moved = _solve(groups, hood, table, solver, deadline)
@@ -147,5 +133,5 @@ def lns(groups: Groups, table: CostTable, solver: str, deadline: float | Deadlin
         if new[hood].max() < loads[c] * (1 - 1e-9):
             groups, variant, failures = trial, 0, 0
         else:
-            variant, failures = variant + NEIGHBOURS - 1, failures + 1  # try other partners
+            variant, failures = variant + knobs.LNS_NEIGHBOURS - 1, failures + 1  # try other partners
     return groups

@@ -20,6 +20,7 @@ from typing import TypeVar
 
 import numpy as np
 
+import dcp.planner.knobs as knobs
 from dcp.costmodel import Cluster, CostModel
 from dcp.planner.common import aligned_layout
 from dcp.planner.ilp.budget import Deadline
@@ -30,23 +31,6 @@ from dcp.planner.pricing import Layout
 Groups = list[tuple[int, list[int]]]
 T = TypeVar("T")
 _TOL = 1e-9
-IMPROVE_STEPS = 300
-"""Local-search steps after each warm start and after each program solve."""
-_SWAP_TOP = 24
-"""Swaps try this many of the slowest group's largest samples..."""
-_SWAP_GROUPS = 8
-"""...against every sample of this many least-loaded groups (those with room to take one)..."""
-_SWAP_PER_SIZE = 2
-"""...and of this many least-loaded groups of each SP size..."""
-_SWAP_OTHERS = 2048
-"""...evenly spaced over at most this many of their samples (groups of thousands of small
-samples would otherwise make each step cost milliseconds)."""
-_MULTIFIT_ITEMS = 8
-"""MULTIFIT spreads a class of at most this many samples per group (and `_MULTIFIT_MAX` in all:
-each bisection step is a pass per sample); LPT (vectorized) beyond."""
-_MULTIFIT_MAX = 600
-_EJECT_TOP = 4
-"""`_grow` tries the slowest group's samples of the largest marginal time, at most this many."""
 
 
 def group_estimate(table: CostTable, base: np.ndarray | float, tok: np.ndarray | float,
@@ -116,7 +100,7 @@ def improve(groups: Groups, table: CostTable, deadline: float | Deadline, max_it
             num_gpus: int | None = None) -> Groups:
     """Local search: repeatedly apply the move or swap involving the slowest group that most
     lowers the larger of the two touched groups' times, while that stays below the slowest
-    group's time. Swaps consider the slowest group's `_SWAP_TOP` largest samples against every
+    group's time. Swaps consider the slowest group's `knobs.SWAP_TOP` largest samples against every
     other sample. With `num_gpus`, the GPUs no group holds become empty groups of the smallest
     size first (`with_free_groups`), so that moves can use them; groups left empty are dropped.
     Halfway (in steps and in time) the small samples are re-spread (`rebalance`), kept unless
@@ -174,13 +158,13 @@ def _search(groups: Groups, table: CostTable, deadline: Deadline, max_iter: int)
         by_load = np.argsort(loads, kind="stable")
         by_load = by_load[st.count[by_load] > 0]  # empty groups have no sample to swap
         # the least-loaded groups overall and of every SP size (a swap can change sizes)
-        partners = np.unique(np.concatenate([by_load[:_SWAP_GROUPS]] + [
-            by_load[st.gj[by_load] == j][:_SWAP_PER_SIZE] for j in np.unique(st.gj)]))
+        partners = np.unique(np.concatenate([by_load[:knobs.SWAP_GROUPS]] + [
+            by_load[st.gj[by_load] == j][:knobs.SWAP_PER_SIZE] for j in np.unique(st.gj)]))
         others = np.sort(np.concatenate([st.held(int(g)) for g in partners if g != c] + [np.zeros(0, np.int64)]))
-        if len(others) > _SWAP_OTHERS:
-            others = others[np.linspace(0, len(others) - 1, _SWAP_OTHERS).astype(np.int64)]
+        if len(others) > knobs.SWAP_OTHERS:
+            others = others[np.linspace(0, len(others) - 1, knobs.SWAP_OTHERS).astype(np.int64)]
         if len(others):
-            top = np.argsort(-st.marg[members, jc], kind="stable")[:_SWAP_TOP]
+            top = np.argsort(-st.marg[members, jc], kind="stable")[:knobs.SWAP_TOP]
             s_idx, og = members[top], st.where[others]
             oj = st.gj[og]
             nc = st.est(base_c[top][:, None] + st.marg[others, jc][None, :],
@@ -211,14 +195,10 @@ def _search(groups: Groups, table: CostTable, deadline: Deadline, max_iter: int)
     return _groups_of(st.where, st.gj), 0
 
 
-FILL_SHARE = 1 / 4
-"""`rebalance` re-spreads the samples whose estimate is below this share of the mean load..."""
-FILL_MAX = 6000
-"""...the largest this many of them (each costs a heap step in Python)."""
 
 
 def rebalance(groups: Groups, table: CostTable, deadline: float | Deadline = math.inf) -> Groups:
-    """The small samples (those sharing micro-batches, each below `FILL_SHARE` of the mean group
+    """The small samples (those sharing micro-batches, each below `knobs.REBALANCE_SMALL_SHARE` of the mean group
     load) taken out of every group and put back, longest first, each where the group's estimate
     after it is least (the least-loaded group of every size that can share it, ties to the lower
     index): across classes, which spreading class by class cannot balance, at a heap step per
@@ -235,9 +215,9 @@ def rebalance(groups: Groups, table: CostTable, deadline: float | Deadline = mat
     g_of = st.where[placed]
     j_of = st.gj[g_of]
     size = table.add[placed, j_of]
-    small = ringless[g_of] & (st.short_tok[placed, j_of] > 0) & (size < FILL_SHARE * mean)
-    if small.sum() > FILL_MAX:  # the largest of them: the ones that balance most per heap step
-        small &= size >= np.sort(size[small])[-FILL_MAX]
+    small = ringless[g_of] & (st.short_tok[placed, j_of] > 0) & (size < knobs.REBALANCE_SMALL_SHARE * mean)
+    if small.sum() > knobs.REBALANCE_MAX:  # the largest of them: the ones that balance most per heap step
+        small &= size >= np.sort(size[small])[-knobs.REBALANCE_MAX]
     fill, g_of, j_of = placed[small], g_of[small], j_of[small]
     if not len(fill):
         return [g for g in groups if g[1]]
@@ -324,7 +304,7 @@ def _grow(st: _Loads, c: int, loads: np.ndarray, deadline: Deadline) -> Groups |
     if 2 * p in table.sizes and np.all(table.ckpt[mine, table.sizes.index(2 * p)] >= 0):
         tries.append((table.sizes.index(2 * p), -1))
     if len(mine) > 1:
-        for s in mine[np.argsort(-st.marg[mine, j], kind="stable")][:_EJECT_TOP].tolist():
+        for s in mine[np.argsort(-st.marg[mine, j], kind="stable")][:knobs.EJECT_TOP].tolist():
             fast = np.flatnonzero(table.solo[s] < loads[c] * (1 - _TOL))
             if len(fast):
                 tries.append((int(fast[np.argmin(np.asarray(table.sizes)[fast])]), s))
@@ -423,20 +403,15 @@ def spread(ids: Sequence[int], n_groups: int, j: int, table: CostTable) -> list[
     if n_groups == 0:
         return []
     ids = np.asarray(sorted(ids), dtype=np.int64)
-    if len(ids) <= min(_MULTIFIT_ITEMS * n_groups, _MULTIFIT_MAX):
+    if len(ids) <= min(knobs.MULTIFIT_ITEMS * n_groups, knobs.MULTIFIT_MAX):
         return multifit(ids, n_groups, j, table)
     return lpt_fast(table.add[ids, j], ids, n_groups)
 
 
-LPT_HEAD = 4
-"""`lpt_fast` runs LPT proper (a heap step per sample) on the longest n_groups * this samples
-and on every sample above `LPT_SHARE` of the mean load per group (water filling overshoots by
-up to one sample of the rest)."""
-LPT_SHARE = 1 / 64
 
 
 def lpt_fast(sizes: np.ndarray, ids: np.ndarray, n_groups: int) -> list[list[int]]:
-    """Longest processing time first on the longest samples (`LPT_HEAD`, `LPT_SHARE`; each to
+    """Longest processing time first on the longest samples (`knobs.LPT_HEAD`, `knobs.LPT_SHARE`; each to
     the least-loaded group, ties by index); the shorter rest by water filling: the level L at
     which the groups' room below it holds them, and each group a run of them (longest first)
     that fills its room to within one sample. Within one short sample of LPT's balance, at one
@@ -445,8 +420,8 @@ def lpt_fast(sizes: np.ndarray, ids: np.ndarray, n_groups: int) -> list[list[int
     owner = np.empty(len(ids), dtype=np.int64)
     loads = np.zeros(n_groups)
     heap = [(0.0, g) for g in range(n_groups)]
-    big = int((sizes > LPT_SHARE * float(sizes.sum()) / n_groups).sum())
-    head = order[:max(LPT_HEAD * n_groups, big)]
+    big = int((sizes > knobs.LPT_SHARE * float(sizes.sum()) / n_groups).sum())
+    head = order[:max(knobs.LPT_HEAD * n_groups, big)]
     for k in head.tolist():
         load, g = heapq.heappop(heap)
         owner[k], loads[g] = g, load + sizes[k]

@@ -5,7 +5,7 @@ miss how a handful of large videos actually combine in groups. Here the large sa
 class are packed exactly, as patterns (Gilmore-Gomory configurations): a pattern of size p is a
 multiset of large types whose loads sum to at most theta. Smaller samples stay counts and
 fractions per class, filling the room the patterns leave (`classes.program_items`: exact types and
-fluid buckets; large means load above theta / `PARTS` at that size).
+fluid buckets; large means load above theta / `knobs.PATTERN_PARTS` at that size).
 
     find z[p,q] >= 0 integer (groups of size p with pattern q), c[t,p] (integer), y[b,p] in [0, 1]
     (P1) sum_{p,q} a[q,t] z[p,q] + sum_p c[t,p] = |t|;  sum_p y[b,p] = 1      every sample placed
@@ -25,28 +25,13 @@ from dataclasses import dataclass
 
 import pulp
 
+import dcp.planner.knobs as knobs
 from dcp.planner.ilp.budget import Deadline
 from dcp.planner.ilp.classes import Item, program_items, split_fluid
 from dcp.planner.ilp.costs import CostTable
 from dcp.planner.ilp.pack import Groups
 from dcp.planner.ilp.solvers import new_var, run_solver, stopped_on_time
 
-PARTS = 8
-"""A sample is large at a size when its load there exceeds theta / PARTS."""
-MAX_PATTERNS = 1500
-"""Patterns per program at most; past it, fewer samples count as large (PARTS halves)."""
-ROOT_S_PER_COLUMN = 2.5e-4
-"""Seconds per pattern the program may take to pose and solve up to where the deadline stops it:
-it gets only as many patterns as fit the time left, and is not solved when it would not. HiGHS
-stops at the deadline (its time limit and the interrupt callback), so what runs past it is the
-posing and the root's last iterations: on 810 solves (10 cells of the planner grid from 64 to
-1,024 GPUs, 3 batches each, 9 levels from the bound to the incumbent, deadlines of 0.03, 0.08
-and 0.2 s), 0.006 s past the deadline at most with 7e-4 s, 0.008 s with this, 0.017 s with
-1e-4 s. At 7e-4 s the Llama batches of 512 samples on 1,024 GPUs had room for 280 patterns,
-too few for their 500-600 (the large samples then halve, `PARTS`), and their plans came out
-0.3 point of gap worse on average."""
-PATTERN_NODES = 50
-"""Branch-and-bound node limit per solve (deterministic)."""
 _HIGHS_OPTIONS: dict[str, float | int] = {
     "presolve": "off", "mip_heuristic_run_rins": False, "mip_heuristic_run_rens": False}
 """Measured on the 64-GPU video batches: presolve and the sub-MIP heuristics cost more than they
@@ -95,7 +80,7 @@ def solve_patterns(table: CostTable, num_gpus: int, upper: float, theta: float, 
     """The program at level `theta` (at most `upper`, the incumbent's busy time, at which the
     items are built); None when it is too large to pose. An exact type may only go where it runs
     alone within theta; a fluid bucket keeps all its sizes (a relaxation either way). When the
-    time left makes the program smaller than `MAX_PATTERNS` allows, `deadline` records it."""
+    time left makes the program smaller than `knobs.MAX_PATTERNS` allows, `deadline` records it."""
     deadline = Deadline.of(deadline)
     sizes = table.sizes
     items = program_items(table, upper)
@@ -104,10 +89,10 @@ def solve_patterns(table: CostTable, num_gpus: int, upper: float, theta: float, 
     for t, it in enumerate(items):
         if not any((t, j) in usable for j in it.options):
             return PatternResult(None, True, "a sample runs alone longer than theta")
-    parts = PARTS
-    # The program's size follows the time left: its root node costs about ROOT_S_PER_COLUMN each.
-    by_time = int(max(deadline.left(), 0.0) / ROOT_S_PER_COLUMN)
-    most = max(1, min(MAX_PATTERNS, by_time))
+    parts = knobs.PATTERN_PARTS
+    # The program's size follows the time left: its root node costs about knobs.ROOT_S_PER_COLUMN each.
+    by_time = int(max(deadline.left(), 0.0) / knobs.ROOT_S_PER_COLUMN)
+    most = max(1, min(knobs.MAX_PATTERNS, by_time))
     while True:
         big = {j: [t for t, it in enumerate(items) if it.exact and (t, j) in usable and it.coef[j] > theta / parts]
                for j in range(len(sizes))}
@@ -120,7 +105,7 @@ def solve_patterns(table: CostTable, num_gpus: int, upper: float, theta: float, 
             pats[j], left = found, left - len(found)
         else:
             break
-        if by_time < MAX_PATTERNS:
+        if by_time < knobs.MAX_PATTERNS:
             deadline.record()  # fewer large samples than the deterministic budget would allow
         if parts <= 2:
             return None
@@ -153,10 +138,10 @@ def solve_patterns(table: CostTable, num_gpus: int, upper: float, theta: float, 
         prob += pulp.LpAffineExpression(room + fill) >= 0, f"P2_{j}"
     # (P3) groups cover at most N GPUs
     prob += pulp.lpSum(p * z[j, q] for j, p in enumerate(sizes) for q in range(len(pats[j]))) <= num_gpus, "P3"
-    if ROOT_S_PER_COLUMN * len(z) > deadline.left():
+    if knobs.ROOT_S_PER_COLUMN * len(z) > deadline.left():
         deadline.record()
         return PatternResult(None, False, "time limit reached")  # its root node alone would run past it
-    res = run_solver(prob, solver, deadline.left(), 0.01, None, max_nodes=PATTERN_NODES,
+    res = run_solver(prob, solver, deadline.left(), 0.01, None, max_nodes=knobs.PATTERN_NODES,
                      highs_options=_HIGHS_OPTIONS)
     if stopped_on_time(res.status):
         deadline.record()

@@ -12,65 +12,23 @@ from collections.abc import Sequence
 
 import numpy as np
 
+import dcp.planner.knobs as knobs
 from dcp.costmodel import CostModel
 from dcp.planner.bounds import capacity_busy, single_layout_bound
-from dcp.planner.ilp.budget import PROBE_FROM, Budget, machine_probe_s
+from dcp.planner.ilp.budget import Budget, machine_probe_s
 from dcp.planner.ilp.columns import Columns, column_bound, column_plan, shapes_of
 from dcp.planner.ilp.costs import CostTable, batch_costs
 from dcp.planner.ilp.heuristic import class_counts
 from dcp.planner.ilp.incumbent import Incumbent
 from dcp.planner.ilp.lns import lns
 from dcp.planner.ilp.model import solve_classes
-from dcp.planner.ilp.pack import IMPROVE_STEPS, Groups, estimate, improve, spread
+from dcp.planner.ilp.pack import Groups, estimate, improve, spread
 from dcp.planner.ilp.patterns import solve_patterns
 from dcp.planner.ilp.solvers import stopped_on_time
 from dcp.planner.ilp.warm import warm_start
 from dcp.planner.options import IlpOptions
 from dcp.planner.pricing import BatchArrays, Pricer
 from dcp.planner.sample import Sample
-
-ROUNDS_PER_S = 1.0
-"""Program solves per second of time limit (at least one): a second solve starts from the
-first's plan with tighter cuts."""
-LNS_ROUNDS = 6
-"""Neighbourhood re-solves after each program solve."""
-PATTERN_ROUNDS = 2
-"""Configuration-program rounds after the class program's, while each improves the incumbent."""
-PATTERN_STEP = 0.25
-"""The configuration program's level: this fraction of the way from the proven bound to the
-incumbent (a plan found at theta usually prices a little above it)."""
-PATTERN_SOLVE_SHARE = 0.2
-"""A configuration-program solve stops after this share of the time limit (its root node can be
-slow right at the feasibility boundary); the status then says `time limit reached`."""
-PATTERN_TRIES = 3
-"""Levels tried per round while the program proves them infeasible."""
-MIN_SOLVE_S = 0.03
-"""A program round starts only with this much time left before the search deadline."""
-CLASS_SHARE = 0.5
-"""A class-program solve may take this share of the search time left: the configuration program
-and the searches after it get the rest."""
-COLUMN_SHARE = 0.8
-"""The column program (batches of few shapes) may take this share of the search time left..."""
-COLUMN_BOUND_SHARE = 0.3
-"""...of which its bound's bisection may take this share, so that its plan keeps time: a
-bisection that took the whole share left Open-Sora's 2,048 videos on 1,024 GPUs without the
-column plan in some runs and not in others (3.5% against 6.3% from the batch's bound). Its
-levels (`COLUMN_LEVELS`) are then taken from just below the lowest level the bisection found
-feasible: levels from a bound it had no time to raise are infeasible, each at a solve's cost.
-On a machine 1.3-2 times slower than the reference, half of half the time left the plan 0.12 s
-where it needs 0.1-0.24 s (the plan's column generation, there), so the cell fell back to the
-heuristic: 7.8-8.7% mean gap in four runs of its 5 batches at 0.5 and 0.5, 3.4-6.6% in four at
-0.8 and 0.3 (14 of 15 solves 2.9-4.1% in one process); Open-Sora 512 on 256 GPUs 4.6-5.4%
-against 4.2-5.9%, on 32 GPUs 0.75% against 0.84-1.03%, every other Open-Sora cell the same
-(`benchmarks/planner.py --workloads opensora`); batches of many shapes never pose it. With a
-plan out of time rounded as well (`columns.column_plan`), that cell: 3.35-3.49% in two runs."""
-COLUMN_LEVELS = (1.015, 1.03, 1.06)
-"""Levels its plan is sought at, as multiples of the bound it proved (the first that gives one)..."""
-COLUMN_SPLITS = 3
-"""...then levels halfway between the highest without a plan and the lowest with one, at most
-this many while the time lasts..."""
-COLUMN_SPLIT_RTOL = 2e-3
-"""...down to this relative width."""
 
 
 class Search:
@@ -82,7 +40,7 @@ class Search:
         t0 = time.perf_counter()
         self.batch, self.cm, self.sizes, self.options, self.budget = list(batch), cm, sizes, options, budget
         self.arrays = arrays if arrays is not None else BatchArrays.of(batch)
-        if len(batch) >= PROBE_FROM:  # a small batch's reserve is too small to tune (`Budget.slowdown`)
+        if len(batch) >= knobs.PROBE_FROM:  # a small batch's reserve is too small to tune (`Budget.slowdown`)
             budget.probe_s = machine_probe_s()
         self.pricer, self.table = costs if costs is not None else batch_costs(self.arrays, cm, sizes)
         self.sync = cm.grad_sync_s()
@@ -113,7 +71,7 @@ class Search:
             return
         t0 = time.perf_counter()
         at = self.budget.until(share) if share is not None else self.budget.search_deadline
-        if at - t0 < MIN_SOLVE_S:
+        if at - t0 < knobs.PROGRAM_MIN_S:
             self.budget.skip("slot alignment")
         else:
             self.incumbent.align_slots(self.budget.deadline_for("slot alignment", at))
@@ -124,7 +82,7 @@ class Search:
         """Tiny batches: the exact program, proven optimal within the time limit."""
         from dcp.planner.ilp.exact import solve_exact
 
-        if self.budget.search_deadline - time.perf_counter() < MIN_SOLVE_S:
+        if self.budget.search_deadline - time.perf_counter() < knobs.PROGRAM_MIN_S:
             self.budget.skip("the exact program")
             return
         t0 = time.perf_counter()
@@ -151,17 +109,17 @@ class Search:
         the better incumbent with tighter cuts; configuration rounds follow while they improve."""
         t0 = time.perf_counter()
         self.column_program()
-        rounds = max(1, int(ROUNDS_PER_S * self.options.time_limit_s))
+        rounds = max(1, int(knobs.ROUNDS_PER_S * self.options.time_limit_s))
         for round_ in range(rounds):
             if self.gap() <= self.options.mip_rel_gap:
                 break
-            if self.budget.search_deadline - time.perf_counter() < MIN_SOLVE_S:
+            if self.budget.search_deadline - time.perf_counter() < knobs.PROGRAM_MIN_S:
                 self.budget.skip("the class program" if round_ == 0 else f"class program rounds {round_ + 1}-{rounds}")
                 break
             self.program_ran = True
             try:
                 sol = solve_classes(self.table, self.cm.cluster.num_gpus, self.incumbent.busy_s, self.proven,
-                                    self.incumbent.groups, self.options.solver, self.budget.until(CLASS_SHARE),
+                                    self.incumbent.groups, self.options.solver, self.budget.until(knobs.CLASS_SHARE),
                                     self.options.mip_rel_gap)
                 error = None if sol is not None else "no solution"
             except Exception as e:  # the solver must never take the planner down
@@ -171,7 +129,7 @@ class Search:
                     self.failed = error
                 break
             self.status = sol.status
-            if stopped_on_time(sol.status):  # at its share of the time (CLASS_SHARE) or the deadline
+            if stopped_on_time(sol.status):  # at its share of the time (knobs.CLASS_SHARE) or the deadline
                 self.cut_short = True
                 self.budget.stop("the class program")
             self.proven = max(self.proven, sol.bound)
@@ -180,12 +138,12 @@ class Search:
             found += [(g, "configuration program") for g in [self.configurations(upper)] if g]
             if not found or not self.search(found):
                 break
-        for round_ in range(PATTERN_ROUNDS):
+        for round_ in range(knobs.PATTERN_ROUNDS):
             if self.gap() <= self.options.mip_rel_gap:
                 break
-            if self.budget.search_deadline - time.perf_counter() < MIN_SOLVE_S:
+            if self.budget.search_deadline - time.perf_counter() < knobs.PROGRAM_MIN_S:
                 self.budget.skip("configuration program rounds" if round_ == 0 else
-                                 f"configuration program rounds {round_ + 1}-{PATTERN_ROUNDS}")
+                                 f"configuration program rounds {round_ + 1}-{knobs.PATTERN_ROUNDS}")
                 break
             groups = self.configurations(self.incumbent.busy_s)
             if groups is None or not self.search([(groups, "configuration program")]):
@@ -198,13 +156,13 @@ class Search:
         shapes = shapes_of(self.table)
         if shapes is None or self.gap() <= self.options.mip_rel_gap:
             return
-        if self.budget.search_deadline - time.perf_counter() < MIN_SOLVE_S:
+        if self.budget.search_deadline - time.perf_counter() < knobs.PROGRAM_MIN_S:
             self.budget.skip("the column program")
             return
         self.program_ran, self.status = True, "column program"
-        deadline = self.budget.deadline_for("the column program", self.budget.until(COLUMN_SHARE))
+        deadline = self.budget.deadline_for("the column program", self.budget.until(knobs.COLUMN_SHARE))
         now = time.perf_counter()
-        bounding = self.budget.deadline_for("the column bound", now + COLUMN_BOUND_SHARE * max(deadline.at - now, 0.0))
+        bounding = self.budget.deadline_for("the column bound", now + knobs.COLUMN_BOUND_SHARE * max(deadline.at - now, 0.0))
         n = self.cm.cluster.num_gpus
 
         def planned(theta: float, start: Columns) -> bool:
@@ -219,9 +177,9 @@ class Search:
             self.proven = max(self.proven, bound)
             # The levels from the bound, or, when the deadline left the bisection short, from
             # just below the lowest level found feasible (below it the plan rarely fits).
-            base = max(self.proven, feasible / COLUMN_LEVELS[0])
+            base = max(self.proven, feasible / knobs.COLUMN_LEVELS[0])
             lo, hi = base, None  # the highest level without a plan, the lowest with one
-            for level in COLUMN_LEVELS:
+            for level in knobs.COLUMN_LEVELS:
                 theta = base * level
                 if theta >= self.incumbent.busy_s or self.gap() <= self.options.mip_rel_gap:
                     break
@@ -230,10 +188,10 @@ class Search:
                     break
                 lo = theta
             # Between them, bisection while the time lasts: the levels are coarse steps.
-            for _ in range(COLUMN_SPLITS):
-                if hi is None or hi - lo <= COLUMN_SPLIT_RTOL * hi or self.gap() <= self.options.mip_rel_gap:
+            for _ in range(knobs.COLUMN_SPLITS):
+                if hi is None or hi - lo <= knobs.COLUMN_SPLIT_RTOL * hi or self.gap() <= self.options.mip_rel_gap:
                     break
-                if deadline.left() < MIN_SOLVE_S:
+                if deadline.left() < knobs.PROGRAM_MIN_S:
                     deadline.record()  # the bisection stopped for time, not for its tolerance
                     break
                 theta = (lo + hi) / 2
@@ -242,18 +200,18 @@ class Search:
             self.notes.append(f"column program failed ({type(e).__name__}: {e})")
 
     def configurations(self, upper: float) -> Groups | None:
-        """The configuration program (`patterns`) at a level theta `PATTERN_STEP` of the way
+        """The configuration program (`patterns`) at a level theta `knobs.PATTERN_STEP` of the way
         from the proven bound to `upper` (the best busy time in hand): infeasible proves busy time
         > theta (then a higher level); feasible gives groups packing the large samples as the
         class program's counting cuts cannot, locally searched. None when it finds none."""
-        for _ in range(PATTERN_TRIES):
+        for _ in range(knobs.PATTERN_TRIES):
             if self.gap() <= self.options.mip_rel_gap:
                 return None
-            if self.budget.search_deadline - time.perf_counter() < MIN_SOLVE_S:
+            if self.budget.search_deadline - time.perf_counter() < knobs.PROGRAM_MIN_S:
                 self.budget.skip("configuration program levels")
                 return None
-            theta = self.proven + PATTERN_STEP * (upper - self.proven)
-            cap = min(self.budget.search_deadline, time.perf_counter() + PATTERN_SOLVE_SHARE * self.options.time_limit_s)
+            theta = self.proven + knobs.PATTERN_STEP * (upper - self.proven)
+            cap = min(self.budget.search_deadline, time.perf_counter() + knobs.PATTERN_SOLVE_SHARE * self.options.time_limit_s)
             try:
                 res = solve_patterns(self.table, self.cm.cluster.num_gpus, self.incumbent.busy_s, theta,
                                      self.options.solver, self.budget.deadline_for("the configuration program", cap))
@@ -286,7 +244,7 @@ class Search:
         return class_counts(loads, self.table.sizes, self.cm.cluster.num_gpus, items)
 
     def improve(self, groups: Groups) -> Groups:
-        return improve(groups, self.table, self.budget.deadline_for("local search"), IMPROVE_STEPS,
+        return improve(groups, self.table, self.budget.deadline_for("local search"), knobs.IMPROVE_STEPS,
                        self.cm.cluster.num_gpus)
 
     def search(self, found: list[tuple[Groups, str]]) -> bool:
@@ -295,7 +253,7 @@ class Search:
         groups, source = min(found, key=lambda f: estimate(f[0], self.table))
         target = (self.proven + self.sync) / (1 - self.options.mip_rel_gap) - self.sync
         groups = lns(groups, self.table, self.options.solver, self.budget.deadline_for("neighbourhood search"),
-                     LNS_ROUNDS, target)
+                     knobs.LNS_ROUNDS, target)
         groups = self.improve(groups)
         return self.incumbent.offer_groups(groups, source)
 

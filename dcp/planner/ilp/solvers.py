@@ -14,10 +14,8 @@ from dataclasses import dataclass
 
 import pulp
 
+import dcp.planner.knobs as knobs
 from dcp.planner.options import SOLVERS
-
-MAX_NODES = 1000
-"""Branch-and-bound node limit: a deterministic stop (the time limit is the safety net)."""
 
 
 class SolverUnavailableError(RuntimeError):
@@ -129,7 +127,7 @@ def _interrupt_at(model: object, deadline: float) -> None:
 
 
 def run_solver(prob: pulp.LpProblem, solver: str, time_limit_s: float, gap: float,
-               start: dict[pulp.LpVariable, float] | None, max_nodes: int = MAX_NODES,
+               start: dict[pulp.LpVariable, float] | None, max_nodes: int = knobs.SOLVER_MAX_NODES,
                highs_options: dict[str, float | int] | None = None) -> SolveResult:
     """Solve `prob` within `time_limit_s` (wall clock); never raises on solver trouble (the
     status says what happened), only on an unknown or missing solver."""

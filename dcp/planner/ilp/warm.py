@@ -2,7 +2,7 @@
 
 dcp-greedy always runs first (the fallback, tens of milliseconds at tens of thousands of
 samples: the plan is never worse than it, under any load), then a quick heuristic on the cost
-table; under ZeRO-3 dcp-greedy-inter and the fill run between the two (`FILL_FIRST_STAGE`).
+table; under ZeRO-3 dcp-greedy-inter and the fill run between the two (`knobs.ZERO3_FILL_FIRST_STAGE`).
 Every other baseline (dcp-greedy-inter, bucket-per-batch, packed-per-batch, and bucket and
 packing at each larger static SP size: the static `bucket` and `packed` run at one of them, and
 packing there wins under ZeRO-3's heavy per-micro-batch costs) either is proven unable to beat
@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+import dcp.planner.knobs as knobs
 from dcp.costmodel import CostModel
 from dcp.planner.baselines import (
     bucket_layout,
@@ -40,31 +41,13 @@ from dcp.planner.ilp.budget import Budget
 from dcp.planner.ilp.columns import shapes_of
 from dcp.planner.ilp.costs import CostTable
 from dcp.planner.ilp.fill import fill_layouts, lockstep_layouts
-from dcp.planner.ilp.heuristic import HEURISTIC_TARGETS, heuristic
+from dcp.planner.ilp.heuristic import heuristic
 from dcp.planner.ilp.incumbent import Incumbent
-from dcp.planner.ilp.pack import IMPROVE_STEPS, estimate, improve
+from dcp.planner.ilp.pack import estimate, improve
 from dcp.planner.options import BucketOptions, GreedyOptions, PackedOptions, StrategyOptions
 from dcp.planner.plan import Plan
 from dcp.planner.pricing import BatchArrays, Pricer
 from dcp.planner.sample import Sample
-
-FILL_FIRST_STAGE = 3
-"""From this ZeRO stage (lockstep slots) the fill runs right after dcp-greedy and
-dcp-greedy-inter, before the heuristic and the other baselines, until `FILL_SHARE` of the time
-before the final assembly rather than the warm share: the search's program minimizes the
-slowest group's busy time, blind to slots, and its canonical micro-batches (no checkpointing)
-make many of them, each gathering every layer. That fill is `fill.lockstep_layouts` (each SP
-size's groups with their slots lined up)."""
-FILL_SHARE = 0.8
-"""(0.5 before the slots were lined up: Llama-70B, lognormal, 2,048 samples on 256 GPUs, the
-best size, SP 32 at 512 s, comes fourth of seven by the fill's order, after 0.65 s of solve.)"""
-BEST_FIT_SHARE = 0.2
-"""The best fit (`bestfit`), after the rest of the warm start, stops at this share of the time
-left before the search deadline, its local search included (at 0.1 wikipedia's 2,048 samples on
-1,024 GPUs ended 2.00% above the bound on average; at 0.2, 1.80%; 2.34% without it)."""
-WARM_SHARE = 0.3
-"""Optional warm-start work (fill, the heuristic's other targets, local search) stops once this
-share of the budget is gone; the program gets the rest."""
 
 
 def baseline_options(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int]) -> list[StrategyOptions]:
@@ -158,11 +141,11 @@ def warm_start(inc: Incumbent, budget: Budget, batch: Sequence[Sample], cm: Cost
                arrays: BatchArrays, pricer: Pricer, table: CostTable, floor_s: float, notes: list[str]) -> None:
     """Fill the incumbent (see the module docstring); `floor_s` is a proven bound on the busy
     time (the heuristic's target)."""
-    warm_until = budget.until(WARM_SHARE)
+    warm_until = budget.until(knobs.WARM_SHARE)
     n = cm.cluster.num_gpus
     options = baseline_options(batch, cm, sizes)
 
-    lockstep = cm.training.zero_stage >= FILL_FIRST_STAGE
+    lockstep = cm.training.zero_stage >= knobs.ZERO3_FILL_FIRST_STAGE
 
     def fill(until: float) -> None:
         if time.perf_counter() >= until:
@@ -176,17 +159,17 @@ def warm_start(inc: Incumbent, budget: Budget, batch: Sequence[Sample], cm: Cost
 
     # dcp-greedy always runs first: it is the fallback (tens of milliseconds at tens of thousands
     # of samples), so the plan is never worse than it, whatever the load. Under ZeRO-3
-    # (`FILL_FIRST_STAGE`) dcp-greedy-inter too, then the fill, with most of the time: its lined-up
+    # (`knobs.ZERO3_FILL_FIRST_STAGE`) dcp-greedy-inter too, then the fill, with most of the time: its lined-up
     # slots are the likely winner there, and the plans its step rules out by their slots'
     # collectives alone are not priced on the schedule (`Incumbent`). Then the heuristic.
     head = 2 if lockstep else 1  # the baselines run before the heuristic
     for opts in options[:head]:  # under ZeRO-3 dcp-greedy lines its slots up itself
         _offer(opts, inc, notes, batch, cm, sizes, arrays, pricer, aligned=lockstep)
     if lockstep:
-        fill(budget.started + FILL_SHARE * max(budget.deadline - budget.started, 0.0))
+        fill(budget.started + knobs.ZERO3_FILL_SHARE * max(budget.deadline - budget.started, 0.0))
     first = None
     if time.perf_counter() < budget.search_deadline:
-        first = heuristic(table, n, floor_s, targets=HEURISTIC_TARGETS[:1])
+        first = heuristic(table, n, floor_s, targets=knobs.HEURISTIC_TARGETS[:1])
         inc.offer_groups(first, "heuristic")
     else:
         budget.skip("the heuristic")
@@ -204,7 +187,7 @@ def warm_start(inc: Incumbent, budget: Budget, batch: Sequence[Sample], cm: Cost
         fill(warm_until)
     if time.perf_counter() < warm_until:  # the heuristic's other targets, while the share lasts
         other = heuristic(table, n, floor_s, budget.deadline_for("heuristic targets", warm_until),
-                          HEURISTIC_TARGETS[1:])
+                          knobs.HEURISTIC_TARGETS[1:])
         if first is None or estimate(other, table) < estimate(first, table):
             first = other
             inc.offer_groups(first, "heuristic")
@@ -217,7 +200,7 @@ def warm_start(inc: Incumbent, budget: Budget, batch: Sequence[Sample], cm: Cost
             budget.skip(f"local search on the {name}")
             continue
         groups = improve(groups, table, budget.deadline_for(f"local search on the {name}", warm_until),
-                         IMPROVE_STEPS, n)
+                         knobs.IMPROVE_STEPS, n)
         inc.offer_groups(groups, f"{inc.source}+search" if name == "incumbent" else "heuristic+search")
     if not lockstep:
         _best_fit(inc, budget, table, n, floor_s)
@@ -225,7 +208,7 @@ def warm_start(inc: Incumbent, budget: Budget, batch: Sequence[Sample], cm: Cost
 
 def _best_fit(inc: Incumbent, budget: Budget, table: CostTable, n: int, floor_s: float) -> None:
     """The best-fit packings (`bestfit`) between the bound and the incumbent's busy time, each
-    offered, the least level's locally searched, in `BEST_FIT_SHARE` of the time left. Batches
+    offered, the least level's locally searched, in `knobs.BEST_FIT_SHARE` of the time left. Batches
     of few shapes skip it: the column program packs them exactly, and needs the time (Open-Sora,
     2,048 videos on 1,024 GPUs: 3.33% above the bound on average without it, 3.72% with it)."""
     if shapes_of(table) is not None or inc.busy_s <= floor_s * (1 + 1e-9):
@@ -233,7 +216,7 @@ def _best_fit(inc: Incumbent, budget: Budget, table: CostTable, n: int, floor_s:
     if time.perf_counter() >= budget.search_deadline:
         budget.skip("best fit")
         return
-    until = budget.until(BEST_FIT_SHARE)
+    until = budget.until(knobs.BEST_FIT_SHARE)
     found = best_fit(table, n, floor_s, inc.busy_s, budget.deadline_for("best fit", until))
     for groups in found:
         inc.offer_groups(groups, "best fit")
@@ -242,7 +225,7 @@ def _best_fit(inc: Incumbent, budget: Budget, table: CostTable, n: int, floor_s:
     if time.perf_counter() >= until:
         budget.skip("local search on the best fit")
         return
-    groups = improve(found[-1], table, budget.deadline_for("local search on the best fit", until), IMPROVE_STEPS, n)
+    groups = improve(found[-1], table, budget.deadline_for("local search on the best fit", until), knobs.IMPROVE_STEPS, n)
     inc.offer_groups(groups, "best fit+search")
 
 
