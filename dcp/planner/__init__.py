@@ -48,9 +48,8 @@ def solve(batch: Sequence[Sample] | Sequence[int], cluster: Cluster, cost_model:
     can differ, so in training plan on one rank and broadcast (`dcp.executor.broadcast_plan`).
 
     Importing `dcp.planner` loads every strategy and the solver (PuLP, HiGHS, where installed), so
-    that no solve's time limit pays for it: loaded by the first ILP solve instead, they took 0.1-0.25 s of its
-    1 s (lognormal, 32,768 samples on 32 GPUs: its program left no time, 4.4% above the bound
-    against 0.35-0.45% for the solves after it)."""
+    that no solve's time limit pays for it: loaded by the first ILP solve instead, they took a tenth to a quarter of
+    its default 1 s (docs/tuning-log.md)."""
     started = time.perf_counter()
     if cluster != cost_model.cluster:
         raise ValueError("cluster differs from the one the cost model was built for")

@@ -13,7 +13,7 @@ Parallel"; NUS-HPC-AI-Lab/VideoSys), with the cost model standing in for its pro
    then, while it shortens the step, move a micro-batch of the slowest group to the group where
    it finishes earliest, of any SP size it fits, priced there. Without that spill, a class
    with little work holds a whole group idle (a 16-GPU group for two long samples) while the
-   short samples queue on the few GPUs left: at 8192 wikipedia samples on 32 GPUs, 0.44x bucket.
+   short samples queue on the few GPUs left.
 5. Improve, as the paper's runtime would by re-profiling: run the slowest group's longest
    micro-batch at the next larger SP size, re-allocating, while that shortens the step.
 6. Under ZeRO-3, where every micro-batch is a lockstep slot that gathers every layer, merge
@@ -22,13 +22,11 @@ Parallel"; NUS-HPC-AI-Lab/VideoSys), with the cost model standing in for its pro
    leaves to the schedule.
    Then the groups' micro-batches are re-cut so that every group's j-th one runs about as
    long as the others' (`slots.align`), when that estimates a faster step: a slot lasts as
-   long as its slowest micro-batch (lognormal, Llama-70B, 2,048 samples on 256 GPUs: 1,116 s
-   over 161 unaligned slots, 697 s lined up, against bucket's 771 s).
+   long as its slowest micro-batch.
 
 pyramid=True (DCP-intra) checkpoints only the layers a micro-batch must; pyramid=False
 (DCP-inter) checkpoints all K layers. Everything is vectorized over samples and micro-batches
-(thousands per batch), so the plan costs milliseconds (under ZeRO-3, lining the slots up, up to
-about 0.2 s: 0.21 s for 2,048 lognormal samples on 256 GPUs or 32,768 wikipedia ones on 1,024);
+(thousands per batch), so the plan costs milliseconds (under ZeRO-3, lining the slots up, tenths of a second);
 it is also the ILP's fallback.
 """
 

@@ -4,9 +4,8 @@ At stage 3 every rank runs every slot (`dcp.costmodel.schedule`): slot j is ever
 micro-batch, longest first (`sync.balance_slots`), and each layer's gather is a sync point of the
 whole world, so the step is close to the sum over slots of the slowest micro-batch in each (at
 least one slot's collectives), not the slowest group's busy time. A layout built for busy time
-runs groups of different micro-batch counts and lengths side by side: dcp-greedy's plan of
-wikipedia's 32,768 samples on 256 GPUs (Llama-70B) is busy 109.6 s and steps 209.1 s over 47
-slots.
+runs groups of different micro-batch counts and lengths side by side, and steps far longer than
+it is busy.
 
 `align` keeps every group's samples and SP size and re-cuts them into S micro-batches each, for
 a few counts S:
@@ -18,8 +17,7 @@ a few counts S:
    tau_j, so a group with little work fills the slots a long sample holds open elsewhere and
    keeps the others short; `knobs.SLOT_RESHAPES` times, tau measured again after each.
 
-The estimate sum_j max(tau_j, slot collectives) picks S (within 0.2-1.3% of the priced step on
-the plans it was measured on); the caller prices the result. Past a group's large samples
+The estimate sum_j max(tau_j, slot collectives) picks S; the caller prices the result. Past a group's large samples
 (`knobs.SLOT_BIG`) the rest are dealt in at most `knobs.SLOT_ROUNDS` rounds, a round's samples to the micro-batches in
 order of room, so tens of thousands of samples cost a few hundred vectorized pricings.
 

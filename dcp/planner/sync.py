@@ -10,7 +10,7 @@ smallest when the j-th longest of every group run together (an exchange argument
 busy + grad_sync_s, and any bound on the makespan plus `grad_sync_s()` stays a lower bound.
 At stages 0-2 it first moves every group's longest micro-batch to its end when that makes the
 step faster: the reductions run under the last micro-batch's backward, and one of a few tokens
-hides none of them (wikipedia on 1024 GPUs: 0.11 s more exposed than the least).
+hides none of them.
 """
 
 from __future__ import annotations

@@ -12,10 +12,7 @@ GPU-seconds there than at home, but the sizes below need fewer groups. The level
 between a proven bound and the incumbent's busy time for the least at which the groups fit the
 cluster.
 
-On the planner benchmark's grid (llama-7b, 1 s, 5 batches a cell), with it and before it: mean
-gap to the bound on wikipedia 512 samples on 256 GPUs 1.57% against 2.59% (worst 2.11% against
-3.92%), 2,048 on 1,024 1.80% against 2.32% (3.57% against 4.75%), 2,048 on 256 1.38% against
-1.79%; every other cell within run-to-run noise.
+Its gain is in docs/tuning-log.md (the planner grid, with it and before it).
 """
 
 from __future__ import annotations

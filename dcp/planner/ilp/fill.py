@@ -9,8 +9,7 @@ SP size p, the cluster is cut into groups of p and every sample, longest first, 
 micro-batch that least lengthens its group (micro-batch times exact: fewest checkpointed layers
 that fit, `pricing.Pricer`); past the longest `knobs.FILL_ONE_BY_ONE`, the short rest goes a round of one
 per group at a time (a pass per round, not per sample: 32,768 samples on 1,024 GPUs in
-milliseconds). On Llama-70B, ZeRO-3, 32 GPUs, wikipedia: within 2% of the
-lower bound, where static packing is 20% above it. Under ZeRO-3 the warm start now takes
+milliseconds). Under ZeRO-3 the warm start now takes
 `lockstep_layouts` instead (the same sizes, their slots lined up across groups).
 """
 
