@@ -41,23 +41,27 @@ def tuning_constants(source: str) -> list[str]:
     names of `NOT_KNOBS`."""
     out = []
     for node in ast.parse(source).body:
-        if isinstance(node, ast.Assign | ast.AnnAssign):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for t in targets:
-                if not (isinstance(t, ast.Name) and t.id.lstrip("_").isupper() and node.value is not None):
-                    continue
-                if not _numeric(node.value) or t.id in NOT_KNOBS:
-                    continue
-                if re.search(r"R?TOL$", t.id) and abs(ast.literal_eval(node.value)) <= TOLERANCE:
-                    continue
-                out.append(t.id)
+        if not isinstance(node, ast.Assign | ast.AnnAssign) or node.value is None:
+            continue
+        pairs: list[tuple[ast.AST, ast.AST]] = []
+        for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+            if isinstance(t, ast.Tuple) and isinstance(node.value, ast.Tuple):  # A, B = 1, 2
+                pairs += zip(t.elts, node.value.elts, strict=False)
+            else:
+                pairs.append((t, node.value))
+        for t, value in pairs:
+            if not (isinstance(t, ast.Name) and t.id.lstrip("_").isupper()) or not _numeric(value):
+                continue
+            if t.id in NOT_KNOBS or (re.search(r"R?TOL$", t.id) and abs(ast.literal_eval(value)) <= TOLERANCE):
+                continue
+            out.append(t.id)
     return out
 
 
 def test_the_scanner_finds_knobs_and_leaves_tolerances() -> None:
     source = ("A_SHARE = 0.3\nLEVELS = (1.0, 1.02)\nHALF = 1 / 2\n_PRIVATE = 16\n_TOL = 1e-9\nBAND_TOL = 0.01\n"
-              "NAME = 'x'\nPLAN_SCHEMA_VERSION = 3\nlower = 4\n")
-    assert tuning_constants(source) == ["A_SHARE", "LEVELS", "HALF", "_PRIVATE", "BAND_TOL"]
+              "NAME = 'x'\nPLAN_SCHEMA_VERSION = 3\nlower = 4\nWATER, SHARE = 256, 1 / 64\n")
+    assert tuning_constants(source) == ["A_SHARE", "LEVELS", "HALF", "_PRIVATE", "BAND_TOL", "WATER", "SHARE"]
 
 
 @pytest.mark.parametrize("path", sorted(p.relative_to(PLANNER).as_posix() for p in PLANNER.rglob("*.py")

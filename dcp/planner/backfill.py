@@ -59,13 +59,6 @@ from dcp.planner.pricing import BatchArrays, Layout, Pricer, price_layout
 from dcp.planner.sample import Sample
 from dcp.planner.sync import longest_last
 
-WATER_FROM, LPT_SHARE = 256, 1 / 64
-"""`_lpt` places fillers one round at a time (a round per filler per slot), the rest by water
-filling at once once more than `WATER_FROM` per slot remain, each below `LPT_SHARE` of the mean
-load per slot (32,768 samples on 32 GPUs: a thousand rounds). Not sooner: a run that crosses a
-micro-batch's capacity adds a whole fixed cost the level did not see (32,768 samples on 256
-GPUs, 128 per slot: 1.4-1.9% above the bound filled so, against 0.5-0.6% in rounds)."""
-
 
 @dataclass
 class Candidate:
@@ -323,7 +316,8 @@ def _lpt(fillers: np.ndarray, ready: np.ndarray, tokens: np.ndarray, marg: np.nd
     left = float(cost.sum())
     at = 0
     while at < len(fillers):
-        if len(fillers) - at > WATER_FROM * m_slots and cost[at] <= LPT_SHARE * (float(ends.sum()) + left) / m_slots:
+        if len(fillers) - at > knobs.BACKFILL_WATER_FROM * m_slots \
+                and cost[at] <= knobs.BACKFILL_LPT_SHARE * (float(ends.sum()) + left) / m_slots:
             _water_fill(fillers, at, cost, ends, held, total, count, slot_of, batch_of, tokens, marg, fixed, cap)
             break
         # The slots a longest-first greedy would reach before this round's longest filler is

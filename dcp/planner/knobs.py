@@ -264,6 +264,10 @@ BACKFILL_FEW_COST_SHARE = 0.25
 """...and none when assembling a plan would take over this share of the limit."""
 BACKFILL_MIN_PER_GPU = 2
 """Backfill plans are built from this many samples per GPU (the nested plan below)."""
+BACKFILL_WATER_FROM = 256
+"""`_lpt` places fillers a round at a time until fewer than this many per slot remain, then by water filling (fast, looser)."""
+BACKFILL_LPT_SHARE = 1 / 64
+"""...only fillers below this share of the mean load per slot go by water filling (a larger one crosses a capacity)."""
 
 # -- nested plans (`nested`) ---------------------------------------------------------------------
 NESTED_LEVELS = (1.0, 1.005, 1.01)

@@ -9,9 +9,8 @@ until the end (`finish`), so a candidate costs array operations, not objects.
 
 The search minimizes the busy time (the slowest group). The step is not the busy time plus a
 constant: under ZeRO-3 its slots run in lockstep, and at stages 0-2 how much of the gradient
-reductions the groups' last backward passes hide depends on the plan (dcp.costmodel.schedule;
-on 1024 GPUs every candidate of a wikipedia batch can share the busy time of its longest sample
-while their steps differ by 15%). So the incumbent also keeps the candidate of the fastest
+reductions the groups' last backward passes hide depends on the plan (dcp.costmodel.schedule:
+candidates of one busy time can differ in step). So the incumbent also keeps the candidate of the fastest
 scheduled step (`fastest_step`), which `finish` returns when it beats the busiest-time one; a
 candidate whose busy time plus the least synchronization is already above that step cannot.
 """
@@ -75,8 +74,7 @@ class Incumbent:
         higher, the fastest scheduled step less the least synchronization. Where the reductions
         the last backward passes hide decide the step, one of more busy time can beat its step,
         and under ZeRO-3 a plan of few large micro-batches can step faster than the least busy
-        one's unaligned slots (Llama-70B, 8,192 samples on 256 GPUs: fill at SP 32 38.6 s
-        against 61.0 s, for a busy time of 38.3 s against 32.2 s)."""
+        one's unaligned slots."""
         least_busy = self.busy_s * (1 - _TOL)
         if not self.scheduled or self.fastest_step is None:
             return least_busy
@@ -93,12 +91,10 @@ class Incumbent:
     def offer_layout(self, layout: Layout, source: str, groups: Groups | None = None, aligned: bool = False) -> bool:
         """Price a layout at its fewest layers; True if it is the new incumbent. The time it
         took counts as a pricing for the budget (`Budget.pricing_s`): under ZeRO-3 a step of
-        hundreds of lockstep slots takes tenths of a second to price (Llama-70B, 2,048 lognormal
-        samples on 256 GPUs: dcp-greedy's 0.2 s before it merged short micro-batches, one of the
-        search's candidates 0.18 s), and the search must stop in time for one. At stages 0-2 a
-        baseline's layout is not what the search prices (its candidates count in `offer_groups`):
-        dcp-greedy's plan of 16,384 wikipedia samples on 8,192 GPUs counted so took the search's
-        margins past the heuristic, which it then skipped (0.00% above the bound to 9.04%)."""
+        hundreds of lockstep slots takes tenths of a second to price, and the search must stop in
+        time for one. At stages 0-2 a baseline's layout is not what the search prices (its
+        candidates count in `offer_groups`): counted, a large baseline's pricing pushed the
+        search's margins past its heuristic (docs/tuning-log.md)."""
         if self.cap is not None and any(len(mbs) > self.cap for _, _, mbs in layout):
             return False
         t0 = time.perf_counter()
@@ -146,8 +142,7 @@ class Incumbent:
         """ZeRO-3: the fastest-step candidate and the least busy one, each re-cut into slots that
         line up (`slots.align`: the same groups, every group's j-th micro-batch about as long as
         the others'), offered as candidates; the program and the warm start's plans minimize the
-        busy time, blind to the lockstep slots (Llama-70B, wikipedia, 32,768 samples on 256 GPUs:
-        a step of 209 s over 47 slots for a busy time of 110 s, 129 s re-cut into 3)."""
+        busy time, blind to the lockstep slots."""
         fastest = self.fastest_step[1] if self.fastest_step is not None else None
         done: list[Candidate] = []
         for cand in (fastest, self.best):
