@@ -24,7 +24,7 @@ def measure_memory(model: str, recipes: tuple[str, ...]) -> None:
 
     \b
     Example:
-      dcp measure-memory my-model.json
+      dcp measure-memory my.json
     """
     measure_missing_memory(model, list(recipes or RECIPES))
     click.echo(f"{model}: memory footprints for {', '.join(recipes or RECIPES)} in {footprint_cache_path(model)}")

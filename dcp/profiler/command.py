@@ -68,7 +68,7 @@ def profile(model: str | None, device: str, dtype: str | None, quick: bool, base
     Example:
       dcp profile --device cpu --quick -o p.json
       dcp profile --validate p.json --device cpu
-      dcp plan --hardware p.json --model tiny-llama --workload lognormal --gpus 8
+      dcp plan --hardware p.json --model tiny-llama --workload lognormal --gpus 8 --steps 2
       torchrun --nproc-per-node 8 -m dcp.cli profile --device cuda -o h200.json
     """
     from dcp.profiler import comm
