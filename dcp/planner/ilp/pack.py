@@ -25,7 +25,7 @@ from dcp.costmodel import Cluster, CostModel
 from dcp.planner.common import aligned_layout
 from dcp.planner.ilp.budget import Deadline
 from dcp.planner.ilp.costs import CostTable, form_microbatches
-from dcp.planner.lpt import by_group
+from dcp.planner.lpt import by_group, least_loaded
 from dcp.planner.pricing import Layout
 
 Groups = list[tuple[int, list[int]]]
@@ -418,14 +418,11 @@ def lpt_fast(sizes: np.ndarray, ids: np.ndarray, n_groups: int) -> list[list[int
     numpy pass for the rest instead of a heap step each."""
     order = np.lexsort((ids, -sizes))
     owner = np.empty(len(ids), dtype=np.int64)
-    loads = np.zeros(n_groups)
-    heap = [(0.0, g) for g in range(n_groups)]
     big = int((sizes > knobs.LPT_SHARE * float(sizes.sum()) / n_groups).sum())
     head = order[:max(knobs.LPT_HEAD * n_groups, big)]
-    for k in head.tolist():
-        load, g = heapq.heappop(heap)
-        owner[k], loads[g] = g, load + sizes[k]
-        heapq.heappush(heap, (loads[g], g))
+    owner[head] = least_loaded(sizes[head], n_groups)  # `lpt`: the heap's decisions, a round at a time
+    # Each group's load summed in the order its samples came, as the heap summed it.
+    loads = np.bincount(owner[head], weights=sizes[head], minlength=n_groups).astype(np.float64)
     tail = order[len(head):]
     if len(tail):
         by_load = np.lexsort((np.arange(n_groups), loads))
@@ -437,9 +434,7 @@ def lpt_fast(sizes: np.ndarray, ids: np.ndarray, n_groups: int) -> list[list[int
         mid = np.cumsum(sizes[tail]) - sizes[tail] / 2  # each sample goes where its middle falls
         slot = np.minimum(np.searchsorted(np.cumsum(room), mid, side="right"), n_groups - 1)
         owner[tail] = by_load[slot]
-    by_group = np.argsort(owner, kind="stable")
-    cuts = np.searchsorted(owner[by_group], np.arange(n_groups + 1))
-    return [ids[by_group[cuts[g]:cuts[g + 1]]].tolist() for g in range(n_groups)]
+    return [ids[members].tolist() for members in by_group(owner, n_groups)]
 
 
 def multifit(ids: np.ndarray, n_groups: int, j: int, table: CostTable, rounds: int = 12) -> list[list[int]]:
