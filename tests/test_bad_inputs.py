@@ -37,6 +37,9 @@ def inputs(where: Path) -> None:
     (where / "binary.json").write_bytes(bytes(range(256)))
     run("plan", "--strategy", "dcp-greedy", "--gpus", "8", *FAST, "--format", "json", "-o", str(where / "plan.json"))
     plan = json.loads((where / "plan.json").read_text())
+    mb = plan["steps"][0]["plan"]["groups"][0]["microbatches"][0]
+    (where / "dup.json").write_text(json.dumps(plan).replace(f'"samples": {json.dumps(mb["samples"])}',
+                                                              f'"samples": {json.dumps(mb["samples"] * 2)}', 1))
     plan["steps"][0]["plan"]["num_layers"] = 1000
     (where / "deep.json").write_text(json.dumps(plan))
 
@@ -71,6 +74,7 @@ CASES = [
     (["plan", "--global-tokens", "10", "--steps", "1"], "--global-tokens: global token budget 10 is less than sample"),
     (["plan", "--gpus", "32", "--gpus-per-node", "64"], "--gpus-per-node: 64 is more than --gpus 32"),
     (["show", "deep.json"], "plan is for a model of 1000 layers, the cost model's llama-7b has 32"),
+    (["show", "dup.json"], "dup.json: sample "),
     (["compare", "--strategies", ""], "--strategies: no strategy given"),
     (["compare", "--strategies", "ilp,ilp"], "--strategies: 'ilp' is listed twice"),
     # Checked after the work before.

@@ -67,7 +67,10 @@ def show(plan_file: Path, step_index: int, gantt_path: Path | None, model: str |
       dcp show greedy.json --zero-stage 3
     """
     check_output(gantt_path, "--gantt", FIGURE_SUFFIXES)
-    doc = load_plan_document(plan_file)
+    try:
+        doc = load_plan_document(plan_file)
+    except PlanError as e:  # name the file when the error names only what is inside it
+        raise e if str(plan_file) in str(e) else PlanError(f"{plan_file}: {e}") from e
     doc.step(step_index)  # an error naming the valid range
     overridden = model is not None or hardware is not None or zero_stage is not None
     cm = doc.cost_model(model, hardware, None if zero_stage is None else int(zero_stage))
