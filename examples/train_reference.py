@@ -1,6 +1,7 @@
 """Train a reference transformer end to end: workload -> global batches -> planner -> executor -> optimizer.
 
-    .venv/bin/torchrun --nproc_per_node 4 examples/train_reference.py --steps 20
+    .venv/bin/dcp profile --device cpu --quick -o p.json      # this machine's profile of tiny-llama
+    .venv/bin/torchrun --nproc_per_node 4 examples/train_reference.py --steps 20 --hardware p.json
     .venv/bin/torchrun --nproc_per_node 4 examples/train_reference.py --steps 3 --check-grads
     .venv/bin/torchrun --nproc_per_node 4 examples/train_reference.py --steps 3 --zero-stage 3 --check-grads
 
@@ -8,7 +9,9 @@ CPU ranks use gloo, GPUs nccl; the precision recipe (--precision: autocast-bf16 
 CPU by default) and ZeRO stage (--zero-stage) are the ones the planner's cost model prices. Every rank draws the same global batches from
 dcp.data.GlobalBatchSampler and plans them (dcp-greedy is deterministic); with --strategy ilp,
 whose time limit can give ranks different incumbents, rank 0's plan is broadcast. Rank 0 logs
-each step's loss and predicted versus measured time. --check-grads compares every step's
+which hardware profile prices the plans (--hardware: a profile from `dcp profile` predicts this
+machine; the default `cpu` preset's datasheet rates do not), then each step's loss and predicted
+versus measured time. --check-grads compares every step's
 gradients with single-process training on the same global batch (fp32, no autocast) and prints
 `max_grad_diff=<largest relative difference>` last.
 """

@@ -22,6 +22,7 @@ pip_quiet() {  # pip install, showing its output only when it fails
 
 # Reinstall only when the project metadata changed since the last install.
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "setup_env.sh: installing dcp${extras:+[$extras]} and torch into .venv (about 2 minutes, once)" >&2
   pip_quiet --upgrade pip
   # The CPU build of torch lies on this machine's disk; an unpinned torch would pull a
   # multi-GB CUDA build. The package itself keeps a version range.
