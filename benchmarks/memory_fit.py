@@ -7,7 +7,7 @@ memory footprint against the device's real capacity.
 Cases: llama-7b on `wikipedia` and `lognormal:scale=16`, opensora-stdit-1.1b on `opensora:long`,
 32 `h200-sxm` GPUs in nodes of 8, ZeRO-1, each in the bf16 and the autocast-bf16 recipe. The
 re-pricing does not call the cost model's memory: it sums, for the micro-batch's padded shard of
-ceil(T/p) tokens per GPU, the training state (`TrainingSetup.static_bytes`), autocast's weight
+ceil(T/p) tokens per GPU, the training state FSDP2 holds in a step (`dcp.costmodel.zero`), autocast's weight
 copies, and per token (K - r) saved layers, r checkpointed inputs and the working set, all
 straight from the preset's `MemoryFootprint`, and compares that with the H200's reported
 capacity less its allocator reserve. Writes benchmarks/results/memory_fit.json.
@@ -44,8 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def microbatch_need_bytes(cm: CostModel, tokens: int, sp_size: int, ckpt_layers: int) -> float:
     """Peak bytes per GPU of one micro-batch from the footprint itself (not CostModel.memory_bytes)."""
     fp, k = cm.footprint, cm.model.num_layers
-    state = TrainingSetup(precision=cm.training.precision, zero_stage=cm.training.zero_stage).static_bytes(
-        cm.model.param_count(), cm.cluster.num_gpus)
+    state = cm.resident_bytes + cm.in_step_bytes  # sharded state, gathered parameters, local gradient
     per_token = ((k - ckpt_layers) * fp.act_full_bytes_per_token + ckpt_layers * fp.act_ckpt_bytes_per_token
                  + fp.working_bytes_per_token)
     shard = math.ceil(tokens / sp_size)  # the executor pads the packed micro-batch to a multiple of p

@@ -50,12 +50,12 @@ def test_checkpointing_recomputes_r_layers(state: ParallelState, spec) -> None: 
     frames = [1, 1] if spec.attention != "spatial_temporal" else [2, 3]
     batch, tensors = make_batch(spec, [8, 12], frames)
     model = build_model(spec, dtype=torch.float64, seed=0)
-    executor = Executor(model, state)
     seqs = PackedSeqs.pack([8, 12], frames)
-    with FlopCounterMode(display=False) as layer_count, torch.no_grad():
+    with FlopCounterMode(display=False) as layer_count, torch.no_grad():  # before FSDP2 takes the layers
         model.layers[0](torch.randn(seqs.total, spec.hidden, dtype=torch.float64), seqs)
     layer_flops = layer_count.get_total_flops()
     assert layer_flops > 0
+    executor = Executor(model, state)
 
     def added_flops() -> list[int]:
         totals = []

@@ -78,7 +78,7 @@ def grads_worker(rank: int, world: int, cases: list[tuple[ModelSpec, list[Case]]
                  gpus_per_node: int | None = None) -> list[tuple[str, int, float, float]]:
     """Run each spec's cases, one per step; rank 0 compares every step with single-process training."""
     from dcp.executor import Executor, ParallelState, default_forward
-    from dcp.executor.reference import reference_step, relative_grad_diff
+    from dcp.executor.reference import reference_step, relative_diff, trainable
     from dcp.models import build_model, lm_loss, mse_loss, reference_attention, sample_tensors
 
     state = ParallelState.create(gpus_per_node=gpus_per_node, timeout_s=30)
@@ -100,10 +100,11 @@ def grads_worker(rank: int, world: int, cases: list[tuple[ModelSpec, list[Case]]
             tensors = {s.id: sample_tensors(spec, s, seed=step, dtype=torch.float64) for s in batch}
             stats = executor.step(plan, tensors, loss_fn)
             assert len(stats.microbatches) == sum(len(g.microbatches) for g in plan.groups)
+            grads = executor.full_grads()  # a collective: every rank joins
             diff = 0.0
             if rank == 0:
                 ref_loss = reference_step(ref, batch, tensors, loss_fn, default_forward)
-                diff = relative_grad_diff(list(model.parameters()), list(ref.parameters()))
+                diff = relative_diff(grads, [p.grad for p in trainable(ref)])
                 assert abs(stats.loss - ref_loss) <= TOLERANCE * abs(ref_loss), (stats.loss, ref_loss)
             out.append((spec.name + ("+cross" if spec.cross_attention else ""), step, diff, stats.loss))
     return out

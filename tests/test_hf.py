@@ -165,14 +165,15 @@ def step_against(rank: int, executor: Any, model: Any, reference: Any, reference
     """One executor step of `plan` on `model`; on rank 0 the same batch through `reference_step`
     on `reference`, its loss checked within `tolerance`. Returns (gradient diff, loss)."""
     from dcp.executor.hf import causal_lm_loss, lm_sample
-    from dcp.executor.reference import relative_grad_diff
+    from dcp.executor.reference import relative_diff, trainable
 
     ids = {s.id: token_ids(s, model.config.vocab_size, step) for s in batch}
     stats = executor.step(plan, {i: lm_sample(x) for i, x in ids.items()}, causal_lm_loss)
+    grads = executor.full_grads()  # a collective: every rank joins
     diff = 0.0
     if rank == 0:
         ref_loss = reference_step(reference, [ids[s.id] for s in batch])
-        diff = relative_grad_diff(list(model.parameters()), list(reference.parameters()))
+        diff = relative_diff(grads, [p.grad for p in trainable(reference)])
         assert abs(stats.loss - ref_loss) <= tolerance * ref_loss, (stats.loss, ref_loss)
     return diff, stats.loss
 
@@ -217,7 +218,7 @@ def sharded_worker(rank: int, world: int, stage: int, kinds: list[str], steps: i
         lm_sample,
         plain_hf_step,
     )
-    from dcp.executor.reference import in_unit_order, reference_step
+    from dcp.executor.reference import reference_step, trainable
     from dcp.executor.reference import relative_diff as relative
 
     state = ParallelState.create(timeout_s=30)
@@ -235,11 +236,11 @@ def sharded_worker(rank: int, world: int, stage: int, kinds: list[str], steps: i
             ids = {s.id: token_ids(s, model.config.vocab_size, step) for s in batch}
             samples = {i: lm_sample(x) for i, x in ids.items()}
             stats = executor.step(plan, samples, causal_lm_loss)
-            grads = executor.zero.full_grads()  # a collective at stages 2, 3
+            grads = executor.full_grads()  # a collective: every rank joins
             diff = 0.0
             if rank == 0:
                 reference_step(reference, batch, samples, causal_lm_loss, hf_forward)
-                diff = relative(grads, [p.grad for p in in_unit_order(executor, model, reference)])
+                diff = relative(grads, [p.grad for p in trainable(reference)])
                 ref_loss = plain_hf_step(plain, [ids[s.id] for s in batch])
                 assert abs(stats.loss - ref_loss) <= TOLERANCE * ref_loss, (stats.loss, ref_loss)
             out.append((kind, step, diff, stats.loss))

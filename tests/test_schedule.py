@@ -95,19 +95,21 @@ def test_memory_by_stage_in_padded_units() -> None:
     recipe, units = TrainingSetup(precision="bf16").recipe, unit_params(cm.model)
     assert sum(units) == cm.model.param_count()
     whole = sum(padded(n, 8) for n in units)
-    # bf16: 2 + 4 + 12 bytes per element, sharded stage by stage.
-    assert resident_bytes(recipe, 0, units, 8) == 18 * whole
-    assert resident_bytes(recipe, 1, units, 8) == 6 * whole + 12 * whole / 8
-    assert resident_bytes(recipe, 2, units, 8) == 2 * whole + 16 * whole / 8
-    assert resident_bytes(recipe, 3, units, 8) == 18 * whole / 8
-    # During a step stage 2 holds the whole local gradient, stage 3 the gathered units.
-    assert in_step_bytes(recipe, 2, units, 8) == 4 * whole
+    # bf16 on FSDP2 between steps: fp32 master 4 + Adam 8 bytes per element, sharded from stage 1
+    # on (stage 0 replicates; the units are then unpadded); HSDP shards within its group only.
+    assert resident_bytes(recipe, 0, units, 8) == 12 * sum(units)
+    for stage in (1, 2, 3):
+        assert resident_bytes(recipe, stage, units, 8) == 12 * whole / 8
+    assert resident_bytes(recipe, 2, units, 8, shard_group=4) == 12 * sum(padded(n, 4) for n in units) / 4
+    # During a step: at stages 0-2 the gathered bf16 parameters and the whole local fp32 gradient
+    # (which its shards replace), at stage 3 the fp32 gradient shards and the gathered units.
+    assert in_step_bytes(recipe, 2, units, 8) == 6 * whole
+    assert in_step_bytes(recipe, 1, units, 8) == in_step_bytes(recipe, 2, units, 8)
     root, layer = padded(units[-1], 8), padded(units[0], 8)
-    assert in_step_bytes(recipe, 3, units, 8) == 6 * (root + 2 * layer) + 4 * root / 8
-    assert in_step_bytes(recipe, 1, units, 8) == 0
+    assert in_step_bytes(recipe, 3, units, 8) == 4 * whole / 8 + 6 * (root + 2 * layer) + 4 * root / 8
     stage2 = cost_model(gpus=8, zero_stage=2)
     assert stage2.static_bytes - stage2.resident_bytes - stage2.in_step_bytes == pytest.approx(
-        cm.static_bytes - cm.resident_bytes)
+        cm.static_bytes - cm.resident_bytes - cm.in_step_bytes)
 
 
 @pytest.mark.parametrize("stage", [0, 2, 3])

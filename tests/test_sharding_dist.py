@@ -1,6 +1,7 @@
-"""ZeRO stages 1-3 on 4 and 8 gloo ranks: random plans whose groups run 1-4 micro-batches, mixed
-SP sizes (Ulysses, and Ulysses x ring) and checkpointing, give single-process float64 gradients, and single-process parameters
-after an AdamW step, within 1e-12; a plan or model a stage cannot run fails on every rank."""
+"""ZeRO stages 0-3 on FSDP2, 4 and 8 gloo ranks, with and without HSDP: random plans whose groups
+run 1-4 micro-batches, mixed SP sizes (Ulysses, and Ulysses x ring), idle ranks and checkpointing
+give single-process float64 gradients, and single-process parameters after an AdamW step, within
+1e-12; a plan or model a stage cannot run fails on every rank."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import torch
 from dist_helpers import Case, llama_spec, random_case, run_ranks
 
 from dcp.costmodel import ModelSpec, attention_pairs
-from dcp.executor.reference import in_unit_order
 from dcp.executor.reference import relative_diff as relative
+from dcp.executor.reference import trainable
 from dcp.planner import Sample
 
 TOLERANCE = 1e-12
@@ -34,7 +35,8 @@ def cases(spec: ModelSpec, layouts: list[list[tuple[int, ...]]], world: int, see
     return out
 
 
-def sharded_worker(rank: int, world: int, stage: int, steps: list[Case]) -> list[tuple[float, float, list[int]]]:
+def sharded_worker(rank: int, world: int, stage: int, steps: list[Case],
+                   shard_group: int | None = None) -> list[tuple[float, float, list[int]]]:
     """Train `steps` at `stage` with AdamW; rank 0 compares gradients and parameters after every
     step with single-process training (fp64). Returns (grad diff, param diff, slots run) per step."""
     from dcp.executor import Executor, ParallelState, default_forward, executor_optimizer
@@ -45,14 +47,14 @@ def sharded_worker(rank: int, world: int, stage: int, steps: list[Case]) -> list
     spec = llama_spec()
     model = build_model(spec, dtype=torch.float64, seed=0)
     ref = copy.deepcopy(model)
-    executor = Executor(model, state, zero_stage=stage)
+    executor = Executor(model, state, zero_stage=stage, shard_group=shard_group)
     # eps 1e-6, not AdamW's 1e-8: its update g / (|g| + eps) amplifies the round-off of a
     # gradient entry near zero by up to lr / eps, which at 1e-8 turns 1e-16 into 1e-12 for reasons
     # that have nothing to do with sharding (the gradient comparison covers those).
     adamw = {"lr": 1e-2, "weight_decay": 0.1, "eps": 1e-6}
     optimizer = executor_optimizer(executor, **adamw)
     ref_opt = torch.optim.AdamW(ref.parameters(), **adamw)
-    ref_order = in_unit_order(executor, model, ref)
+    ref_order = trainable(ref)
 
     def loss_fn(o, b):  # noqa: ANN001, ANN202
         return lm_loss(o, b["labels"])
@@ -61,10 +63,10 @@ def sharded_worker(rank: int, world: int, stage: int, steps: list[Case]) -> list
     for step, (plan, batch) in enumerate(steps):
         tensors = {s.id: sample_tensors(spec, s, seed=step, dtype=torch.float64) for s in batch}
         executor.step(plan, tensors, loss_fn)
-        grads = executor.zero.full_grads()  # a collective at stages 2, 3: every rank joins
+        grads = executor.full_grads()  # a collective: every rank joins
         optimizer.step()
         optimizer.zero_grad()
-        params = executor.zero.full_params()
+        params = executor.full_params()
         grad_diff = param_diff = 0.0
         if rank == 0:
             reference_step(ref, batch, tensors, loss_fn, default_forward)
@@ -75,7 +77,7 @@ def sharded_worker(rank: int, world: int, stage: int, steps: list[Case]) -> list
     return out
 
 
-@pytest.mark.parametrize("stage", [1, 2, 3])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_sharded_training_equals_single_process_on_4_ranks(stage: int) -> None:
     steps = cases(llama_spec(), LAYOUTS_4, 4, seed=stage)
     results = run_ranks(sharded_worker, 4, stage, steps, deadline_s=120)
@@ -84,12 +86,22 @@ def test_sharded_training_equals_single_process_on_4_ranks(stage: int) -> None:
         assert grad_diff <= TOLERANCE and param_diff <= TOLERANCE, (stage, grad_diff, param_diff)
 
 
-@pytest.mark.parametrize("stage", [1, 2, 3])
+@pytest.mark.parametrize("stage", [0, 2, 3])
 def test_sharded_training_equals_single_process_on_8_ranks(stage: int) -> None:
     steps = cases(llama_spec(), LAYOUTS_8, 8, seed=10 + stage)
     results = run_ranks(sharded_worker, 8, stage, steps, deadline_s=150)
     for grad_diff, param_diff, _ in results[0]:
         assert grad_diff <= TOLERANCE and param_diff <= TOLERANCE, (stage, grad_diff, param_diff)
+
+
+@pytest.mark.parametrize(("world", "shard_group", "stage"), [(4, 2, 2), (4, 2, 3), (8, 4, 2)])
+def test_hsdp_training_equals_single_process(world: int, shard_group: int, stage: int) -> None:
+    """HSDP: shard over `shard_group` consecutive ranks, replicate across (2 x 2 and 2 x 4)."""
+    layouts = LAYOUTS_4 if world == 4 else LAYOUTS_8
+    steps = cases(llama_spec(), layouts[:2], world, seed=20 + world + stage)
+    results = run_ranks(sharded_worker, world, stage, steps, shard_group, deadline_s=150)
+    for grad_diff, param_diff, _ in results[0]:
+        assert grad_diff <= TOLERANCE and param_diff <= TOLERANCE, (world, shard_group, grad_diff, param_diff)
 
 
 def bad_inputs_worker(rank: int, world: int) -> list[str]:
@@ -124,7 +136,7 @@ def bad_inputs_worker(rank: int, world: int) -> list[str]:
 def test_bad_plans_and_models_fail_on_every_rank_before_any_collective() -> None:
     results = run_ranks(bad_inputs_worker, 4, deadline_s=90, pg_timeout_s=10)
     for errors in results:
-        assert "layer 0 has parameters that are not the model's" in errors[0]
+        assert "layer 0 is not a module of the model" in errors[0]
         assert "plan was made for ZeRO stage 1" in errors[1] and "the executor runs stage 3" in errors[1]
         assert errors[1].startswith("cannot run the step; every rank:")
     assert len({errors[2] for errors in results}) == 1  # the good step after them: one loss everywhere
@@ -157,7 +169,7 @@ def large_structure_worker(rank: int, world: int, name: str, steps: list[Case]) 
     adamw = {"lr": 1e-3, "eps": 1e-6}
     optimizer = executor_optimizer(executor, **adamw)
     ref_opt = torch.optim.AdamW(ref.parameters(), **adamw) if ref is not None else None
-    held = sum(u.shard.numel() * u.shard.element_size() for u in executor.zero.units)
+    held = sum(p.to_local().numel() * p.element_size() for p in model.parameters())
 
     def loss_fn(o, b):  # noqa: ANN001, ANN202
         return lm_loss(o, b["labels"])
@@ -171,10 +183,10 @@ def large_structure_worker(rank: int, world: int, name: str, steps: list[Case]) 
         if ref is not None:
             reference_step(ref, batch, tensors, loss_fn, default_forward)
             ref_opt.step()
-    params = executor.zero.full_params()
+    params = executor.full_params()
     diff = 0.0
     if ref is not None:
-        diff = relative(params, [p.detach() for p in in_unit_order(executor, model, ref)])
+        diff = relative(params, [p.detach() for p in trainable(ref)])
     return losses, held / total_bytes, diff
 
 

@@ -203,15 +203,20 @@ class TrainingSetup:
     """The precision recipe, by name (`dcp.costmodel.precision.RECIPES`: bf16, autocast-bf16,
     fp32) or given whole."""
     zero_stage: Literal[0, 1, 2, 3] = 1
-    """0: nothing sharded; 1: optimizer state (incl. master weights) sharded over the world
-    (DeepSpeed ZeRO-1, as the DCP paper trained); 2: gradients sharded as well between steps;
-    3: parameters too, each layer gathered for its forward and again for its backward, every
-    rank in lockstep (dcp.costmodel.schedule)."""
+    """0: nothing sharded; 1 and 2 (the same under FSDP2, which always reduce-scatters):
+    parameters, gradients and optimizer state sharded between steps, each rank's parameters
+    gathered for the whole step; 3: each layer gathered for its forward and again for its
+    backward, every rank in lockstep (dcp.costmodel.schedule)."""
+    shard_group: int | None = None
+    """Ranks the state is sharded over (HSDP: shard within each group of this many consecutive
+    ranks, a node by default for large clusters, replicate across the groups); None: the world."""
 
     def __post_init__(self) -> None:
         get_recipe(self.precision)  # an unknown name is a clear error here, not later
         if self.zero_stage not in (0, 1, 2, 3):
             raise CostModelError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
+        if self.shard_group is not None and self.shard_group < 1:
+            raise CostModelError(f"shard_group must be a positive number of ranks, got {self.shard_group!r}")
 
     @property
     def recipe(self) -> PrecisionRecipe:
@@ -228,22 +233,16 @@ class TrainingSetup:
         return self.recipe.optimizer_state_bytes_per_param
 
     def static_bytes(self, params: int, world: int) -> float:
-        """Bytes per GPU the training state holds between steps: parameters, the gradient buffer,
-        master weights and optimizer state, each in the recipe's dtype, sharded over the world
-        as ZeRO (Rajbhandari et al., arXiv 1910.02054) does at this stage. bf16 with Adam:
-        2 + 4 + (4 + 8) / N bytes per parameter at stage 1; autocast-bf16: 4 + 4 + 8 / N.
-        (`dcp.costmodel.zero.resident_bytes` counts the same in the executor's padded units.)"""
+        """Bytes per GPU the training state holds between steps (gradients freed by zero_grad):
+        sharded parameters (the fp32 master weights when the recipe keeps them) and optimizer
+        state, over the shard group at stages 1-3 as FSDP2 holds them (ZeRO: Rajbhandari et
+        al., arXiv 1910.02054). bf16 with Adam: (4 + 8) / F bytes per parameter; stage 0: 12.
+        (`dcp.costmodel.zero.resident_bytes` counts the same in FSDP2's padded units.)"""
         r = self.recipe
-        weights = r.param_bytes * params
-        grads = r.grad_bytes * params
-        opt = (r.master_weight_bytes_per_param + r.optimizer_state_bytes_per_param) * params
-        if self.zero_stage >= 1:
-            opt /= world
-        if self.zero_stage >= 2:
-            grads /= world
-        if self.zero_stage >= 3:
-            weights /= world
-        return float(weights + grads + opt)
+        weights = 4 if r.master_weights else r.param_bytes
+        per_param = weights + r.optimizer_state_bytes_per_param
+        shard = 1 if self.zero_stage == 0 else (self.shard_group or world)
+        return float(per_param * params / shard)
 
 
 @dataclass(frozen=True, kw_only=True)

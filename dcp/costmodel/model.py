@@ -106,12 +106,13 @@ class CostModel(LayoutQueries):
         """The measured memory of this model in the training's recipe (dcp.costmodel.memory)."""
         self.fit = fitted or self._derive_fit()
         units, n, stage = unit_params(model), cluster.num_gpus, self.training.zero_stage
-        self.resident_bytes = resident_bytes(self.training.recipe, stage, units, n)
-        """Training state held between steps: parameters, gradients, master weights, optimizer,
-        in the executor's padded units (dcp.costmodel.zero)."""
-        self.in_step_bytes = in_step_bytes(self.training.recipe, stage, units, n)
-        """What the ZeRO schedule adds during a step: stage 2's whole local gradient, stage 3's
-        gathered units and their gradients."""
+        shard_group = self.training.shard_group
+        self.resident_bytes = resident_bytes(self.training.recipe, stage, units, n, shard_group)
+        """Training state held between steps: sharded parameters (master weights), gradients,
+        optimizer, in FSDP2's padded units (dcp.costmodel.zero)."""
+        self.in_step_bytes = in_step_bytes(self.training.recipe, stage, units, n, shard_group)
+        """What FSDP2's schedule adds during a step: stages 0-2 the gathered parameters and the
+        whole local gradient, stage 3 the gathered units and their gradients."""
         fp = self.footprint
         self.static_bytes = (self.resident_bytes + self.in_step_bytes + fp.weight_copy_bytes(model.num_layers)
                              + fp.working_fixed_bytes)

@@ -1,27 +1,27 @@
-"""What each rank holds at each ZeRO stage, counted the way dcp.executor.sharding lays it out.
+"""What each rank holds at each ZeRO stage, counted the way FSDP2 (dcp.executor.fsdp) holds it.
 
-The executor splits the trainable parameters into units: one per transformer layer (in layer
-order) and a last one, the root, for everything else (embeddings, final norm, LM head). Each
-unit is one flat buffer padded to a multiple of the world size N, so that every rank owns one
-equal, contiguous chunk of it: s_u = ceil(n_u / N) * N elements, chunk c_u = s_u / N. Per rank,
-with pb, gb the parameter and gradient bytes and o the optimizer bytes per element (master
-weights and Adam moments, `PrecisionRecipe`):
+The executor shards each transformer layer and then the root (embeddings, final norm, LM head)
+with `fully_shard` over F ranks (the shard group: the world, or fewer under HSDP; 1 at stage 0,
+which replicates). Units are those modules: s_u = ceil(n_u / F) * F elements padded, chunk
+c_u = s_u / F. Between steps (after the optimizer's zero_grad, which frees the gradients)
+every stage holds only the sharded state, per rank, with w and o the bytes per element of the
+sharded parameters (fp32 master weights when the recipe keeps them, else the parameter dtype)
+and of the optimizer state:
 
-    stage 0: pb * S + gb * S + o * S               S = sum of s_u (every buffer whole)
-    stage 1: pb * S + gb * S + o * C               C = sum of c_u = S / N (optimizer sharded)
-    stage 2: pb * S + gb * C + o * C               (gradients sharded between steps)
-    stage 3: pb * C + gb * C + o * C               (parameters sharded too)
+    stage 0:     (w + o) * S                    S = sum of s_u (F = 1: nothing sharded)
+    stages 1-3:  (w + o) * C                    C = sum of c_u = S / F
 
-as ZeRO (Rajbhandari et al., arXiv 1910.02054) partitions them. That is the state held between
-steps (`resident_bytes`). During a step the schedule holds more (`in_step_bytes`):
+(`resident_bytes`). FSDP2 always reduce-scatters, so stage 1 is stage 2. During a step it holds
+more (`in_step_bytes`), with pb the gathered parameters' dtype and gb the gradient's:
 
-- stage 2 accumulates each rank's whole local gradient through its micro-batches (its groups
-  run different numbers of them, so no collective can shard it earlier without putting every
-  group in lockstep): gb * S, freed once the step's reduce-scatters are done;
-- stage 3 gathers a unit's parameters only while it runs, prefetching one unit ahead, and
-  reduce-scatters a unit's gradient as soon as its backward ends, one reduce-scatter in flight:
-  the root's parameters and gradient, two layers' parameters and two layers' gradients, and
-  the chunk a reduce-scatter returns before it is added to the rank's gradient shard.
+- stages 0-2: every unit gathered (reshard after forward off) and each rank's whole local
+  gradient accumulated through its micro-batches (its groups run different numbers of them):
+  (pb + gb) * S; the last backward's reduce-scatters free each unit's whole gradient as its
+  shard (gb * c_u, kept until zero_grad) arrives, so the shards add nothing to the peak;
+- stage 3: the gradient shards gb * C, accumulated slot by slot, and a unit's parameters
+  gathered only while it runs, the next prefetched, its gradient reduce-scattered as soon as
+  its backward ends: the root's parameters and gradient, two layers' parameters and two
+  layers' gradients, and one reduce-scatter's output chunk.
 
 Never imports torch.
 """
@@ -55,25 +55,35 @@ def _check(stage: int, world: int) -> None:
         raise CostModelError(f"world size must be positive, got {world}")
 
 
-def resident_bytes(recipe: PrecisionRecipe, stage: int, units: Sequence[int], world: int) -> float:
-    """Bytes per rank of parameters, gradients, master weights and optimizer state between steps."""
+def shard_ranks(stage: int, world: int, shard_group: int | None = None) -> int:
+    """F: the ranks a parameter is sharded over (1 at stage 0, else the shard group or the world)."""
+    if stage == 0:
+        return 1
+    size = world if shard_group is None else shard_group
+    if size < 1 or world % size:
+        raise CostModelError(f"shard group of {size} ranks does not divide the world of {world}")
+    return size
+
+
+def resident_bytes(recipe: PrecisionRecipe, stage: int, units: Sequence[int], world: int,
+                   shard_group: int | None = None) -> float:
+    """Bytes per rank of sharded parameters (master weights) and optimizer state between steps."""
     _check(stage, world)
-    whole = sum(padded(n, world) for n in units)
-    chunk = whole / world
-    opt = recipe.master_weight_bytes_per_param + recipe.optimizer_state_bytes_per_param
-    params = recipe.param_bytes * (chunk if stage >= 3 else whole)
-    grads = recipe.grad_bytes * (chunk if stage >= 2 else whole)
-    return float(params + grads + opt * (chunk if stage >= 1 else whole))
+    f = shard_ranks(stage, world, shard_group)
+    chunk = sum(padded(n, f) for n in units) / f
+    weights = 4 if recipe.master_weights else recipe.param_bytes
+    return float((weights + recipe.optimizer_state_bytes_per_param) * chunk)
 
 
-def in_step_bytes(recipe: PrecisionRecipe, stage: int, units: Sequence[int], world: int) -> float:
+def in_step_bytes(recipe: PrecisionRecipe, stage: int, units: Sequence[int], world: int,
+                  shard_group: int | None = None) -> float:
     """Bytes per rank the step's schedule holds on top of `resident_bytes` while micro-batches run."""
     _check(stage, world)
-    if stage == 2:
-        return float(recipe.grad_bytes * sum(padded(n, world) for n in units))
-    if stage == 3:
-        root = padded(units[-1], world)
-        layer = max((padded(n, world) for n in units[:-1]), default=0)
-        chunk = max(root, layer) / world
-        return float((recipe.param_bytes + recipe.grad_bytes) * (root + 2 * layer) + recipe.grad_bytes * chunk)
-    return 0.0
+    f = shard_ranks(stage, world, shard_group)
+    if stage <= 2:
+        return float((recipe.param_bytes + recipe.grad_bytes) * sum(padded(n, f) for n in units))
+    shards = recipe.grad_bytes * sum(padded(n, f) for n in units) / f
+    root = padded(units[-1], f)
+    layer = max((padded(n, f) for n in units[:-1]), default=0)
+    chunk = max(root, layer) / f
+    return float(shards + (recipe.param_bytes + recipe.grad_bytes) * (root + 2 * layer) + recipe.grad_bytes * chunk)

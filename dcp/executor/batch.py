@@ -79,3 +79,20 @@ def pack_microbatch(ids: Sequence[int], specs: Mapping[int, Sample], samples: Ma
         # Only the shard's rows are copied to the device.
         tensors[key] = seqs.take(torch.cat(parts)).to(device, non_blocking=True)
     return PackedBatch(tensors, seqs)
+
+
+SampleTemplate = tuple[tuple[str, torch.dtype, tuple[int, ...]], ...]
+"""(name, dtype, shape past the first dimension) of each tensor of a sample."""
+
+
+def sample_template(samples: Mapping[int, SampleTensors]) -> SampleTemplate | None:
+    """The tensor names, dtypes and trailing shapes of a sample (any one: they all share them)."""
+    for tensors in samples.values():
+        return tuple((k, t.dtype, tuple(t.shape[1:])) for k, t in tensors.items())
+    return None
+
+
+def one_token_sample(template: SampleTemplate, pad_values: Mapping[str, float]) -> dict[str, torch.Tensor]:
+    """A sample of one token (and one row of each per-sample tensor) filled with each tensor's pad
+    value: the input of an empty pass, whose loss the executor multiplies by zero."""
+    return {k: torch.full((1, *shape), pad_values.get(k, 0), dtype=dtype) for k, dtype, shape in template}

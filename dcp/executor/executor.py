@@ -1,18 +1,19 @@
-"""The step runner: carry out this rank's part of a plan and join the step's gradient sync.
+"""The step runner: carry out this rank's part of a plan on a model sharded by torch FSDP2.
 
-    executor = Executor(model, ParallelState.create(), zero_stage=1)
-    stats = executor.step(plan, samples, loss_fn)   # stages 0, 1: gradients reduced and normalized in .grad
-    optimizer.step(); optimizer.zero_grad()         # optimizer = executor_optimizer(executor, lr=...)
+    executor = Executor(model, ParallelState.create(), zero_stage=2)
+    optimizer = executor_optimizer(executor, lr=...)   # plain torch AdamW over the DTensor parameters
+    stats = executor.step(plan, samples, loss_fn)       # gradients reduced and normalized in .grad
+    optimizer.step(); optimizer.zero_grad()
 
 Every rank runs its group's micro-batches one after another (in a multi-phase plan, its group of
 each phase in turn, gradients accumulating across them): forward and backward with Ulysses (and
 ring) attention in the group and the first `ckpt_layers` layers checkpointed, the loss a plain sum
-over its shard's loss tokens. The ZeRO schedule (dcp.executor.sharding) reduces the gradients
-over the world, each layer's as soon as the rank's last micro-batch's backward has produced it,
-and divides them by the global loss-token count; at stage 3 every rank runs the plan's
-micro-batch slots in lockstep (empty passes where its group has fewer; single-layout plans only).
-Whatever the plan and the stage, the result equals single-process training on the same global
-batch with a per-token mean loss.
+over its shard's loss tokens. FSDP2 (dcp.executor.fsdp) gathers the parameters and reduces the
+gradients over the world in the settings of the ZeRO stage, summing them; the executor then
+divides them by the global loss-token count. At stage 3 every rank runs the plan's micro-batch
+slots in lockstep (empty passes where its group has fewer; single-layout plans only). Whatever
+the plan and the stage, the result equals single-process training on the same global batch with
+a per-token mean loss.
 """
 
 from __future__ import annotations
@@ -29,17 +30,33 @@ from torch import nn
 from dcp.costmodel.precision import PrecisionRecipe, get_recipe
 from dcp.costmodel.zero import ZERO_STAGES
 from dcp.data.local import local_samples
-from dcp.executor.batch import PackedBatch, SampleTensors, check_sample_tensors, pack_microbatch
+from dcp.executor.batch import (
+    PackedBatch,
+    SampleTensors,
+    check_sample_tensors,
+    one_token_sample,
+    pack_microbatch,
+    sample_template,
+)
 from dcp.executor.checkpoint import CheckpointSwitches
 from dcp.executor.comm import broadcast_params
+from dcp.executor.fsdp import (
+    check_model,
+    full_tensor,
+    gather_all,
+    is_wrapped,
+    passes,
+    set_sync,
+    shard_model,
+)
 from dcp.executor.parallel_state import ParallelState
 from dcp.executor.plan_check import ExecutorError, agree_on_plan, check_plan
 from dcp.executor.ring_comm import ring_peers
-from dcp.executor.sharding import ZeroSchedule
 from dcp.executor.ulysses import SPContext, install_ulysses
 from dcp.models.losses import IGNORE_INDEX
 from dcp.models.precision import check_param_dtypes, forward_autocast, recipe_for_model
 from dcp.planner.plan import Group, MicroBatch, Plan
+from dcp.planner.sample import Sample
 
 LossFn = Callable[[torch.Tensor, PackedBatch], tuple[torch.Tensor, torch.Tensor]]
 """(model output, packed batch) -> (loss summed over the shard's loss tokens, their count)."""
@@ -94,7 +111,7 @@ class Executor:
     def __init__(self, model: nn.Module, state: ParallelState, *, layers: Sequence[nn.Module] | None = None,
                  heads: tuple[int, int] | None = None, forward_fn: ForwardFn = default_forward,
                  per_sample_keys: Sequence[str] = ("cond",), pad_values: Mapping[str, float] | None = None,
-                 recipe: str | PrecisionRecipe = "auto", zero_stage: int = 1, overlap: bool = True,
+                 recipe: str | PrecisionRecipe = "auto", zero_stage: int = 1, shard_group: int | None = None,
                  sync_params: bool = True, check_agreement: bool = True, gather_stats: bool = False) -> None:
         """`layers`: the transformer layers (default `model.layers`), whose first r are checkpointed;
         `heads`: (heads, kv_heads), read from the attention modules when None; `pad_values`: fill
@@ -102,12 +119,15 @@ class Executor:
         `recipe`: the precision recipe (dcp.costmodel.precision: bf16, autocast-bf16, fp32) the
         cost model prices; the model's parameters must be in its parameter dtype. "auto" reads it
         from them: bf16 -> bf16, fp32 -> autocast-bf16 on CUDA and fp32 elsewhere. `zero_stage`
-        (0-3) shards optimizer state (1), gradients (2) and parameters (3) over the world, as the
-        cost model's `TrainingSetup.zero_stage` prices; `overlap=False` starts the gradient
-        reductions only after the last micro-batch (to measure what overlapping saves)."""
+        (0-3): replicated (0), gradients and optimizer state sharded (1 and 2: FSDP2 always
+        reduce-scatters, so 1 is 2), parameters too (3), as `TrainingSetup.zero_stage` prices;
+        `shard_group`: ranks a parameter is sharded over (default the world; fewer: HSDP,
+        replicated across the groups). A model already wrapped with `fully_shard` (each layer,
+        then the root) keeps its wrapping and mesh. `sync_params`: every rank starts from rank
+        0's values (an unwrapped model only)."""
         if zero_stage not in ZERO_STAGES:
             raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {zero_stage!r}")
-        self.model, self.state = model, state
+        self.model, self.state, self.zero_stage = model, state, zero_stage
         self.forward_fn, self.per_sample_keys = forward_fn, tuple(per_sample_keys)
         self.pad_values = {"labels": IGNORE_INDEX, **(pad_values or {})}
         self.recipe = recipe_for_model(model, state.device.type) if recipe == "auto" else get_recipe(recipe)
@@ -116,23 +136,21 @@ class Executor:
         layers = list(layers if layers is not None else getattr(model, "layers", []))
         if not layers:
             raise ValueError("the model has no `layers`; pass the transformer layers to checkpoint")
-        # Every check of the model first (ZeroSchedule raises before its broadcast), so a model the
-        # stage cannot hold fails on every rank before any collective.
-        self.zero = ZeroSchedule(model, layers, state, self.recipe, zero_stage, overlap=overlap,
-                                 sync_params=sync_params)
-        if sync_params:  # same start on every rank, whatever each rank's seed (the units: above)
-            broadcast_params([p for p in model.parameters() if not p.requires_grad])
+        # Every check of the model first (shard_model refuses a wrapping before any collective),
+        # so a model dcp cannot run fails on every rank alike.
+        check_model(model, layers, state.world_size)
+        if sync_params and not is_wrapped(model):  # same start on every rank, whatever each rank's seed
+            broadcast_params([*model.parameters(), *model.buffers()])
+        self.mesh = shard_model(model, layers, state, self.recipe, zero_stage, shard_group)
+        self.optimizer: torch.optim.Optimizer | None = None
+        """The optimizer `executor_optimizer` made for this executor (None until then)."""
         self.switches = CheckpointSwitches(layers)
         self.ctx = SPContext()
         attn_modules = install_ulysses(model, self.ctx)
         if heads is None and attn_modules and all(hasattr(m, "heads") for m in attn_modules):
             heads = (min(m.heads for m in attn_modules), min(m.kv_heads for m in attn_modules))
         self.heads = heads
-
-    @property
-    def zero_stage(self) -> int:
-        """The ZeRO stage (0-3) this executor runs (its schedule's)."""
-        return self.zero.stage
+        self._template = None  # a sample's tensor names, dtypes and shapes: the empty pass's input
 
     # -- one step ------------------------------------------------------------------------------
     def step(self, plan: Plan, samples: Mapping[int, SampleTensors], loss_fn: LossFn) -> StepStats:
@@ -149,53 +167,53 @@ class Executor:
                                          self.per_sample_keys)
         except ExecutorError as e:
             error = str(e)
-        if self.check_agreement:
-            agree_on_plan(plan, state, error)
+        template = sample_template(samples)
+        if self.check_agreement:  # a rank without samples learns the empty pass's input here
+            templates = agree_on_plan(plan, state, error, template)
+            template = template or next((t for t in templates if t is not None), None)
         elif error:
             raise ExecutorError(error)
+        self._template = template or self._template
         specs = plan.sample_map()
-        self.zero.begin_step()
+        self.model.zero_grad(set_to_none=True)  # the step's gradients overwrite, never add to, the last
         loss_sum = torch.zeros((), dtype=torch.float64, device=state.device)
         loss_tokens = torch.zeros((), dtype=torch.float64, device=state.device)
         runs: list[tuple[int, int, MicroBatch, _Timer, int | None]] = []  # (group, index, mb, timer, peak)
         cuda = state.device.type == "cuda"
-        # Phase by phase: this rank's group of each phase, its micro-batches one after another.
-        # No barrier between phases: a group's first collective waits for its last member.
-        mine = [(gi, g) for gi, g in enumerate(plan.groups) if state.rank in g.ranks]  # in phase order
-        left = sum(len(g.microbatches) for _, g in mine)
-        for gi, group in mine or [(-1, None)]:
-            mbs = group.microbatches if group else []
-            if group is not None:
+        # Phase by phase: this rank's group of each phase, its micro-batches one after another
+        # (stage 3: every slot of the plan, empty passes past its own). No barrier between
+        # phases: a group's first collective waits for its last member.
+        if plan.num_phases > 1:
+            gather_all(self.model)
+        try:
+            for run in passes(plan, state.rank, self.zero_stage):
+                set_sync(self.model, run.sync)
+                if run.microbatch is None:
+                    self._empty_pass(loss_fn)
+                    continue
+                mb, group = run.microbatch, run.group
                 self._enter_group(group)
-            try:
-                # Stage 3 (single-layout plans) runs every slot of the plan on every rank (empty
-                # passes past its own).
-                for slot in range(self.zero.slots(plan, group)):
-                    if slot >= len(mbs):
-                        self.zero.empty_pass()
-                        continue
-                    mb, left = mbs[slot], left - 1
-                    timer = _Timer(state.device)
-                    if cuda:  # the allocator's own count, kept on the host: no sync needed
-                        torch.cuda.reset_peak_memory_stats(state.device)
-                    with timer, self.zero.microbatch(last=left == 0):
-                        batch = pack_microbatch(mb.samples, specs, samples, sp_size=group.sp,
-                                                sp_rank=state.rank - group.ranks[0], device=state.device,
-                                                per_sample_keys=self.per_sample_keys, pad_values=self.pad_values,
-                                                ring=group.ring)
-                        self.switches.set(mb.ckpt_layers)
-                        with self._autocast():
-                            out = self.forward_fn(self.model, batch)
-                            mb_loss, mb_tokens = loss_fn(out, batch)
-                        mb_loss.backward()
-                    peak = torch.cuda.max_memory_allocated(state.device) if cuda else None
-                    loss_sum += mb_loss.detach().double()
-                    loss_tokens += mb_tokens.detach().double() if torch.is_tensor(mb_tokens) else float(mb_tokens)
-                    runs.append((gi, slot, mb, timer, peak))
-            finally:
-                self.ctx.group, self.ctx.size, self.ctx.rank, self.ctx.ring = None, 1, 0, None
+                timer = _Timer(state.device)
+                if cuda:  # the allocator's own count, kept on the host: no sync needed
+                    torch.cuda.reset_peak_memory_stats(state.device)
+                with timer:
+                    batch = pack_microbatch(mb.samples, specs, samples, sp_size=group.sp,
+                                            sp_rank=state.rank - group.ranks[0], device=state.device,
+                                            per_sample_keys=self.per_sample_keys, pad_values=self.pad_values,
+                                            ring=group.ring)
+                    self.switches.set(mb.ckpt_layers)
+                    with self._autocast():
+                        out = self.forward_fn(self.model, batch)
+                        mb_loss, mb_tokens = loss_fn(out, batch)
+                    mb_loss.backward()
+                peak = torch.cuda.max_memory_allocated(state.device) if cuda else None
+                loss_sum += mb_loss.detach().double()
+                loss_tokens += mb_tokens.detach().double() if torch.is_tensor(mb_tokens) else float(mb_tokens)
+                runs.append((run.group_index, run.index, mb, timer, peak))
+        finally:
+            self.ctx.group, self.ctx.size, self.ctx.rank, self.ctx.ring = None, 1, 0, None
         sync_start = time.perf_counter()
-        total_loss, total_tokens = self.zero.finish(loss_sum, loss_tokens)
+        total_loss, total_tokens = self._normalize(loss_sum, loss_tokens)
         now = time.perf_counter()
         # Read the timers only now: on CUDA that waits for the events, which must not delay
         # launching the all-reduce.
@@ -206,6 +224,50 @@ class Executor:
             stats = self._gather(stats)
         return StepStats(total_loss / total_tokens, round(total_tokens), plan.step_time_s, now - start,
                          now - sync_start, stats)
+
+    def _empty_pass(self, loss_fn: LossFn) -> None:
+        """A pass without a micro-batch: one token through the whole model, its loss times zero,
+        so this rank joins the pass's gathers and reductions with a zero contribution."""
+        if self._template is None:
+            raise ExecutorError("an empty pass needs one sample's tensor names and shapes; this rank has no "
+                                "samples and check_agreement=False: pass check_agreement=True")
+        self.ctx.group, self.ctx.size, self.ctx.rank, self.ctx.ring = None, 1, 0, None  # no SP: alone
+        tensors = one_token_sample(self._template, self.pad_values)
+        spec = {-1: Sample(-1, 1, 1)}
+        batch = pack_microbatch([-1], spec, {-1: tensors}, sp_size=1, sp_rank=0, device=self.state.device,
+                                per_sample_keys=self.per_sample_keys, pad_values=self.pad_values)
+        self.switches.set(0)
+        with self._autocast():
+            loss, _ = loss_fn(self.forward_fn(self.model, batch), batch)
+        (loss * 0).backward()
+
+    def _normalize(self, loss_sum: torch.Tensor, loss_tokens: torch.Tensor) -> tuple[float, float]:
+        """All-reduce the loss sum and token count and divide the summed gradients by the count.
+
+        Ranks back-propagated un-normalized loss sums and FSDP2 summed them (divide factor 1):
+        dividing by the global loss-token count afterwards equals normalizing each rank's loss
+        by it beforehand."""
+        scalars = torch.stack([loss_sum.double(), loss_tokens.double()]).to(self.state.device)
+        if self.state.world_size > 1:
+            dist.all_reduce(scalars)
+        total_loss, total_tokens = scalars.tolist()
+        if total_tokens <= 0:
+            raise ValueError("the global batch has no loss tokens: nothing to normalize the gradient by")
+        with torch.no_grad():
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    p.grad.div_(total_tokens)
+        return total_loss, total_tokens
+
+    def full_grads(self) -> list[torch.Tensor]:
+        """Every trainable parameter's whole gradient (zeros where none), in `model.parameters()`
+        order. A collective: every rank calls it."""
+        return [full_tensor(p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()
+                for p in self.model.parameters() if p.requires_grad]
+
+    def full_params(self) -> list[torch.Tensor]:
+        """Every trainable parameter's whole value, in `model.parameters()` order (a collective)."""
+        return [full_tensor(p.detach()).clone() for p in self.model.parameters() if p.requires_grad]
 
     def _enter_group(self, group: Group) -> None:
         """Point the SP context at this rank's Ulysses group (its u consecutive ranks) and ring."""

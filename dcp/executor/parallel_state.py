@@ -41,11 +41,6 @@ class ParallelState:
     groups: dict[tuple[int, int], dist.ProcessGroup] = field(repr=False)
     """Process group of each aligned block by (start rank, size); size 1 needs none."""
     timeout_s: float = 600.0
-    zero_groups: tuple[dist.ProcessGroup, ...] = field(default=(), repr=False)
-    """Two groups of the whole world for the ZeRO schedule (dcp.executor.sharding): parameter
-    gathers on the first, gradient reductions on the second, so that each carries one fixed
-    order of collectives whatever a rank's micro-batches interleave them with. Empty: the
-    default group serves both."""
 
     def __post_init__(self) -> None:
         if self.world_size <= 0 or not 0 <= self.rank < self.world_size:
@@ -76,28 +71,15 @@ class ParallelState:
         # Every rank calls new_group for every block, in the same order (a torch requirement).
         groups = {b: dist.new_group(list(range(b[0], b[0] + b[1])), timeout=timeout)
                   for b in aligned_blocks(world)}
-        zero = tuple(dist.new_group(list(range(world)), timeout=timeout) for _ in range(2))
-        state = cls(world, rank, max(1, min(gpus_per_node, world)), torch.device(device), groups, timeout_s, zero)
+        state = cls(world, rank, max(1, min(gpus_per_node, world)), torch.device(device), groups, timeout_s)
         if warm:
             for (start, size), group in groups.items():
                 if start <= rank < start + size:
                     dist.all_reduce(torch.ones(1, device=state.device), group=group)
-            for group in zero:
-                dist.all_reduce(torch.ones(1, device=state.device), group=group)
             # Ring attention sends point-to-point over the world group: connect every ring now.
             dist.all_reduce(torch.ones(1, device=state.device))
             warm_rings(world, rank, state.device)
         return state
-
-    @property
-    def gather_group(self) -> dist.ProcessGroup | None:
-        """The world group of the ZeRO schedule's parameter all-gathers (None: the default group)."""
-        return self.zero_groups[0] if self.zero_groups else None
-
-    @property
-    def reduce_group(self) -> dist.ProcessGroup | None:
-        """The world group of the ZeRO schedule's gradient reductions (None: the default group)."""
-        return self.zero_groups[1] if self.zero_groups else None
 
     def group(self, start: int, size: int) -> dist.ProcessGroup | None:
         """The group of the block of `size` ranks starting at `start` (None for one rank)."""

@@ -43,32 +43,35 @@ def check_plan(plan: Plan, state: ParallelState, num_layers: int, heads: tuple[i
                                     f"{g.ring}: {problem} (Ulysses shards heads; a ring can take the rest)")
 
 
-def agree_on_plan(plan: Plan, state: ParallelState, local_error: str | None = None) -> None:
-    """One small all-gather of (plan digest, this rank's error or None). Every rank then raises
-    the same ExecutorError if any rank had an error or any plan differs from rank 0's, so a
-    problem seen by one rank stops all of them instead of leaving the others in a collective."""
+def agree_on_plan(plan: Plan, state: ParallelState, local_error: str | None = None,
+                  extra: object = None) -> list[object]:
+    """One small all-gather of (plan digest, this rank's error or None, `extra`). Every rank then
+    raises the same ExecutorError if any rank had an error or any plan differs from rank 0's, so
+    a problem seen by one rank stops all of them instead of leaving the others in a collective.
+    Returns every rank's `extra`, in rank order."""
     try:
         digest = plan.digest()
     except Exception as e:  # a plan too broken to hash is that rank's error, not a crash before the gather
         digest, local_error = "", local_error or f"plan cannot be hashed ({type(e).__name__}: {e})"
-    mine = (digest, local_error)
+    mine = (digest, local_error, extra)
     if state.world_size == 1:
         everyone = [mine]
     else:
         everyone = [None] * state.world_size
         dist.all_gather_object(everyone, mine)
     by_error: dict[str, list[int]] = {}
-    for r, (_, err) in enumerate(everyone):
+    for r, (_, err, _) in enumerate(everyone):
         if err:
             by_error.setdefault(err, []).append(r)
     if by_error:
         raise ExecutorError("cannot run the step; " + "; ".join(
             f"{_ranks(ranks, state.world_size)}: {err}" for err, ranks in by_error.items()))
-    differ = [r for r, (d, _) in enumerate(everyone) if d != everyone[0][0]]
+    differ = [r for r, (d, _, _) in enumerate(everyone) if d != everyone[0][0]]
     if differ:
         raise ExecutorError(f"ranks disagree on the plan: rank(s) {differ} hold a plan whose digest differs "
                             f"from rank 0's ({everyone[0][0][:12]}); plan on rank 0 and broadcast it "
                             "(broadcast_plan) or plan deterministically")
+    return [e for _, _, e in everyone]
 
 
 def _ranks(ranks: list[int], world_size: int) -> str:

@@ -16,6 +16,7 @@ from torch import nn
 
 from dcp.executor.batch import SampleTensors, pack_microbatch
 from dcp.executor.executor import Executor, ForwardFn, LossFn
+from dcp.executor.fsdp import full_tensor
 from dcp.planner.plan import Group, MicroBatch, Plan
 from dcp.planner.sample import Sample
 
@@ -51,8 +52,9 @@ def relative_diff(tensors: Sequence[torch.Tensor], reference: Sequence[torch.Ten
 
     Per-tensor scale, so small tensors are judged at their own size; the floor keeps gradients
     that are zero in exact arithmetic (a key bias: softmax ignores a shift shared by all scores)
-    from turning round-off on both sides into a huge ratio."""
-    pairs = list(zip(tensors, reference, strict=True))
+    from turning round-off on both sides into a huge ratio. DTensors are compared whole (a
+    collective over their mesh: on several ranks compare `executor.full_grads()` instead)."""
+    pairs = [(full_tensor(t), full_tensor(r)) for t, r in zip(tensors, reference, strict=True)]
     overall = max((r.abs().max().item() for _, r in pairs if r.numel()), default=0.0)
     worst = 0.0
     for t, r in pairs:
@@ -64,12 +66,10 @@ def relative_diff(tensors: Sequence[torch.Tensor], reference: Sequence[torch.Ten
     return worst
 
 
-def in_unit_order(executor: Executor, model: nn.Module, reference: nn.Module) -> list[nn.Parameter]:
-    """`reference`'s parameters (a copy of `model` made before the executor took it) in the order
-    of the executor's units: the order of `executor.zero.full_grads()` and `full_params()`."""
-    position = {id(p): i for i, p in enumerate(model.parameters())}
-    ref = list(reference.parameters())
-    return [ref[position[id(p)]] for u in executor.zero.units for p in u.params]
+def trainable(reference: nn.Module) -> list[nn.Parameter]:
+    """`reference`'s trainable parameters in `model.parameters()` order: the order of
+    `executor.full_grads()` and `full_params()`."""
+    return [p for p in reference.parameters() if p.requires_grad]
 
 
 def manual_plan(batch: Sequence[Sample], num_gpus: int, num_layers: int,
@@ -96,20 +96,20 @@ def manual_plan(batch: Sequence[Sample], num_gpus: int, num_layers: int,
 
 def load_reference(executor: Executor, model: nn.Module, reference: nn.Module | None) -> None:
     """Give `reference` (a copy of `model` made before the executor took it) the executor's current
-    parameters. At ZeRO stage 3 a collective: every rank calls it, with None where it keeps no
+    parameters. A collective: every rank calls it, with None where it keeps no
     reference."""
-    values = executor.zero.full_params()
+    values = executor.full_params()
     if reference is not None:
         with torch.no_grad():
-            for r, v in zip(in_unit_order(executor, model, reference), values, strict=True):
+            for r, v in zip(trainable(reference), values, strict=True):
                 r.copy_(v)
 
 
 def reference_grad_diff(executor: Executor, model: nn.Module, reference: nn.Module | None) -> float:
     """`relative_diff` of the executor's reduced gradients against `reference`'s (0.0 where it is
-    None). At ZeRO stages 2 and 3 a collective: every rank calls it."""
-    grads = executor.zero.full_grads()
+    None). A collective: every rank calls it."""
+    grads = executor.full_grads()
     if reference is None:
         return 0.0
-    want = [r.grad if r.grad is not None else torch.zeros_like(r) for r in in_unit_order(executor, model, reference)]
+    want = [r.grad if r.grad is not None else torch.zeros_like(r) for r in trainable(reference)]
     return relative_diff(grads, want)
