@@ -252,3 +252,52 @@ def test_four_ranks_at_zero_stage_2_and_3_match_single_process(stage: int) -> No
     """Sharded gradients (stage 2) and parameters (stage 3, lockstep slots), tied embeddings too."""
     results = run_ranks(sharded_worker, 4, stage, ["llama", "qwen2-tied"], 3, deadline_s=150)
     check_grads(results, 1e-12, "single process")
+
+
+def user_wrapped_worker(rank: int, world: int) -> list[float]:
+    """An HF Llama the test wraps with fully_shard itself (each decoder layer, then the root)
+    before dcp sees it: three AdamW steps of random mixed plans at stage 2; after each, rank 0's
+    parameter difference from single-process training (fp64, each sample alone)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from dcp.executor import ParallelState, SPContext, executor_optimizer
+    from dcp.executor.hf import (
+        causal_lm_loss,
+        decoder_layers,
+        hf_executor,
+        hf_forward,
+        install_dcp_attention,
+        lm_sample,
+    )
+    from dcp.executor.reference import reference_step, trainable
+    from dcp.executor.reference import relative_diff as relative
+
+    state = ParallelState.create(timeout_s=30)
+    model = tiny_model(tiny_config("llama"))
+    reference = copy.deepcopy(model)
+    install_dcp_attention(reference, SPContext())  # one process, one sample at a time
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    executor = hf_executor(model, state, zero_stage=2)
+    adamw = {"lr": 1e-2, "eps": 1e-6}
+    optimizer, ref_opt = executor_optimizer(executor, **adamw), torch.optim.AdamW(reference.parameters(), **adamw)
+    diffs = []
+    for step in range(3):
+        plan, batch = random_case(world, step, model.config.num_hidden_layers)
+        samples = {s.id: lm_sample(token_ids(s, model.config.vocab_size, step)) for s in batch}
+        executor.step(plan, samples, causal_lm_loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        params = executor.full_params()  # a collective: every rank joins
+        reference_step(reference, batch, samples, causal_lm_loss, hf_forward)
+        ref_opt.step()
+        diffs.append(relative(params, [p.detach() for p in trainable(reference)]))
+    return diffs
+
+
+def test_an_hf_llama_the_user_wrapped_with_fully_shard_trains_as_it_is() -> None:
+    for diffs in run_ranks(user_wrapped_worker, 4, deadline_s=150):
+        assert len(diffs) == 3 and max(diffs) <= 1e-12, diffs

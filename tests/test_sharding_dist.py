@@ -206,3 +206,67 @@ def test_llama_13b_and_70b_layer_structures_train_at_stage_3() -> None:
         assert all(r[0] == losses for r in results)  # one global loss on every rank
         assert all(abs(r[1] - 0.25) < 0.01 for r in results)  # each rank keeps a quarter of the parameters
         assert diff <= 1e-10, (name, diff)
+
+
+def user_wrapped_worker(rank: int, world: int, stage: int, steps: list[Case]) -> tuple[list[float], list[str]]:
+    """The test wraps the reference Llama with fully_shard itself (each layer, then the root, on
+    its own mesh) before dcp sees it; three AdamW steps; rank 0's parameter difference from
+    single-process training after each. Then two wrappings dcp cannot run, each refused."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from dcp.executor import Executor, ParallelState, default_forward, executor_optimizer
+    from dcp.executor.reference import reference_step
+    from dcp.models import build_model, lm_loss, sample_tensors
+
+    state = ParallelState.create(gpus_per_node=4, timeout_s=30)
+    spec = llama_spec()
+    mesh = init_device_mesh("cpu", (world,))
+
+    def wrapped(skip_layer: bool = False, skip_root: bool = False) -> torch.nn.Module:
+        model = build_model(spec, dtype=torch.float64, seed=0)
+        for i, layer in enumerate(model.layers):
+            if not (skip_layer and i == 0):
+                fully_shard(layer, mesh=mesh)
+        if not skip_root:
+            fully_shard(model, mesh=mesh)
+        return model
+
+    ref = build_model(spec, dtype=torch.float64, seed=0)
+    model = wrapped()
+    executor = Executor(model, state, zero_stage=stage)
+    assert executor.mesh is mesh
+    adamw = {"lr": 1e-2, "weight_decay": 0.1, "eps": 1e-6}
+    optimizer, ref_opt = executor_optimizer(executor, **adamw), torch.optim.AdamW(ref.parameters(), **adamw)
+
+    def loss_fn(o, b):  # noqa: ANN001, ANN202
+        return lm_loss(o, b["labels"])
+
+    diffs = []
+    for step, (plan, batch) in enumerate(steps):
+        tensors = {s.id: sample_tensors(spec, s, seed=step, dtype=torch.float64) for s in batch}
+        executor.step(plan, tensors, loss_fn)
+        optimizer.step()
+        optimizer.zero_grad()
+        params = executor.full_params()
+        reference_step(ref, batch, tensors, loss_fn, default_forward)
+        ref_opt.step()
+        diffs.append(relative(params, [p.detach() for p in trainable(ref)]))
+    errors = []
+    for bad in (dict(skip_layer=True), dict(skip_root=True)):
+        try:
+            Executor(wrapped(**bad), state, zero_stage=stage)
+            errors.append("no error")
+        except ValueError as e:
+            errors.append(str(e))
+    return diffs, errors
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_model_the_user_wrapped_with_fully_shard_trains_as_it_is(stage: int) -> None:
+    steps = cases(llama_spec(), LAYOUTS_4, 4, seed=30 + stage)
+    results = run_ranks(user_wrapped_worker, 4, stage, steps, deadline_s=150)
+    for diffs, errors in results:
+        assert len(diffs) == 3 and max(diffs) <= TOLERANCE, diffs
+        assert "cannot run this fully_shard wrapping: layer 0 is not wrapped with fully_shard" in errors[0]
+        assert "the root is not: call fully_shard(model) last" in errors[1]
