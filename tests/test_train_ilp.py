@@ -15,7 +15,7 @@ def ilp_training_worker(rank: int, world: int) -> dict:
     another plan of the same batch (dcp-greedy's: a time-limited ILP can give one too)."""
     from dcp.costmodel import load_model
     from dcp.executor import Executor, ExecutorError, ParallelState, broadcast_plan, default_forward
-    from dcp.executor.reference import reference_step, relative_grad_diff
+    from dcp.executor.reference import reference_step, relative_diff, trainable
     from dcp.launch import RunOptions, planned_batches
     from dcp.models import build_model, lm_loss, reference_attention, sample_tensors
     from dcp.planner import GreedyOptions, solve
@@ -50,10 +50,11 @@ def ilp_training_worker(rank: int, world: int) -> dict:
             plan = broadcast_plan(mine, state)
             out["same"].append(plan.digest() == mine.digest())  # rank 1 now runs rank 0's plan
             executor.step(plan, tensors, loss_fn)
+            grads = executor.full_grads()  # a collective: every rank joins
             diff = 0.0
             if rank == 0:
                 reference_step(ref, plan.samples, tensors, loss_fn, default_forward)
-                diff = relative_grad_diff(list(model.parameters()), list(ref.parameters()))
+                diff = relative_diff(grads, [p.grad for p in trainable(ref)])
             out["diff"].append(diff)
     return out
 
