@@ -75,9 +75,12 @@ def planning_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--memory-gb", type=click.FloatRange(min=0, min_open=True), default=None, callback=finite,
                      help="Usable memory per GPU in GB (1e9 bytes). Default: the hardware profile's."),
         click.option("--zero-stage", type=click.Choice(["0", "1", "2", "3"]), default="1", show_default=True,
-                     help="ZeRO sharding of the model states over all GPUs: 0 none, 1 optimizer state, "
-                          "2 also gradients between steps, 3 also parameters (gathered per layer, every "
-                          "rank in lockstep slots)."),
+                     help="ZeRO sharding of the model states (FSDP2): 0 none, 1 and 2 (the same) parameters, "
+                          "gradients and optimizer state sharded, gathered for the whole step, 3 parameters "
+                          "gathered per layer, every rank in lockstep slots."),
+        click.option("--shard-group", type=click.IntRange(min=1), default=None,
+                     help="Shard over groups of this many consecutive GPUs (e.g. a node) and replicate across "
+                          "them (HSDP). Default: shard over all GPUs."),
         click.option("--precision", type=click.Choice(list(RECIPES)), default="bf16", show_default=True,
                      help="Precision recipe the training runs (as the executor's): bf16 parameters with fp32 "
                           "master weights, fp32 parameters under bf16 autocast, or fp32."),
@@ -129,7 +132,7 @@ def setup(o: dict[str, Any]) -> Setup:
                      config["model"])
     measure_missing_memory(config["model"], [config["precision"]], config["hardware"])
     cm = build_cost_model(config["model"], config["hardware"], config["gpus"], config["gpus_per_node"],
-                          config["memory_gb"], config["zero_stage"], config["precision"])
+                          config["memory_gb"], config["zero_stage"], config["precision"], config["shard_group"])
     config["gpus_per_node"] = cm.cluster.gpus_per_node
     check_model_states(cm, config)
     for note in cm.notes():

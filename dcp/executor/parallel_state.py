@@ -11,6 +11,7 @@ but every pair of ring neighbours exchanges a tiny tensor here too.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -65,8 +66,10 @@ class ParallelState:
         if device is None:
             device = (torch.device("cuda", torch.cuda.current_device())
                       if dist.get_backend() == "nccl" else torch.device("cpu"))
-        if gpus_per_node is None:
-            gpus_per_node = torch.cuda.device_count() if torch.device(device).type == "cuda" else world
+        if gpus_per_node is None:  # torchrun's processes on this node; else the devices it has
+            local = os.environ.get("LOCAL_WORLD_SIZE")
+            gpus_per_node = (int(local) if local else
+                             torch.cuda.device_count() if torch.device(device).type == "cuda" else world)
         timeout = timedelta(seconds=timeout_s)
         # Every rank calls new_group for every block, in the same order (a torch requirement).
         groups = {b: dist.new_group(list(range(b[0], b[0] + b[1])), timeout=timeout)

@@ -69,7 +69,7 @@ class PlanDocument:
         memory_gb = c.get("memory_gb") if c else p.memory_limit_bytes / 1e9
         return build_cost_model(spec, hw, p.num_gpus, p.gpus_per_node, memory_gb,
                                 int(zero_stage if zero_stage is not None else c.get("zero_stage", 1)),
-                                c.get("precision", "bf16"))
+                                c.get("precision", "bf16"), c.get("shard_group"))
 
     def _stored(self, value: Any) -> str | None:
         if value is None:

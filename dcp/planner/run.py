@@ -44,15 +44,17 @@ def default_model(workload: str) -> str:
 
 
 def build_cost_model(model: str, hardware: str, gpus: int, gpus_per_node: int | None = None,
-                     memory_gb: float | None = None, zero_stage: int = 1, precision: str = "bf16") -> CostModel:
+                     memory_gb: float | None = None, zero_stage: int = 1, precision: str = "bf16",
+                     shard_group: int | None = None) -> CostModel:
     """A cost model from preset names (or JSON paths), the cluster's shape and the training's
-    precision recipe (a name of `dcp.costmodel.RECIPES`).
+    precision recipe (a name of `dcp.costmodel.RECIPES`) and shard group (HSDP; None: the world).
 
     gpus_per_node and memory_gb default to the hardware profile's; memory_gb is usable GB (1e9)."""
     spec, hw = load_model(model), load_hardware(hardware)
     cluster = Cluster(num_gpus=gpus, gpus_per_node=gpus_per_node or hw.gpus_per_node,
                       memory_bytes=hw.memory_bytes if memory_gb is None else memory_gb * 1e9)
-    return CostModel(spec, hw, cluster, TrainingSetup(precision=precision, zero_stage=zero_stage))
+    return CostModel(spec, hw, cluster, TrainingSetup(precision=precision, zero_stage=zero_stage,
+                                                      shard_group=shard_group))
 
 
 def resolve_options(name: str | StrategyOptions, time_limit_s: float | None = None,
