@@ -17,7 +17,13 @@ from dcp.executor.reference import relative_diff as relative
 from dcp.executor.reference import trainable
 from dcp.planner import Sample
 
-TOLERANCE = 1e-12
+TOLERANCE = 1e-11
+"""Gradients of steps 2 and 3 are taken at parameters that AdamW has already moved apart (below):
+seen 2.1e-12 at stage 3 (the first step's 5.3e-14)."""
+PARAM_TOLERANCE = 1e-10
+"""Parameters after AdamW steps: its update g / (sqrt(v) + eps) turns a gradient's 1e-16 round-off
+near zero into up to lr / eps = 1e4 times that (seen: 1.3e-11 after three steps at stage 3, since
+the models' norms run in float64)."""
 # (first rank, SP size[, ring degree]) per group on 4 ranks; with one idle rank in the first, a
 # ring of 2 (1 x 2) in the second; on 8 ranks a 2 x 2 Ulysses x ring group in the first.
 LAYOUTS_4 = [[(0, 2), (2, 1)], [(0, 1), (1, 1), (2, 2, 2)], [(0, 2), (2, 1), (3, 1)]]
@@ -83,7 +89,7 @@ def test_sharded_training_equals_single_process_on_4_ranks(stage: int) -> None:
     results = run_ranks(sharded_worker, 4, stage, steps, deadline_s=120)
     for grad_diff, param_diff, counts in results[0]:
         assert len(set(counts)) > 1, counts  # groups ran different numbers of micro-batches
-        assert grad_diff <= TOLERANCE and param_diff <= TOLERANCE, (stage, grad_diff, param_diff)
+        assert grad_diff <= TOLERANCE and param_diff <= PARAM_TOLERANCE, (stage, grad_diff, param_diff)
 
 
 @pytest.mark.parametrize("stage", [0, 2, 3])
@@ -91,7 +97,7 @@ def test_sharded_training_equals_single_process_on_8_ranks(stage: int) -> None:
     steps = cases(llama_spec(), LAYOUTS_8, 8, seed=10 + stage)
     results = run_ranks(sharded_worker, 8, stage, steps, deadline_s=150)
     for grad_diff, param_diff, _ in results[0]:
-        assert grad_diff <= TOLERANCE and param_diff <= TOLERANCE, (stage, grad_diff, param_diff)
+        assert grad_diff <= TOLERANCE and param_diff <= PARAM_TOLERANCE, (stage, grad_diff, param_diff)
 
 
 @pytest.mark.parametrize(("world", "shard_group", "stage"), [(4, 2, 2), (4, 2, 3), (8, 4, 2)])
@@ -101,7 +107,7 @@ def test_hsdp_training_equals_single_process(world: int, shard_group: int, stage
     steps = cases(llama_spec(), layouts[:2], world, seed=20 + world + stage)
     results = run_ranks(sharded_worker, world, stage, steps, shard_group, deadline_s=150)
     for grad_diff, param_diff, _ in results[0]:
-        assert grad_diff <= TOLERANCE and param_diff <= TOLERANCE, (world, shard_group, grad_diff, param_diff)
+        assert grad_diff <= TOLERANCE and param_diff <= PARAM_TOLERANCE, (world, shard_group, grad_diff, param_diff)
 
 
 def bad_inputs_worker(rank: int, world: int) -> list[str]:
@@ -267,6 +273,6 @@ def test_a_model_the_user_wrapped_with_fully_shard_trains_as_it_is(stage: int) -
     steps = cases(llama_spec(), LAYOUTS_4, 4, seed=30 + stage)
     results = run_ranks(user_wrapped_worker, 4, stage, steps, deadline_s=150)
     for diffs, errors in results:
-        assert len(diffs) == 3 and max(diffs) <= TOLERANCE, diffs
+        assert len(diffs) == 3 and max(diffs) <= PARAM_TOLERANCE, diffs
         assert "cannot run this fully_shard wrapping: layer 0 is not wrapped with fully_shard" in errors[0]
         assert "the root is not: call fully_shard(model) last" in errors[1]
