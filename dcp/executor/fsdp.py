@@ -32,25 +32,16 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from dcp.costmodel.precision import PrecisionRecipe
+from dcp.costmodel.zero import shard_ranks
 from dcp.executor.parallel_state import ParallelState
 from dcp.models.precision import torch_dtype
 from dcp.planner.plan import Group, MicroBatch, Plan
 
 
-def shard_size(stage: int, world: int, shard_group: int | None) -> int:
-    """Ranks one parameter is sharded over: 1 at stage 0, else `shard_group` (default the world)."""
-    if stage == 0:
-        return 1
-    size = world if shard_group is None else shard_group
-    if size < 1 or world % size:
-        raise ValueError(f"shard group of {size} ranks does not divide the world of {world}")
-    return size
-
-
 def device_mesh(state: ParallelState, stage: int, shard_group: int | None = None) -> DeviceMesh:
     """The mesh of `stage`: 1-D over the world, or (replicate, shard) when a shard group is
     smaller than the world (stage 0: shards of one rank). Created on every rank (a collective)."""
-    shard = shard_size(stage, state.world_size, shard_group)
+    shard = shard_ranks(stage, state.world_size, shard_group)
     if shard == state.world_size:
         return init_device_mesh(state.device.type, (shard,), mesh_dim_names=("shard",))
     return init_device_mesh(state.device.type, (state.world_size // shard, shard),
