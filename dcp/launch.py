@@ -42,7 +42,16 @@ from dcp.costmodel import (
 )
 from dcp.costmodel.presets import check_fitted_for
 from dcp.data import GlobalBatchSampler, load_workload
-from dcp.executor import ExecutorError, ParallelState, StepStats
+from dcp.data.sampler import PlannedBatch
+from dcp.executor import (
+    Checkpointer,
+    CheckpointError,
+    ExecutorError,
+    ParallelState,
+    StepStats,
+    run_digest,
+)
+from dcp.executor.run_checkpoint_files import partial_steps
 from dcp.planner import STRATEGIES
 from dcp.planner.plan import Plan
 
@@ -87,6 +96,12 @@ class RunOptions:
     stats_out: str | None = None
     """Rank 0 appends each step's micro-batches (predicted and measured time and memory) to this
     JSON-lines file."""
+    checkpoint_dir: str | None = None
+    """Directory of the run's checkpoints (dcp.executor.Checkpointer); None: no checkpoints."""
+    save_every: int = 0
+    """Save a checkpoint every this many steps (0: never)."""
+    resume: bool = False
+    """Resume from the newest complete checkpoint in checkpoint_dir (start at step 0 if it holds none)."""
 
     def __post_init__(self) -> None:
         if self.global_batch <= 0:
@@ -101,6 +116,10 @@ class RunOptions:
             get_recipe(self.precision)  # a clear error naming the known recipes
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {self.zero_stage}")
+        if self.save_every < 0:
+            raise ValueError(f"--save-every must not be negative, got {self.save_every}")
+        if (self.save_every or self.resume) and self.checkpoint_dir is None:
+            raise ValueError("--save-every and --resume need --checkpoint-dir")
 
     def recipe(self, cuda: bool) -> PrecisionRecipe:
         """The run's precision recipe on a GPU (`cuda`) or CPU job."""
@@ -134,6 +153,11 @@ class RunOptions:
                             help="ZeRO stage: 1 optimizer state, 2 also gradients, 3 also parameters (default 1)")
         parser.add_argument("--stats-out", default=d.stats_out,
                             help="JSON-lines file for each step's micro-batches (time and memory, planned and measured)")
+        parser.add_argument("--checkpoint-dir", default=d.checkpoint_dir, help="directory of the run's checkpoints")
+        parser.add_argument("--save-every", type=int, default=d.save_every,
+                            help="save a checkpoint every N steps (default 0: never)")
+        parser.add_argument("--resume", action="store_true",
+                            help="resume from the newest complete checkpoint in --checkpoint-dir")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RunOptions:
@@ -231,10 +255,46 @@ def fail(message: str) -> NoReturn:
     sys.exit(1)
 
 
+def open_checkpoints(options: RunOptions, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                     sampler: GlobalBatchSampler) -> tuple[Checkpointer | None, int]:
+    """The run's Checkpointer (None without --checkpoint-dir; its digest from the sampler's cost
+    model) and the step to start from: with --resume the newest complete checkpoint's, with the
+    model, optimizer, sampler and RNG states restored; 0 when the directory holds no save at all
+    (one holding only an incomplete save is an error)."""
+    if options.checkpoint_dir is None:
+        return None, 0
+    cm = sampler.cost_model
+    ckpt = Checkpointer(options.checkpoint_dir, digest=run_digest(model=cm.model, hardware=cm.hardware,
+                                                                  zero_stage=cm.training.zero_stage,
+                                                                  recipe=cm.training.recipe))
+    if not options.resume:
+        return ckpt, 0
+    if ckpt.latest() is None and not partial_steps(ckpt.root):
+        if lead_rank():
+            print(f"no checkpoint in {options.checkpoint_dir}: starting at step 0", flush=True)
+        return ckpt, 0
+    resumed = ckpt.load(model, optimizer, sampler=sampler)
+    if lead_rank():
+        print(f"resumed from {resumed.path} (saved on {resumed.saved_world_size} ranks) at step {resumed.step}",
+              flush=True)
+    return ckpt, resumed.step
+
+
+def maybe_save(ckpt: Checkpointer | None, options: RunOptions, steps_done: int, model: torch.nn.Module,
+               optimizer: torch.optim.Optimizer, sampler: GlobalBatchSampler, planned: PlannedBatch) -> None:
+    """Save after `steps_done` optimizer steps when --save-every says so; the sampler's state is
+    the one after `planned` (the batch just trained)."""
+    if ckpt is None or not options.save_every or steps_done % options.save_every:
+        return
+    path = ckpt.save(steps_done, model, optimizer, sampler_state=sampler.state_dict_after(planned))
+    if lead_rank():
+        print(f"saved checkpoint {path}", flush=True)
+
+
 def run_main(main: Callable[[], None]) -> None:
     """Run a training script's `main`: a launch, input or plan error ends it with one `Error:` line
     on stderr (from rank 0 under torchrun, `fail`) and exit status 1 instead of a traceback."""
     try:
         main()
-    except (LaunchError, ExecutorError, ValueError) as e:
+    except (LaunchError, ExecutorError, CheckpointError, ValueError) as e:
         fail(str(e))

@@ -42,6 +42,8 @@ from dcp.executor.reference import load_reference, reference_grad_diff
 from dcp.launch import (
     RunOptions,
     init_distributed,
+    maybe_save,
+    open_checkpoints,
     planned_batches,
     run_main,
     shutdown_distributed,
@@ -85,8 +87,9 @@ def main() -> None:
     # Every rank draws and plans the same batches (dcp-greedy is deterministic; ilp is not, so
     # with ilp the executor's plan-digest check would flag ranks whose time-limited solves differ).
     sampler = planned_batches(spec, state, options)
+    ckpt, start = open_checkpoints(options, model, optimizer, sampler)  # --resume: where the run stopped
     worst = 0.0
-    for step, planned in zip(range(options.steps), sampler, strict=False):
+    for step, planned in zip(range(start, options.steps), sampler, strict=False):
         plan = planned.plan
         specs = plan.sample_map()
         wanted = specs if reference is not None else planned.local_samples(rank)  # reference needs all
@@ -104,7 +107,10 @@ def main() -> None:
             write_step_stats(options.stats_out, step, stats)
         if rank == 0:
             print(step_summary(step, plan, stats), flush=True)
+        maybe_save(ckpt, options, step + 1, model, optimizer, sampler, planned)
     sampler.close()
+    if ckpt is not None:
+        ckpt.close()  # an async save in flight commits before the job ends
     if options.check_grads and rank == 0:
         print(f"max_grad_diff={worst:.3e}", flush=True)
     shutdown_distributed()

@@ -29,6 +29,8 @@ from dcp.executor.reference import load_reference, reference_grad_diff, referenc
 from dcp.launch import (
     RunOptions,
     init_distributed,
+    maybe_save,
+    open_checkpoints,
     planned_batches,
     run_main,
     shutdown_distributed,
@@ -66,8 +68,9 @@ def main() -> None:
         return lm_loss(out, batch["labels"])
 
     sampler = planned_batches(spec, state, options)
+    ckpt, start = open_checkpoints(options, model, optimizer, sampler)  # --resume: where the run stopped
     worst = 0.0
-    for step, planned in zip(range(options.steps), sampler, strict=False):
+    for step, planned in zip(range(start, options.steps), sampler, strict=False):
         plan = broadcast_plan(planned.plan, state) if options.strategy == "ilp" else planned.plan
         specs = plan.sample_map()
         wanted = specs if reference is not None else planned.local_samples(rank)  # reference needs all
@@ -89,7 +92,10 @@ def main() -> None:
                   f"(rank 0: {len(mine)} mb, predicted {sum(m.predicted_s for m in mine) * 1e3:.2f} ms, "
                   f"measured {sum(m.measured_s for m in mine) * 1e3:.2f} ms) "
                   f"plan wait {planned.plan_wait_s * 1e3:.1f} ms", flush=True)
+        maybe_save(ckpt, options, step + 1, model, optimizer, sampler, planned)
     sampler.close()
+    if ckpt is not None:
+        ckpt.close()  # an async save in flight commits before the job ends
     if options.check_grads and rank == 0:
         print(f"max_grad_diff={worst:.3e}", flush=True)
     shutdown_distributed()
