@@ -107,7 +107,7 @@ def test_rounding_places_the_largest_unplaced_videos_on_the_free_gpus(monkeypatc
     assert estimate(groups, table) <= 1.02 * theta
 
 
-def test_column_levels_are_bisected_below_the_first_that_gives_a_plan(monkeypatch) -> None:  # noqa: ANN001
+def test_column_levels_are_bisected_below_the_first_that_gives_a_plan(monkeypatch, unhurried) -> None:  # noqa: ANN001
     """Open-Sora's second batch of 512 on 256 GPUs, with time to spare: the first column level
     (1.015 times the bound) gives a plan, then levels halfway between the highest without one and
     the lowest with one are tried (`knobs.COLUMN_SPLITS`), each inside the last pair, and the
