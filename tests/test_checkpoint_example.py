@@ -12,11 +12,14 @@ import sys
 import time
 from pathlib import Path
 
+import fakeclock
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 ROOT = Path(__file__).resolve().parents[1]
-DEADLINE_S = 300
+# Hang guards, not verdicts: scaled by the fake clock's speed so --clock-speed N (tests/fakeclock)
+# does not shorten them.
+DEADLINE_S = 300 * fakeclock.speed()
 
 
 def _torchrun(ckdir: Path, *extra: str) -> list[str]:
