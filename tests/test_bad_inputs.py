@@ -37,9 +37,10 @@ def inputs(where: Path) -> None:
     (where / "binary.json").write_bytes(bytes(range(256)))
     run("plan", "--strategy", "dcp-greedy", "--gpus", "8", *FAST, "--format", "json", "-o", str(where / "plan.json"))
     plan = json.loads((where / "plan.json").read_text())
-    mb = plan["steps"][0]["plan"]["groups"][0]["microbatches"][0]
-    (where / "dup.json").write_text(json.dumps(plan).replace(f'"samples": {json.dumps(mb["samples"])}',
-                                                              f'"samples": {json.dumps(mb["samples"] * 2)}', 1))
+    groups = plan["steps"][0]["plan"]["groups"]  # the first sample of group 0 runs in the last group too
+    groups[-1]["microbatches"][-1]["samples"].append(groups[0]["microbatches"][0]["samples"][0])
+    (where / "dup.json").write_text(json.dumps(plan))
+    groups[-1]["microbatches"][-1]["samples"].pop()
     plan["steps"][0]["plan"]["num_layers"] = 1000
     (where / "deep.json").write_text(json.dumps(plan))
 
@@ -74,7 +75,7 @@ CASES = [
     (["plan", "--global-tokens", "10", "--steps", "1"], "--global-tokens: global token budget 10 is less than sample"),
     (["plan", "--gpus", "32", "--gpus-per-node", "64"], "--gpus-per-node: 64 is more than --gpus 32"),
     (["show", "deep.json"], "plan is for a model of 1000 layers, the cost model's llama-7b has 32"),
-    (["show", "dup.json"], "dup.json: sample "),
+    (["show", "dup.json"], "dup.json: step 0: sample "),  # in full: test_a_sample_run_twice_is_located
     (["compare", "--strategies", ""], "--strategies: no strategy given"),
     (["compare", "--strategies", "ilp,ilp"], "--strategies: 'ilp' is listed twice"),
     # Checked after the work before.
@@ -119,6 +120,17 @@ def test_bad_input_is_one_line_and_leaves_nothing(args: list[str], culprit: str,
                    *(["-o", "out.json"] if writes else []))
     assert culprit in line, line
     assert sorted(p.name for p in workdir.rglob("*")) == before  # no output, no temporary file
+
+
+def test_a_sample_run_twice_is_located(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The error names the file, the step and every micro-batch the sample runs in (issue 56, item 19)."""
+    monkeypatch.chdir(workdir)
+    groups = json.loads((workdir / "dup.json").read_text())["steps"][0]["plan"]["groups"]
+    sample, last = groups[0]["microbatches"][0]["samples"][0], len(groups) - 1
+    mb = len(groups[-1]["microbatches"]) - 1
+    assert last > 0 and groups[-1]["microbatches"][-1]["samples"][-1] == sample
+    assert run_bad("show", "dup.json") == (f"Error: dup.json: step 0: sample {sample} runs 2 times: "
+                                           f"in group 0 micro-batch 0, group {last} micro-batch {mb}")
 
 
 def test_profile_output_is_checked_before_measuring(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import fakeclock
@@ -17,9 +16,10 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 ROOT = Path(__file__).resolve().parents[1]
-# Hang guards, not verdicts: scaled by the fake clock's speed so --clock-speed N (tests/fakeclock)
-# does not shorten them.
-DEADLINE_S = 300 * fakeclock.speed()
+# Hang guards, not verdicts: seconds of the real clock (fakeclock.REAL; subprocess's timeouts read
+# the real clock too), so --clock-speed N (tests/fakeclock) does not shorten them.
+DEADLINE_S = 300
+_now = fakeclock.REAL["monotonic"]
 
 
 def _torchrun(ckdir: Path, *extra: str) -> list[str]:
@@ -67,7 +67,7 @@ def test_killed_rank_and_resume_give_the_uninterrupted_run(tmp_path: Path) -> No
 
     job = subprocess.Popen(_torchrun(tmp_path / "b"), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            text=True)
-    end, seen = time.monotonic() + DEADLINE_S, []
+    end, seen = _now() + DEADLINE_S, []
     try:
         for line in job.stdout:  # kill rank 1 once the step-3 save is committed and step 3 logged
             seen.append(line)
@@ -76,7 +76,7 @@ def test_killed_rank_and_resume_give_the_uninterrupted_run(tmp_path: Path) -> No
                 assert victim is not None, "rank 1's process"
                 os.kill(victim, signal.SIGKILL)
                 break
-            assert time.monotonic() < end, "deadline"
+            assert _now() < end, "deadline"
         rest, _ = job.communicate(timeout=DEADLINE_S)
     finally:
         if job.poll() is None:

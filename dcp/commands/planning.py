@@ -152,7 +152,7 @@ def setup(o: dict[str, Any]) -> Setup:
         why = (f"{workload.name}'s {plural(len(workload), 'sample')} make {plural(len(batches), 'full global batch', 'full global batches')}"
                f" of {size}")
         if ctx.get_parameter_source("steps") != ParameterSource.DEFAULT:
-            raise click.BadParameter(f"{o['steps']} steps asked for, but {why}", param_hint="--steps")
+            raise click.BadParameter(f"{plural(o['steps'], 'step')} asked for, but {why}", param_hint="--steps")
         click.echo(f"note: planning {plural(len(batches), 'step')}: {why}", err=True)
     config["steps"] = len(batches)
     return Setup(cm, batches, config, int(workload.tokens.max()))
@@ -270,7 +270,7 @@ def compare_cmd(strategies: str | None, plot: Path | None, plot_metric: str, **o
             "speedup_vs_bucket": ("vs bucket", lambda x: "-" if x != x else f"{x:.2f}x"), "idle_fraction": ("idle", pct),
             "comm_fraction": ("comm", pct), "gap_to_lower_bound": ("gap to bound", pct),
             "mean_solve_time_s": ("solve (s)", secs), "time_limited": ("limit hit", str)})
-        text = (f"{len(s.batches)} steps of {o['workload']} on {s.cm.cluster.num_gpus} x {s.cm.hardware.name}, "
+        text = (f"{plural(len(s.batches), 'step')} of {o['workload']} on {s.cm.cluster.num_gpus} x {s.cm.hardware.name}, "
                 f"{s.cm.model.name}\n{rows}")
     if plot is not None:
         from dcp.viz import compare_figure

@@ -15,6 +15,7 @@ from dcp.commands.common import (
     count,
     help_parts,
     pct,
+    plural,
     secs,
     table,
     write_whole,
@@ -87,8 +88,8 @@ def show(plan_file: Path, step_index: int, gantt_path: Path | None, model: str |
     tokens = sum(s.tokens for s in the_plan.samples)
     unused = unused_ranks(the_plan)
     lines += [
-        f"step {step_index}: {len(the_plan.samples)} samples, {tokens:,} tokens, groups {groups_label(the_plan)}"
-        + (f", {unused} ranks unused" if unused else ""),
+        f"step {step_index}: {plural(len(the_plan.samples), 'sample')}, {plural(tokens, 'token')}, groups "
+        f"{groups_label(the_plan)}" + (f", {plural(unused, 'rank')} unused" if unused else ""),
         f"predicted {the_plan.step_time_s:.3f} s | lower bound {the_plan.lower_bound_s:.3f} s "
         f"(gap {pct(gap(the_plan))}) | solve {the_plan.solve_time_s:.3f} s ({the_plan.solver_status}) | "
         f"memory headroom {pct(memory_headroom(the_plan))}",

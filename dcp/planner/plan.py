@@ -245,7 +245,9 @@ class Plan:
             raise PlanError(f"micro-batch runs sample {min(extra)}, which is not in the batch")
         twice = [i for i, n in seen.items() if n > 1]
         if twice:
-            raise PlanError(f"sample {twice[0]} runs {seen[twice[0]]} times")
+            where = [f"group {gi} micro-batch {mi}" for gi, g in enumerate(self.groups)
+                     for mi, mb in enumerate(g.microbatches) for i in mb.samples if i == twice[0]]
+            raise PlanError(f"sample {twice[0]} runs {seen[twice[0]]} times: in {', '.join(where)}")
         expected = self.busy_s() + self.grad_sync_s
         if abs(self.step_time_s - expected) > _TIME_RTOL * max(1.0, expected):
             what = "slowest group" if self.num_phases == 1 else "end of the phases"

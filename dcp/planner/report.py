@@ -144,7 +144,12 @@ def parse_plan_document(doc: Any, path: str | Path = "<plan>") -> PlanDocument:
         config = doc.get("config") or {}
         if not isinstance(config, dict):
             raise PlanError(f"{path}: 'config' must be an object")
-        return PlanDocument(path, [p.validate() for p in plans], dict(config))
+        for i, p in enumerate(plans):
+            try:
+                p.validate()
+            except PlanError as e:
+                raise PlanError(f"{path}: step {i}: {e}") from e
+        return PlanDocument(path, plans, dict(config))
     if isinstance(doc, dict) and "groups" in doc:
         return PlanDocument(path, [Plan.from_dict(doc).validate()])
     raise PlanError(f"{path} is not a dcp plan: expected the output of `dcp plan --format json` "
