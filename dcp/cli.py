@@ -7,12 +7,12 @@ and `presets` in dcp.commands.show, `profile` in dcp.profiler.command; they regi
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
 import click
 
+from dcp.cli_errors import end_job
 from dcp.commands.measure import measure_memory
 from dcp.commands.planning import compare_cmd, plan
 from dcp.commands.show import presets, show
@@ -46,14 +46,13 @@ class DcpGroup(click.Group):
 
     def main(self, args: Any = None, prog_name: str | None = None, **extra: Any) -> Any:
         """click's main, except that under torchrun only rank 0 prints a usage or input error (every
-        rank parses the same arguments, so they all fail alike) and every rank exits with its status."""
+        rank parses the same arguments, so they all fail alike) and every rank exits with its
+        status (`dcp.cli_errors.end_job`)."""
         extra.pop("standalone_mode", None)
         try:
             status = super().main(args, prog_name, standalone_mode=False, **extra)
-        except click.ClickException as e:
-            if os.environ.get("RANK", "0") == "0":
-                e.show()
-            sys.exit(e.exit_code)
+        except click.ClickException as e:  # under torchrun: rank 0 prints it (dcp.cli_errors)
+            end_job(e.exit_code, f"Error: {e.format_message()}", e.show)
         except click.Abort:  # end of input at a prompt
             click.echo("Aborted!", err=True)
             sys.exit(1)

@@ -28,6 +28,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
+from dcp.cli_errors import end_job
 from dcp.costmodel import (
     DEFAULT_HARDWARE,
     RECIPES,
@@ -248,11 +249,9 @@ def lead_rank() -> bool:
 def fail(message: str) -> NoReturn:
     """End this rank with exit status 1, and `Error: message` on stderr from rank 0 only: the
     errors that reach here (bad arguments, a missing extra, a launch error, a plan error every rank
-    agreed on in its all-gather) are the same on every rank, so one line says it for the job.
-    torchrun still reports the failed ranks in its own summary."""
-    if lead_rank():
-        print(f"Error: {' '.join(message.split())}", file=sys.stderr, flush=True)
-    sys.exit(1)
+    agreed on in its all-gather) are the same on every rank, so one line says it for the job, and
+    torchrun's summary shows it as rank 0's error (`dcp.cli_errors.end_job`)."""
+    end_job(1, f"Error: {' '.join(message.split())}")
 
 
 def open_checkpoints(options: RunOptions, model: torch.nn.Module, optimizer: torch.optim.Optimizer,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -201,8 +203,6 @@ def test_solve_refuses_bad_inputs(batch: object, options: object, message: str) 
 
 
 def _literal(text: str) -> str:
-    import re
-
     return re.escape(text)
 
 
@@ -289,8 +289,6 @@ def test_the_output_format_follows_the_extension(command: str, name: str, tmp_pa
 
 @pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
 def test_output_files_respect_the_umask(umask: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import os
-
     monkeypatch.chdir(tmp_path)
     old = os.umask(umask)
     try:
@@ -399,19 +397,50 @@ def test_under_torchrun_an_error_prints_once(case: str, tmp_path: Path) -> None:
             "a bad option": ["-m", "dcp.cli", "plan", "--gpus", "0"]}[case]
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "3", *args],
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert proc.returncode != 0  # the failure is not hidden: torchrun reports the ranks' exit status 1
-    errors = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("Error:")]
-    assert len(errors) == 1, proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    errors = [line for line in out.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1, out
     want = {"dcp profile on a GPU that is not there": "no CUDA device is visible",
             "train_hf.py without transformers": "scripts/setup_env.sh hf", "a bad option": "'--gpus': 0"}[case]
     assert want in errors[0]
-    import re
+    status = 1 if case.startswith("train_hf") else 2  # click's usage errors exit 2
+    assert proc.returncode != 0  # the failure is not hidden: torchrun itself exits 1
+    # No traceback from our code: the one Python traceback is torchrun's own (its ChildFailedError),
+    # all of whose frames are in torch or the torchrun script.
+    assert out.count("Traceback (most recent call last)") <= 1, out
+    frames = re.findall(r'File "([^"]+)"', out)
+    assert all("/torch/" in f or "runpy" in f or f.endswith("torchrun") for f in frames), frames
+    # torchrun's summary: rank 0 is the root cause, its error file carries the one line, and every
+    # rank exited with the same status (none was ended by a bare SIGTERM).
+    summary = proc.stderr.split("ChildFailedError", 1)[1]
+    root = summary.split("Root Cause", 1)[1]
+    assert re.search(r"rank\s*:\s*(\d+)", root).group(1) == "0", summary
+    assert re.search(r"traceback\s*:\s*(.*)", root).group(1).strip() == errors[0], summary
+    assert re.findall(r"exitcode\s*:\s*(-?\d+)", summary) == [str(status)] * 3, summary
 
-    # torchrun's summary: the first failure is a sys.exit (1, or 2 for a usage error); ranks still
-    # running then are ended by torchrun's SIGTERM (-15).
-    root = proc.stderr.split("Root Cause", 1)[1]
-    assert re.search(r"exitcode\s*:\s*(\d+)", root).group(1) in ("1", "2"), proc.stderr
-    assert set(re.findall(r"exitcode\s*:\s*(-?\d+)", proc.stderr)) <= {"1", "2", "-15"}, proc.stderr
+
+END_JOB = """
+import os, signal, sys, time
+import dcp.cli_errors as c
+c.LEAD_WAIT_S = 0.2
+if sys.argv[1] == "ended":  # torchrun's SIGTERM arrives while the rank waits
+    time.sleep = lambda s: os.kill(os.getpid(), signal.SIGTERM)
+c.end_job(3, "Error: boom")
+"""
+
+
+@pytest.mark.parametrize(("rank", "how"), [("0", "waits"), ("1", "waits"), ("1", "ended")])
+def test_end_job_under_torchrun(rank: str, how: str, tmp_path: Path) -> None:
+    """Rank 0 prints and writes the error file; another rank ended by torchrun prints nothing and
+    exits with the same status; another rank that rank 0 did not end reports the error as its own."""
+    error_file = tmp_path / "error.json"
+    env = dict(os.environ, RANK=rank, TORCHELASTIC_RUN_ID="t", TORCHELASTIC_ERROR_FILE=str(error_file))
+    proc = subprocess.run([sys.executable, "-c", END_JOB, how], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 3, proc.stderr
+    said = {"0": "Error: boom", "1": "" if how == "ended" else "Error: rank 1: boom"}[rank]
+    assert proc.stderr.strip() == said and proc.stdout == ""
+    shown = json.loads(error_file.read_text())["message"]["extraInfo"]["py_callstack"]
+    assert shown == (said or "the same error as rank 0 (the root cause)")
 
 
 @pytest.mark.parametrize(("flags", "room_gb"), [(["--gpus", "8", "--zero-stage", "0"], None),
