@@ -3,10 +3,17 @@ setup's static memory, and the cluster a plan is made for."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from dcp.costmodel.collectives import COLLECTIVES, CollectiveCurve, group_shape, nearest_curve
+from dcp.costmodel.collectives import (
+    COLLECTIVES,
+    CollectiveCurve,
+    bus_factor,
+    group_shape,
+    nearest_curve,
+)
 from dcp.costmodel.memory import MemoryFootprint
 from dcp.costmodel.precision import PrecisionRecipe, get_recipe
 from dcp.costmodel.schema import PROFILE_SCHEMA_VERSION, migrate
@@ -168,6 +175,24 @@ class HardwareProfile:
         if ranks <= 1:
             return 0.0
         return self.collective(op, ranks, gpus_per_node).time_s(message_bytes, ranks)
+
+    def strided_time_s(self, op: str, message_bytes: float, ranks: int, per_node: int) -> float:
+        """Seconds of one `op` call among `ranks` ranks holding `per_node` GPUs of each node they
+        span: HSDP's replica groups (rank i of every shard group; one GPU per node when a shard
+        group fills a node). Within a node, that node's curve. Across nodes, the profile's curve of
+        exactly this shape when it has one; else a ring whose slowest link is the inter-node one
+        (a GPU's own NIC, `p2p(True)`): its latency plus the bus bytes over its bandwidth, since
+        each of the node's other GPUs drives its own replica group over its own NIC at once."""
+        if ranks <= 1 or message_bytes <= 0:
+            return 0.0
+        if ranks <= per_node:
+            return self.collective_time_s(op, message_bytes, ranks, per_node)
+        nodes = math.ceil(ranks / per_node)
+        curve = nearest_curve(self.collectives, op, per_node, nodes)
+        if curve is not None and (curve.gpus_per_node, curve.nodes) == (per_node, nodes):
+            return curve.time_s(message_bytes, ranks)
+        latency, bandwidth = self.p2p(across_nodes=True).alpha_beta()
+        return latency + message_bytes * bus_factor(op, ranks) / bandwidth
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -31,10 +31,16 @@ from dcp.costmodel.hardware import Cluster, HardwareProfile, LayerFit, TrainingS
 from dcp.costmodel.layout_queries import LayoutQueries
 from dcp.costmodel.memory import footprint_for
 from dcp.costmodel.ring import SPLayout, kv_width, shard_tokens
-from dcp.costmodel.schedule import GroupShape, StepPrice, least_exposed_s, price_step
+from dcp.costmodel.schedule import (
+    GroupShape,
+    StepPrice,
+    collective_seconds,
+    least_exposed_s,
+    price_step,
+)
 from dcp.costmodel.spec import CostModelError, ModelSpec
 from dcp.costmodel.traffic import weight_traffic
-from dcp.costmodel.zero import in_step_bytes, padded, resident_bytes, unit_params
+from dcp.costmodel.zero import in_step_bytes, resident_bytes, unit_params
 
 
 @dataclass(frozen=True)
@@ -324,31 +330,25 @@ class CostModel(LayoutQueries):
         return price_step(self, groups, idle_ranks, overlap=overlap, spans=spans, busy_s=busy_s)
 
     def sync_terms(self) -> dict[str, float]:
-        """Seconds of each kind of the step's world-wide collectives, summed as if run back to back
-        (the schedule hides part of them under backward passes; see `step_price`):
+        """Seconds of each kind of the step's collectives (`schedule.collective_seconds`: over the
+        shard group, and across its replicas under HSDP), summed as if run back to back (the
+        schedule hides part of them under backward passes; see `step_price`):
 
-        - grad_reduce: each unit's gradient all-reduce (stages 0, 1) or reduce-scatter (2, 3), once
-          per step, at stage 3 once per slot (this is one slot's);
+        - grad_reduce: each unit's gradient all-reduce (stages 0, 1) or reduce-scatter (2, 3),
+          plus HSDP's all-reduce of its shard across the replicas, once per step, at stage 3 once
+          per slot (this is one slot's);
         - loss_all_reduce: the loss sum and token count;
         - param_all_gather: stages 1 and 2, each unit's updated parameters after the optimizer;
           stage 3, one slot's gathers (the root's and every layer's, layers K-2..0 twice)."""
-        n, g = self.cluster.num_gpus, self.cluster.gpus_per_node
-        if n == 1:
+        if self.cluster.num_gpus == 1:
             return {}
-        recipe, stage = self.training.recipe, self.training.zero_stage
-        sizes = [padded(u, n) for u in unit_params(self.model)]
-
-        def total(op: str, element_bytes: int, counts: Sequence[int]) -> float:
-            return sum(c * self.hardware.collective_time_s(op, s * element_bytes, n, g) for s, c in zip(sizes, counts, strict=True))
-
-        once = [1] * len(sizes)
-        terms = {"grad_reduce": total("reduce_scatter" if stage >= 2 else "all_reduce", recipe.reduce_bytes, once),
-                 "loss_all_reduce": self.hardware.collective_time_s("all_reduce", 16, n, g)}
+        stage, k = self.training.zero_stage, self.model.num_layers
+        gather, reduce, scalars = collective_seconds(self)
+        terms = {"grad_reduce": sum(reduce), "loss_all_reduce": scalars}
         if stage in (1, 2):
-            terms["param_all_gather"] = total("all_gather", recipe.param_bytes, once)
+            terms["param_all_gather"] = sum(gather)
         if stage == 3:
-            k = self.model.num_layers
-            terms["param_all_gather"] = total("all_gather", recipe.param_bytes, [2] * (k - 1) + [1, 1])
+            terms["param_all_gather"] = sum(gather) + sum(gather[:k - 1])
         return terms
 
     def notes(self) -> list[str]:

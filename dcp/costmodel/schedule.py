@@ -41,7 +41,7 @@ import numpy as np
 from dcp.costmodel.events import Op, Replay, replay
 from dcp.costmodel.ring import SPLayout
 from dcp.costmodel.schedule_fast import independent_s, lockstep_s
-from dcp.costmodel.zero import padded, unit_params
+from dcp.costmodel.zero import padded, shard_ranks, unit_params
 
 if TYPE_CHECKING:
     from dcp.costmodel.model import CostModel, LayerTimes
@@ -112,7 +112,7 @@ class _Step:
     def __init__(self, cm: CostModel) -> None:
         self.cm, self.k = cm, cm.model.num_layers
         self.stage = cm.training.zero_stage
-        self.gather_s, self.reduce_s, self.scalars_s = _collective_seconds(cm)
+        self.gather_s, self.reduce_s, self.scalars_s = collective_seconds(cm)
         self.coll = _Collectives()
         self.root = self.k
         self._times = _LAYER_TIMES.setdefault(cm, {})
@@ -228,25 +228,36 @@ class _Step:
         return ops
 
 
-def _collective_seconds(cm: CostModel) -> tuple[list[float], list[float], float]:
+def collective_seconds(cm: CostModel) -> tuple[list[float], list[float], float]:
     """Each unit's all-gather and reduction seconds and the loss scalars' all-reduce, kept per
-    cost model (a pure function of it, priced on every step the planners price)."""
+    cost model (a pure function of it, priced on every step the planners price).
+
+    Over F ranks (`zero.shard_ranks`: the world, 1 at stage 0, the shard group under HSDP) and
+    R = n / F replicas: a unit's gather is an all-gather among its shard group (aligned ranks, a
+    node when F = GPUs per node); its reduction a reduce-scatter (stages 2, 3; all-reduce at 0,
+    1) among the shard group, then, when R > 1, FSDP2's all-reduce of the gradient shard among
+    the R ranks holding the same shard (`HardwareProfile.strided_time_s`: across nodes, at one
+    GPU's inter-node bandwidth). At stage 0 (F = 1) that is the world's all-reduce of the whole
+    gradient, among aligned ranks."""
     if cm not in _SECONDS:
         n, g, recipe = cm.cluster.num_gpus, cm.cluster.gpus_per_node, cm.training.recipe
-        sizes = [padded(u, n) for u in unit_params(cm.model)]
-
-        def priced(op: str, bytes_per_element: int) -> list[float]:
-            return [cm.hardware.collective_time_s(op, s * bytes_per_element, n, g) for s in sizes]
-
+        f = shard_ranks(cm.training.zero_stage, n, cm.training.shard_group)
+        sizes = [padded(u, f) for u in unit_params(cm.model)]
         reduce_op = "reduce_scatter" if cm.training.zero_stage >= 2 else "all_reduce"
-        _SECONDS[cm] = (priced("all_gather", recipe.param_bytes), priced(reduce_op, recipe.reduce_bytes),
-                        cm.hardware.collective_time_s("all_reduce", LOSS_SCALARS_BYTES, n, g))
+        gather = [cm.hardware.collective_time_s("all_gather", s * recipe.param_bytes, f, g) for s in sizes]
+        if f == 1:  # replicated: the world's all-reduce
+            reduce = [cm.hardware.collective_time_s("all_reduce", s * recipe.reduce_bytes, n, g) for s in sizes]
+        else:
+            reduce = [cm.hardware.collective_time_s(reduce_op, s * recipe.reduce_bytes, f, g)
+                      + cm.hardware.strided_time_s("all_reduce", s / f * recipe.reduce_bytes, n // f, max(1, g // f))
+                      for s in sizes]
+        _SECONDS[cm] = (gather, reduce, cm.hardware.collective_time_s("all_reduce", LOSS_SCALARS_BYTES, n, g))
     gather, reduce, scalars = _SECONDS[cm]
     return list(gather), list(reduce), scalars
 
 
 _SECONDS: weakref.WeakKeyDictionary[CostModel, tuple[list[float], list[float], float]] = weakref.WeakKeyDictionary()
-"""`_collective_seconds` per cost model; the values hold no reference to it, so it still dies."""
+"""`collective_seconds` per cost model; the values hold no reference to it, so it still dies."""
 
 
 def _use(ops: list[Op], order: list[int], n: int, overlap: bool) -> None:
@@ -314,7 +325,7 @@ def least_exposed_s(cm: CostModel) -> float:
     bound of the step."""
     if cm.cluster.num_gpus == 1:
         return 0.0
-    gather, reduce, _ = _collective_seconds(cm)
+    gather, reduce, _ = collective_seconds(cm)
     k = cm.model.num_layers
     if cm.training.zero_stage >= 3:
         return _after_layers_s(cm) + gather[k] + (gather[0] if k else 0.0)
@@ -324,7 +335,7 @@ def least_exposed_s(cm: CostModel) -> float:
 def _after_layers_s(cm: CostModel) -> float:
     """What follows every layer's reduction on the link: the root's reduction, the loss scalars'
     all-reduce and, at stages 1 and 2, the all-gathers of the updated parameters."""
-    gather, reduce, scalars = _collective_seconds(cm)
+    gather, reduce, scalars = collective_seconds(cm)
     return reduce[cm.model.num_layers] + scalars + (sum(gather) if cm.training.zero_stage in (1, 2) else 0.0)
 
 
@@ -334,7 +345,7 @@ def reduction_chain_s(cm: CostModel) -> np.ndarray | None:
     loss scalars' (+ the stage 1 and 2 all-gathers). None at stage 3 or on one GPU."""
     if cm.cluster.num_gpus == 1 or cm.training.zero_stage >= 3 or not cm.model.num_layers:
         return None
-    reduce = _collective_seconds(cm)[1]
+    reduce = collective_seconds(cm)[1]
     return np.cumsum(reduce[:cm.model.num_layers]) + _after_layers_s(cm)
 
 
@@ -439,7 +450,7 @@ def least_link_s(cm: CostModel, slots: int) -> float:
     (they run one at a time, each once every rank joined). 0 at other stages."""
     if cm.training.zero_stage < 3 or cm.cluster.num_gpus == 1:
         return 0.0
-    return slots * slot_link_s(cm) + _collective_seconds(cm)[2]
+    return slots * slot_link_s(cm) + collective_seconds(cm)[2]
 
 
 def slot_link_s(cm: CostModel) -> float:
@@ -448,6 +459,6 @@ def slot_link_s(cm: CostModel) -> float:
     stages."""
     if cm.training.zero_stage < 3 or cm.cluster.num_gpus == 1:
         return 0.0
-    gather, reduce, _ = _collective_seconds(cm)
+    gather, reduce, _ = collective_seconds(cm)
     k = cm.model.num_layers
     return gather[k] + sum(gather[:k]) + sum(gather[:k - 1]) + sum(reduce)
