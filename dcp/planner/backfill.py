@@ -30,8 +30,8 @@ on to its next group when its part of the phase ends). The plan, for a target T 
    groups take them inside anyway, the better kept. And a rank whose backfill is that short
    near the end gives it to the ranks that end first with a longer one (`_unexposed`).
 
-`_lpt` is not `pack.lpt_fast`: its slots start at different times and it counts micro-batch
-boundaries as it goes. The targets' plans are compared by their busy time (exact: every time
+`_lpt` shares its short rest's water filling with `pack.lpt_fast` (`lpt.water_fill`); its rounds
+are its own: its slots start at different times and it counts micro-batch boundaries as it goes. The targets' plans are compared by their busy time (exact: every time
 above is the cost model's); the best is assembled as a two-phase plan (phase 1 the cores and
 the fillers that run before theirs, phase 2 the rest) and priced on the executor's schedule.
 The phase search (`dcp.planner.phases`) keeps it when it runs faster than the ILP's. Never
@@ -54,6 +54,8 @@ from dcp.costmodel.schedule import reduction_chain_s
 from dcp.planner.common import assemble_indices, chain
 from dcp.planner.ilp.budget import Deadline, final_pricing_s
 from dcp.planner.ilp.costs import CostTable, batch_costs, form_microbatches
+from dcp.planner.levels import narrow
+from dcp.planner.lpt import water_fill
 from dcp.planner.plan import Plan
 from dcp.planner.pricing import BatchArrays, Layout, Pricer, price_layout
 from dcp.planner.sample import Sample
@@ -142,10 +144,7 @@ def _hiding_tokens(cm: CostModel, table: CostTable, reductions: np.ndarray | Non
     lo, hi = 0.0, cap
     if cm.layer_times(hi, hi * pairs_per_token, 1).backward_s < per_layer:
         return cap
-    for _ in range(30):
-        mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if cm.layer_times(mid, mid * pairs_per_token, 1).backward_s >= per_layer else (mid, hi)
-    return hi
+    return narrow(lambda t: cm.layer_times(t, t * pairs_per_token, 1).backward_s >= per_layer, lo, hi, steps=30)[1]
 
 
 def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pricer, target_s: float,
@@ -355,14 +354,8 @@ def _water_fill(fillers: np.ndarray, at: int, cost: np.ndarray, ends: np.ndarray
     slots' room below it holds their estimated cost, and each slot a run of them (in order)
     filling its room to within one filler; then each run appended to its slot's micro-batches
     (a new one past `cap`), its exact time added. Updates the arrays in place."""
-    rest, c = fillers[at:], cost[at:]
-    by_end = np.argsort(ends, kind="stable")
-    low = ends[by_end]
-    level = (float(c.sum()) + np.cumsum(low)) / np.arange(1, len(low) + 1)
-    k = int(np.argmax(level <= np.append(low[1:], np.inf)))
-    room = np.maximum(level[k] - low, 0.0)
-    mid = np.cumsum(c) - c / 2  # each filler goes where its middle falls
-    place = by_end[np.minimum(np.searchsorted(np.cumsum(room), mid, side="right"), len(low) - 1)]
+    rest = fillers[at:]
+    place = water_fill(ends, cost[at:])
     t = tokens[rest].astype(np.float64)
     slot_of[at:] = place
     # Each slot's run, in order, next fit: a filler joins the open micro-batch while its tokens

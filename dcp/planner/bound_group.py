@@ -23,11 +23,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 import numpy as np
 
 import dcp.planner.knobs as knobs
 from dcp.costmodel import CostModel
+from dcp.planner.levels import climb, geometric, narrow
 from dcp.planner.pricing import exact_times
 
 _RTOL = 1e-4
@@ -321,24 +323,10 @@ def _raised(feasible: Callable[[float], bool], lo: float) -> float:
     """The largest value found, from `lo` up, at which `feasible` fails (`lo` if it holds there):
     doubling, then bisection. Feasibility only grows with the value, so every value below the
     one returned fails too."""
-    if feasible(lo):
-        return lo
-    hi = 2 * lo
-    for _ in range(knobs.GROUP_BOUND_STEPS):
-        if feasible(hi):
-            break
-        lo, hi = hi, 2 * hi
-    else:
-        return lo
-    for _ in range(knobs.GROUP_BOUND_STEPS):
-        if hi - lo <= _RTOL * hi:
-            break
-        mid = (lo + hi) / 2
-        if feasible(mid):
-            hi = mid
-        else:
-            lo = mid
-    return lo
+    failed, held = climb(feasible, islice(geometric(lo, 2.0), knobs.GROUP_BOUND_STEPS + 1))
+    if failed is None or held is None:
+        return lo if failed is None else failed
+    return narrow(feasible, failed, held, steps=knobs.GROUP_BOUND_STEPS, rtol=_RTOL)[0]
 
 
 LongestGroup = tuple[_GroupOf, np.ndarray]

@@ -19,6 +19,7 @@ from dcp.costmodel import CostModel
 from dcp.costmodel.schedule import least_exposed_s, least_link_s, least_step_s, reduction_chain_s
 from dcp.planner.bound_group import group_bound, longest_group, step_group_bound
 from dcp.planner.feasibility import allowed_sp_sizes
+from dcp.planner.levels import climb, geometric, narrow
 from dcp.planner.pricing import exact_times
 from dcp.planner.sample import Sample
 
@@ -364,29 +365,16 @@ def _makespan_bound(work: _Work, n: int, start: float = 0.0, extra: float = 0.0)
     f_lo = excess(lo) if 0 < lo < math.inf else 0.0
     if not f_lo > 0:
         return lo
-    hi = 2 * lo
-    f_hi = excess(hi)
-    while f_hi > 0:  # work(hi) falls towards work(inf) <= n * lo - extra, so this ends
-        lo, f_lo, hi = hi, f_hi, 2 * hi
-        f_hi = excess(hi)
-    side = 0
-    for _ in range(knobs.BOUND_MAX_STEPS):
-        if hi - lo <= _RTOL * hi:
-            break
-        mid = (lo * f_hi - hi * f_lo) / (f_hi - f_lo)
-        if not math.isfinite(mid):
-            mid = (lo + hi) / 2
-        mid = min(max(mid, lo + 0.01 * (hi - lo)), hi - 0.01 * (hi - lo))  # stay strictly inside
-        f_mid = excess(mid)
-        if f_mid > 0:
-            lo, f_lo = mid, f_mid
-            f_hi, side = (f_hi / 2, 1) if side == 1 else (f_hi, 1)  # Illinois: halve the stale end
-        else:
-            hi, f_hi = mid, f_mid
-            f_lo, side = (f_lo / 2, -1) if side == -1 else (f_lo, -1)
-    return lo
+    seen = {lo: f_lo}
 
+    def fits(m: float) -> bool:
+        seen[m] = excess(m)
+        return not seen[m] > 0
 
+    # work(M) falls towards work(inf) <= n * lo - extra, so some doubling fits.
+    failed, hi = climb(fits, geometric(2 * lo, 2.0))
+    lo = lo if failed is None else failed
+    return narrow(excess, lo, hi, steps=knobs.BOUND_MAX_STEPS, rtol=_RTOL, values=(seen[lo], seen[hi]))[0]
 
 
 def _exposure_bound(coarse: _Work, cm: CostModel, sizes: Sequence[int], start_s: float, chain: np.ndarray) -> float:

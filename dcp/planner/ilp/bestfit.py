@@ -26,6 +26,7 @@ import dcp.planner.knobs as knobs
 from dcp.planner.ilp.budget import Deadline
 from dcp.planner.ilp.costs import CostTable
 from dcp.planner.ilp.pack import Groups, group_estimate
+from dcp.planner.levels import narrow
 
 
 def best_fit(table: CostTable, num_gpus: int, lower: float, upper: float,
@@ -38,17 +39,14 @@ def best_fit(table: CostTable, num_gpus: int, lower: float, upper: float,
     if first is None:
         return []
     found = [first]
-    lo, hi = lower, upper
-    for _ in range(knobs.BEST_FIT_LEVEL_STEPS):
-        if hi - lo <= knobs.BEST_FIT_LEVEL_RTOL * hi or deadline.passed():
-            break
-        mid = (lo + hi) / 2
-        groups = _at(table, mid, num_gpus, deadline)
-        if groups is None:
-            lo = mid
-        else:
-            hi = mid
+
+    def fits(theta: float) -> bool:
+        groups = _at(table, theta, num_gpus, deadline)
+        if groups is not None:
             found.append(groups)
+        return groups is not None
+
+    narrow(fits, lower, upper, steps=knobs.BEST_FIT_LEVEL_STEPS, rtol=knobs.BEST_FIT_LEVEL_RTOL, stop=deadline.passed)
     return found
 
 

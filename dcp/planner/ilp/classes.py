@@ -16,11 +16,13 @@ However many samples the batch has, the program has at most knobs.CLASS_MAX_EXAC
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import islice
 
 import numpy as np
 
 import dcp.planner.knobs as knobs
 from dcp.planner.ilp.costs import CostTable
+from dcp.planner.levels import climb, geometric
 
 
 @dataclass
@@ -82,14 +84,15 @@ def program_items(table: CostTable, upper: float) -> list[Item]:
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(opts[fluid], table.load[fluid] / ref_load[:, None], 1.0)
         log_ratio = np.log(ratio)
-    tol = knobs.CLASS_RATIO_TOL
-    while True:
-        cells = np.floor(log_ratio / np.log1p(tol)).astype(np.int64)
-        keys = np.column_stack([mask, cells])
-        _, bucket = _unique_rows(keys)
-        if bucket.max() + 1 <= knobs.CLASS_MAX_BUCKETS:
-            break
-        tol *= 2
+    bucket = np.zeros(0, dtype=np.int64)
+
+    def few(tol: float) -> bool:
+        """Whether the buckets at `tol` are few enough (then `bucket` holds them)."""
+        nonlocal bucket
+        _, bucket = _unique_rows(np.column_stack([mask, np.floor(log_ratio / np.log1p(tol)).astype(np.int64)]))
+        return bucket.max() + 1 <= knobs.CLASS_MAX_BUCKETS
+
+    climb(few, geometric(knobs.CLASS_RATIO_TOL, 2.0))  # ends: the cells merge as tol grows
     order = np.lexsort((fluid, bucket))
     starts = np.flatnonzero(np.concatenate([[True], bucket[order][1:] != bucket[order][:-1]]))
     # Per bucket at once: the least ratio and least marginal cost per unit of reference load at
@@ -121,14 +124,16 @@ def _bands(table: CostTable, large: np.ndarray, opts: np.ndarray, best_size: np.
     mask = (opts[large] * (1 << np.arange(opts.shape[1]))).sum(axis=1)
     log_t = np.log(table.tokens[large].astype(np.float64))
     log_a = np.log(np.maximum(table.pairs[large], 1.0))
-    tol = knobs.CLASS_BAND_TOL
-    for _ in range(24):
-        keys = np.column_stack([mask, np.floor(log_t / np.log1p(tol)).astype(np.int64),
-                                np.floor(log_a / np.log1p(tol)).astype(np.int64)])
-        _, band = _unique_rows(keys)
-        if band.max() + 1 <= knobs.CLASS_MAX_EXACT:
-            break
-        tol *= 1.5
+    band = np.zeros(0, dtype=np.int64)
+
+    def few(tol: float) -> bool:
+        """Whether the bands at `tol` are few enough (`band` holds the last tried)."""
+        nonlocal band
+        _, band = _unique_rows(np.column_stack([mask, np.floor(log_t / np.log1p(tol)).astype(np.int64),
+                                                np.floor(log_a / np.log1p(tol)).astype(np.int64)]))
+        return band.max() + 1 <= knobs.CLASS_MAX_EXACT
+
+    climb(few, islice(geometric(knobs.CLASS_BAND_TOL, 1.5), 24))
     order = np.lexsort((large, table.pairs[large], table.tokens[large], band))
     starts = np.flatnonzero(np.concatenate([[True], band[order][1:] != band[order][:-1]]))
     groups = [large[order[lo:hi]] for lo, hi in zip(starts, np.append(starts[1:], len(order)), strict=True)]

@@ -13,6 +13,7 @@ import dcp.planner.knobs as knobs
 from dcp.planner.ilp.budget import Deadline
 from dcp.planner.ilp.costs import CostTable
 from dcp.planner.ilp.pack import Groups, estimate, spread
+from dcp.planner.levels import narrow
 
 
 def class_counts(loads: dict[int, float], sizes: Sequence[int], num_gpus: int,
@@ -43,9 +44,7 @@ def class_counts(loads: dict[int, float], sizes: Sequence[int], num_gpus: int,
         hi = max(hi, max((float(v.max()) for v in items.values() if len(v)), default=0.0) * 2 + 1e-12)
     if gpus(counts_at(hi)) > num_gpus:  # even one group per class does not fit: as few as possible
         return {j: 1 for j in used}
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if gpus(counts_at(mid)) <= num_gpus else (mid, hi)
+    hi = narrow(lambda t: gpus(counts_at(t)) <= num_gpus, lo, hi, steps=60)[1]
     counts = counts_at(hi)
     left = num_gpus - gpus(counts)
     while True:

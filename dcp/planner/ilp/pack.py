@@ -25,7 +25,8 @@ from dcp.costmodel import Cluster, CostModel
 from dcp.planner.common import aligned_layout
 from dcp.planner.ilp.budget import Deadline
 from dcp.planner.ilp.costs import CostTable, form_microbatches
-from dcp.planner.lpt import by_group, least_loaded
+from dcp.planner.levels import narrow
+from dcp.planner.lpt import by_group, least_loaded, water_fill
 from dcp.planner.pricing import Layout
 
 Groups = list[tuple[int, list[int]]]
@@ -425,15 +426,7 @@ def lpt_fast(sizes: np.ndarray, ids: np.ndarray, n_groups: int) -> list[list[int
     loads = np.bincount(owner[head], weights=sizes[head], minlength=n_groups).astype(np.float64)
     tail = order[len(head):]
     if len(tail):
-        by_load = np.lexsort((np.arange(n_groups), loads))
-        low = loads[by_load]
-        # water level: with the k least-loaded groups under it, L = (tail + their loads) / k
-        level = (float(sizes[tail].sum()) + np.cumsum(low)) / np.arange(1, n_groups + 1)
-        k = int(np.argmax(level <= np.append(low[1:], np.inf)))
-        room = np.maximum(level[k] - low, 0.0)
-        mid = np.cumsum(sizes[tail]) - sizes[tail] / 2  # each sample goes where its middle falls
-        slot = np.minimum(np.searchsorted(np.cumsum(room), mid, side="right"), n_groups - 1)
-        owner[tail] = by_load[slot]
+        owner[tail] = water_fill(loads, sizes[tail])
     return [ids[members].tolist() for members in by_group(owner, n_groups)]
 
 
@@ -449,22 +442,22 @@ def multifit(ids: np.ndarray, n_groups: int, j: int, table: CostTable, rounds: i
     by_id = dict(zip(ids.tolist(), size.tolist(), strict=True))
     hi = max(sum(by_id[i] for i in b) for b in best)
     lo = max(float(size.sum()) / n_groups, float(size.max()))
-    for _ in range(rounds):
-        if hi - lo <= 1e-4 * hi:
-            break
-        cap = (lo + hi) / 2
+
+    def packs(cap: float) -> bool:
+        """Whether first-fit-decreasing packs every sample within `cap` (then `best` is its packing)."""
+        nonlocal best
         room = np.full(n_groups, cap)
         owner = np.empty(len(ids), dtype=np.int64)
         for k in order:
             g = int(np.argmax(room >= size[k] - 1e-12))
             if room[g] < size[k] - 1e-12:
-                lo = cap
-                break
+                return False
             owner[k] = g
             room[g] -= size[k]
-        else:
-            hi = cap
-            best = [ids[owner == g].tolist() for g in range(n_groups)]
+        best = [ids[owner == g].tolist() for g in range(n_groups)]
+        return True
+
+    narrow(packs, lo, hi, steps=rounds, rtol=1e-4)
     return best
 
 

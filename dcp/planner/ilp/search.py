@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from itertools import takewhile
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from dcp.planner.ilp.pack import Groups, estimate, improve, spread
 from dcp.planner.ilp.patterns import solve_patterns
 from dcp.planner.ilp.solvers import stopped_on_time
 from dcp.planner.ilp.warm import warm_start
+from dcp.planner.levels import climb, narrow
 from dcp.planner.options import IlpOptions
 from dcp.planner.pricing import BatchArrays, Pricer
 from dcp.planner.sample import Sample
@@ -178,24 +180,26 @@ class Search:
             # The levels from the bound, or, when the deadline left the bisection short, from
             # just below the lowest level found feasible (below it the plan rarely fits).
             base = max(self.proven, feasible / knobs.COLUMN_LEVELS[0])
-            lo, hi = base, None  # the highest level without a plan, the lowest with one
-            for level in knobs.COLUMN_LEVELS:
-                theta = base * level
-                if theta >= self.incumbent.busy_s or self.gap() <= self.options.mip_rel_gap:
-                    break
-                if planned(theta, start):
-                    hi = theta
-                    break
-                lo = theta
-            # Between them, bisection while the time lasts: the levels are coarse steps.
-            for _ in range(knobs.COLUMN_SPLITS):
-                if hi is None or hi - lo <= knobs.COLUMN_SPLIT_RTOL * hi or self.gap() <= self.options.mip_rel_gap:
-                    break
+            closed = lambda: self.gap() <= self.options.mip_rel_gap  # noqa: E731
+            # The highest level without a plan and the lowest with one, levels below the incumbent's.
+            lo, hi = climb(lambda theta: planned(theta, start),
+                           takewhile(lambda theta: theta < self.incumbent.busy_s, (base * v for v in knobs.COLUMN_LEVELS)),
+                           closed)
+
+            def spent() -> bool:
+                """Whether the gap closed or the time ran out (recorded: the bisection stopped for
+                time, not for its tolerance)."""
+                if closed():
+                    return True
                 if deadline.left() < knobs.PROGRAM_MIN_S:
-                    deadline.record()  # the bisection stopped for time, not for its tolerance
-                    break
-                theta = (lo + hi) / 2
-                lo, hi = (lo, theta) if planned(theta, start) else (theta, hi)
+                    deadline.record()
+                    return True
+                return False
+
+            # Between them, bisection while the time lasts: the levels are coarse steps.
+            if hi is not None:
+                narrow(lambda theta: planned(theta, start), base if lo is None else lo, hi,
+                       steps=knobs.COLUMN_SPLITS, rtol=knobs.COLUMN_SPLIT_RTOL, stop=spent)
         except Exception as e:  # the solver must never take the planner down
             self.notes.append(f"column program failed ({type(e).__name__}: {e})")
 
@@ -204,26 +208,38 @@ class Search:
         from the proven bound to `upper` (the best busy time in hand): infeasible proves busy time
         > theta (then a higher level); feasible gives groups packing the large samples as the
         class program's counting cuts cannot, locally searched. None when it finds none."""
-        for _ in range(knobs.PATTERN_TRIES):
+        found: list[Groups | None] = []
+
+        def stop() -> bool:
+            """Whether the gap closed or too little time is left for a program."""
             if self.gap() <= self.options.mip_rel_gap:
-                return None
+                return True
             if self.budget.search_deadline - time.perf_counter() < knobs.PROGRAM_MIN_S:
                 self.budget.skip("configuration program levels")
-                return None
-            theta = self.proven + knobs.PATTERN_STEP * (upper - self.proven)
+                return True
+            return False
+
+        def holds(theta: float) -> bool:
+            """Whether the program does not prove theta infeasible (`found` then holds its groups,
+            or None); where it does, the proven bound rises to theta."""
             cap = min(self.budget.search_deadline, time.perf_counter() + knobs.PATTERN_SOLVE_SHARE * self.options.time_limit_s)
             try:
                 res = solve_patterns(self.table, self.cm.cluster.num_gpus, self.incumbent.busy_s, theta,
                                      self.options.solver, self.budget.deadline_for("the configuration program", cap))
             except Exception as e:  # the solver must never take the planner down
                 self.notes.append(f"configuration program failed ({type(e).__name__}: {e})")
-                return None
+                res = None
             if res is not None and stopped_on_time(res.status):
                 self.cut_short = True
             if res is None or not res.infeasible:
-                return None if res is None or res.groups is None else self.improve(res.groups)
+                found.append(None if res is None else res.groups)
+                return True
             self.proven = max(self.proven, theta * (1 - 1e-9))  # no plan runs within theta
-        return None
+            return False
+
+        # Each level from the bound as it stands: every infeasible level raises it.
+        climb(holds, (self.proven + knobs.PATTERN_STEP * (upper - self.proven) for _ in range(knobs.PATTERN_TRIES)), stop)
+        return None if not found or found[0] is None else self.improve(found[0])
 
     def spreads(self, counts: dict[int, int], classes: dict[int, list[int]]) -> list[Groups]:
         """The program's classes over groups, by its own group counts and by counts re-derived

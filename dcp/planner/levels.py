@@ -1,0 +1,79 @@
+"""Level search: the one loop behind every "try a level, raise it or narrow it" in the planner.
+
+A level search asks a monotone question of a number: does a plan fit within busy time theta,
+does the bound's work fit N GPUs by M, does first-fit-decreasing pack at capacity c. Once the
+answer holds at a level it holds at every higher one. `climb` tries levels in rising order until
+one holds; `narrow` halves a bracket [lo, hi] (lo fails, hi holds). Both stop by one rule,
+checked before each try: the bracket is within `rtol` of hi (`narrow` only), the steps are
+spent, or `stop()` says so (a deadline, a gap already closed).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator
+
+
+def geometric(start: float, factor: float) -> Iterator[float]:
+    """start, start * factor, start * factor ** 2, ... (each the last times `factor`)."""
+    level = start
+    while True:
+        yield level
+        level *= factor
+
+
+def climb(holds: Callable[[float], bool], levels: Iterable[float],
+          stop: Callable[[], bool] | None = None) -> tuple[float | None, float | None]:
+    """The last level of `levels` at which `holds` failed and the first at which it held, trying
+    them in order (None for either when there is none: it held at the first, or at none before
+    the levels ran out or `stop()` said so). Cap an endless `levels` (`geometric`) with
+    `itertools.islice` unless the caller knows some level holds."""
+    failed = None
+    for level in levels:
+        if stop is not None and stop():
+            break
+        if holds(level):
+            return failed, level
+        failed = level
+    return failed, None
+
+
+def narrow(test: Callable[[float], bool] | Callable[[float], float], lo: float, hi: float, *, steps: int,
+           rtol: float = 0.0, stop: Callable[[], bool] | None = None,
+           values: tuple[float, float] | None = None) -> tuple[float, float]:
+    """[lo, hi] narrowed, lo where the test fails and hi where it holds, at most `steps` tries,
+    each halving the bracket, until hi - lo <= `rtol` * hi or `stop()`.
+
+    With `values` (the test's values at lo and hi) the test returns an excess instead, a
+    decreasing function that holds where it is not positive, and each try is regula falsi
+    (Illinois: the end that stayed twice has its value halved), kept 1% inside the bracket. The
+    bounds' work functions are smooth and each evaluation costs a pass over every sample: the
+    interpolation takes fewer of them than halving does, where a yes/no test gives nothing to
+    interpolate."""
+    if values is None:
+        for _ in range(steps):
+            if hi - lo <= rtol * hi or (stop is not None and stop()):
+                break
+            mid = (lo + hi) / 2
+            if test(mid):
+                hi = mid
+            else:
+                lo = mid
+        return lo, hi
+    f_lo, f_hi = values
+    side = 0
+    for _ in range(steps):
+        if hi - lo <= rtol * hi or (stop is not None and stop()):
+            break
+        mid = (lo * f_hi - hi * f_lo) / (f_hi - f_lo)
+        if not math.isfinite(mid):
+            mid = (lo + hi) / 2
+        mid = min(max(mid, lo + 0.01 * (hi - lo)), hi - 0.01 * (hi - lo))
+        f_mid = test(mid)
+        if f_mid > 0:
+            lo, f_lo = mid, f_mid
+            f_hi, side = (f_hi / 2, 1) if side == 1 else (f_hi, 1)
+        else:
+            hi, f_hi = mid, f_mid
+            f_lo, side = (f_lo / 2, -1) if side == -1 else (f_lo, -1)
+    return lo, hi
