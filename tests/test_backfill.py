@@ -126,6 +126,7 @@ def test_a_core_group_whose_size_costs_the_fillers_less_than_a_fixed_cost_takes_
     fits_one = {batch[i].id for i in np.flatnonzero((table.ckpt[:, 0] == 0) & (table.solo[:, 0] <= busy))}
     inside = [g for g in plan.phases()[0] if g.sp > 1 and any(i in fits_one for mb in g.microbatches for i in mb.samples)]
     assert inside
+    # ratchet: backfill within 3% of the multi-phase bound; a margin under what this case gave when written (`pytest tests/test_backfill.py::test_a_core_group_whose_size_costs_the_fillers_less_than_a_fixed_cost_takes_them_inside`)
     assert plan.step_time_s <= 1.03 * multi_phase_bound(batch, cm, sizes)
 
 
@@ -234,13 +235,21 @@ def test_gates_give_none() -> None:
     assert backfill_plan(batch, cm, [p for p in sizes if p > 1], busy) is None  # SP 1 not allowed
     zero3 = CostModel(cm.model, cm.hardware, cm.cluster, TrainingSetup(zero_stage=3))
     assert backfill_plan(batch, zero3, sizes, busy) is None  # stage 3 runs one layout
-    # The micro-batch cap: never a plan past it (None instead), and the plan itself once it fits.
-    uncapped = backfill_plan(batch, cm, sizes, busy)
+    # The micro-batch cap: never a plan past it (None instead), below the uncapped plan's most a
+    # plan that keeps it (seed 1: 4 micro-batches uncapped, a plan of 3 under a cap of 3; seed 0
+    # gives None for every cap below 4, which would leave the cap's plan untested), and the plan
+    # itself once the cap is its own. A roomy time limit: every level is tried at any load.
+    batch = mixed_batch(seed=1)
+    busy = multi_phase_busy(batch, cm, sizes)
+    uncapped = backfill_plan(batch, cm, sizes, busy, time_limit_s=100)
     most = max(len(g.microbatches) for g in uncapped.groups)
     assert most >= 2
+    kept = []
     for cap in range(1, most + 1):
-        capped = backfill_plan(batch, cm, sizes, busy, max_microbatches=cap)
+        capped = backfill_plan(batch, cm, sizes, busy, max_microbatches=cap, time_limit_s=100)
         assert capped is None or all(len(g.microbatches) <= cap for g in capped.groups)
+        kept += [cap] if capped is not None and cap < most else []
+    assert kept, f"no cap below {most} micro-batches gave a plan: the cap was never exercised"
     assert capped is not None and capped.digest() == uncapped.digest()
 
 

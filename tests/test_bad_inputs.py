@@ -95,6 +95,9 @@ CASES = [
     (["plan", "--hardware", "profile.json", "--model", "llama-7b", "--zero-stage", "3"],
      "hardware profile profile.json was fitted for tiny-llama, not llama-7b: add a fit with "
      "`dcp profile --model llama-7b --base profile.json -o profile.json`"),
+    # ratchet: 1242.1 GB is the cost model's static_bytes for llama-70b at stage 0 in bf16 (by hand,
+    # 18 B x 68,976,648,192 parameters = 1241.6 GB before FSDP2's units); 137.1 GB is derived:
+    # 139.80 GiB x (1 - 0.07) - 2.5 GB (h200-sxm's capacity, reserve fraction and reserve).
     (["plan", "--model", "llama-70b", "--gpus", "8", "--zero-stage", "0"],
      "model states of llama-70b need 1242.1 GB per GPU at ZeRO stage 0 in bf16, more than the 137.1 GB usable; "
      "these fit them: --zero-stage 3 --gpus 16"),

@@ -121,6 +121,10 @@ def test_llama_7b_preset_carries_what_the_model_saves() -> None:
     # residual stream); Korthikanti et al.'s 34 h is a GPT layer's. A checkpointed layer keeps its
     # input: 2 h, or 4 h when the residual stream is fp32. The preset holds a fresh measurement.
     spec = load_model("llama-7b")
+    # ratchet: 45.783 h and 55.783 h guard the saved-activation count of dcp.models' Llama (its own
+    # output, `reference_footprint(load_model("llama-7b"), recipe).act_full_bytes_per_token / hidden`);
+    # tests/test_saved_bytes.py counts what a layer saves independently, off the autograd graph.
+    # 2 h and 4 h are derived: a checkpointed layer keeps its input, h values of 2 (bf16) or 4 B.
     for recipe, full_h, ckpt_h in (("bf16", 45.783, 2.0), ("autocast-bf16", 55.783, 4.0)):
         fresh = reference_footprint(spec, recipe)
         stored = spec.memory[recipe]

@@ -76,4 +76,5 @@ def test_the_planner_keeps_a_nested_plan_that_beats_the_single_layout() -> None:
     plan = solve(batch, cm.cluster, cm, options)
     assert plan.num_phases == 2 and plan.notes[0].startswith("best plan from: nested (the single layout's: ")
     assert plan.step_time_s < single.step_time_s
+    # ratchet: the nested plan's gap under 3%; a margin under what this case gave when written (`pytest tests/test_nested.py::test_the_planner_keeps_a_nested_plan_that_beats_the_single_layout`)
     assert plan.gap < 0.03

@@ -162,6 +162,7 @@ def test_phased_plan_against_brute_force_over_every_multi_phase_plan(lengths: li
     assert plan.lower_bound_s == pytest.approx(bound) and plan.lower_bound_s <= best * (1 + 1e-9)
     if best < single * (1 - 1e-3):  # phases win: the planner takes them, within 5% of the optimum
         assert plan.num_phases == 2 and plan.step_time_s < single * (1 - 1e-3)
+        # ratchet: the phased plan within 5% of brute force's best multi-phase plan; a margin under what this case gave when written (`pytest tests/test_phases.py::test_phased_plan_against_brute_force_over_every_multi_phase_plan`)
         assert plan.step_time_s <= best * 1.05
         # The ILP alone proves a bound that only single layouts respect, and the plan says so.
         assert solve_ilp(batch, cm, IlpOptions(time_limit_s=5)).lower_bound_s > best
@@ -172,6 +173,7 @@ def test_some_tiny_case_is_won_by_phases() -> None:
     """The cases above are meant to cover a win, checked rather than hoped for."""
     cm = tiny_cm(2, 2, 600)
     batch = make_batch(PHASE_CASES[0][0])
+    # ratchet: some tiny case is won by phases by 3% (brute force on both sides); a margin under what this case gave when written (`pytest tests/test_phases.py::test_some_tiny_case_is_won_by_phases`)
     assert brute_force_phases(batch, cm) < 0.97 * brute_force(batch, cm)
 
 
@@ -224,7 +226,9 @@ def test_example_batch_runs_its_longest_sample_first(example, unhurried) -> None
     for other in (single, two, plan):
         assert plan.lower_bound_s <= other.step_time_s
     assert plan.lower_bound_s == pytest.approx(multi_phase_bound(batch, cm))
+    # ratchet: the planner's 2-phase plan within 2% of the issue's construction (longest sample first); a margin under what this case gave when written (`pytest tests/test_phases.py::test_example_batch_runs_its_longest_sample_first`)
     assert plan.num_phases == 2 and plan.step_time_s <= 1.02 * two.step_time_s
+    # ratchet: phases gain 5% over the single layout on the example batch; a margin under what this case gave when written (`pytest tests/test_phases.py::test_example_batch_runs_its_longest_sample_first`)
     assert plan.step_time_s < 0.95 * single.step_time_s
     assert simulate(plan, cm).step_time_s == pytest.approx(plan.step_time_s)
     # The single-layout ILP's bound is above the two-phase plan: it holds for single layouts only.

@@ -100,7 +100,9 @@ def test_from_json_rejects(text: str, message: str) -> None:
 
 def test_digest_is_stable_and_ignores_timings() -> None:
     plan = tiny_plan()
-    # Golden value: ranks must agree on this across machines and versions; change it knowingly.
+    # ratchet: tiny_plan()'s digest as Plan.digest() gave it when written (`pytest
+    # tests/test_plan.py::test_digest_is_stable_and_ignores_timings`): ranks must agree on it across
+    # machines and versions; change it knowingly.
     assert plan.digest() == GOLDEN_DIGEST
     timed = copy.deepcopy(plan)
     timed.groups[0].microbatches[0].time_s = 7.0

@@ -54,6 +54,7 @@ def test_two_videos_a_gpu_raise_the_bound_below_the_nested_plan(unhurried) -> No
     arrays = BatchArrays.of(batch)
     plan = nested_column_plan(batch, cm, sizes, pooled, arrays, None, batch_costs(arrays, cm, sizes))
     assert plan is not None
+    # ratchet: rank patterns raise the bound 0.8% over pooled (0.959 s against 0.948 s, docstring); a margin under what this case gave when written (`pytest tests/test_rank_patterns.py::test_two_videos_a_gpu_raise_the_bound_below_the_nested_plan`)
     assert pooled * 1.008 < bound < plan.busy_s()
     assert multi_phase_bound(batch, cm, sizes) < rank_pattern_bound(batch, cm, sizes, time_limit_s=60) < plan.step_time_s
     # Anytime: with half a second it stops within it (on a clock that moves 1 ms a reading: the

@@ -66,6 +66,7 @@ def test_overlap_hides_the_reductions_under_the_last_backward() -> None:
     terms = cm.sync_terms()
     assert off.exposed_s == pytest.approx(terms["grad_reduce"] + terms["loss_all_reduce"], rel=1e-9)
     assert on.exposed_s == pytest.approx(cm.grad_sync_s(), rel=1e-9)  # the root and the scalars only
+    # ratchet: overlap leaves under 10% of the reductions exposed; a margin under what this case gave when written (`pytest tests/test_schedule.py::test_overlap_hides_the_reductions_under_the_last_backward`)
     assert on.exposed_s < 0.1 * off.exposed_s
 
 
