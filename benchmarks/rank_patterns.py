@@ -63,8 +63,8 @@ from dcp.planner.bounds import (
     size_levels,
     step_floor,
 )
+from dcp.planner.colgen import knapsack
 from dcp.planner.feasibility import allowed_sp_sizes
-from dcp.planner.ilp.columns import knapsack
 from dcp.planner.sample import Sample
 
 UNITS = 1000
@@ -148,7 +148,7 @@ class _Pricing:
 
     def _slices(self, level: _Level, pi: np.ndarray) -> tuple[np.ndarray, Callable[[int], np.ndarray], int] | None:
         """The level's best micro-batch value within each fine capacity (the lesser of the two
-        knapsacks, `columns.knapsack` on times rounded down), the timed knapsack's counts within
+        knapsacks, `colgen.knapsack` on times rounded down), the timed knapsack's counts within
         a capacity (less the fixed time), and the fixed time in fine steps."""
         fixed = int(math.floor(level.fixed / self.fine))
         if fixed > self.capacity:

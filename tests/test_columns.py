@@ -1,4 +1,4 @@
-"""The configuration program by column generation (`dcp.planner.ilp.columns`): its knapsack
+"""The configuration program by column generation (`dcp.planner.ilp.columns` on `dcp.planner.colgen`): its knapsack
 against enumeration, its bound and, when its integer program finds nothing in time, the rounded
 fractional optimum."""
 
@@ -12,6 +12,7 @@ import pytest
 
 import dcp.planner.knobs as knobs
 from dcp.data.batches import make_batches
+from dcp.planner import colgen
 from dcp.planner.bounds import capacity_busy
 from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.ilp import columns
@@ -26,7 +27,7 @@ from tests.conftest import cost_model
 
 
 def test_knapsack_and_its_items_match_enumeration() -> None:
-    """`columns.knapsack` (weights in whole steps here), bounded knapsacks of up to four items
+    """`colgen.knapsack` (weights in whole steps here), bounded knapsacks of up to four items
     (limits from 0 to past what fits): the best value
     within every capacity is the enumerated one, and the items read back keep to their limits,
     cost at most the room and are worth that value."""
@@ -37,7 +38,7 @@ def test_knapsack_and_its_items_match_enumeration() -> None:
         values = rng.random(n) * (rng.random(n) > 0.2)  # some worth nothing
         limits = rng.integers(0, 12, n)
         capacity = int(rng.integers(0, 40))
-        best, taken = columns.knapsack(values, costs, capacity, limits, np.ones(n, dtype=bool), False, capacity)
+        best, taken = colgen.knapsack(values, costs, capacity, limits, np.ones(n, dtype=bool), False, capacity)
         for room in range(capacity + 1):
             ranges = [range(min(room // int(c), int(m)) + 1) for c, m in zip(costs, limits, strict=True)]
             expected = max(float(np.dot(k, values)) for k in itertools.product(*ranges) if np.dot(k, costs) <= room)

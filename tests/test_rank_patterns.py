@@ -1,6 +1,6 @@
 """The rank-pattern bound (`benchmarks/rank_patterns.py`, offline: not in the solve path): against brute force over every
 multi-phase plan of tiny batches (random ones in tests/test_phases.py; its knapsacks,
-`columns.knapsack`, against enumeration in tests/test_columns.py), and on two videos a GPU above
+`colgen.knapsack`, against enumeration in tests/test_columns.py), and on two videos a GPU above
 the pooled bound and below the best plan found."""
 
 from __future__ import annotations

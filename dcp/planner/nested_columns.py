@@ -16,7 +16,7 @@ At a busy-time level theta (`plan_at`) the program
 
 takes the configurations whose parts' group estimates (`pack.group_estimate`, with the
 micro-batches the canonical packing makes) sum to at most theta. Its columns come from
-knapsacks over every room at once (`columns.knapsack`, on the additive weights
+knapsacks over every room at once (`colgen.knapsack`, on the additive weights
 `CostTable.add` in steps of theta / `knobs.NESTED_UNITS`): per size p, the best column that does not split
 and the best that splits into each smaller size q (the room split between a1 at p and p / q
 copies of a2 at q, each shape's count divided by p / q), priced twice: with one whole fixed cost
@@ -66,16 +66,9 @@ import numpy as np
 import dcp.planner.knobs as knobs
 from dcp.costmodel import CostModel
 from dcp.planner.backfill import Candidate, assemble_candidate
+from dcp.planner.colgen import Column, Master, Priced, draw, generate, integer_copies, knapsack
 from dcp.planner.ilp.budget import Deadline
-from dcp.planner.ilp.columns import (
-    Master,
-    Shapes,
-    draw,
-    integer_copies,
-    knapsack,
-    master_at,
-    shapes_of,
-)
+from dcp.planner.ilp.columns import Shapes, master_at, runnable, shapes_of
 from dcp.planner.ilp.costs import CostTable, batch_costs, form_microbatches, pack_tokens
 from dcp.planner.ilp.pack import group_estimate, place
 from dcp.planner.plan import Plan
@@ -166,13 +159,13 @@ def nested_column_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[i
     return best
 
 
-def _seed_columns(plan: Plan, batch: Sequence[Sample], shapes: Shapes, table: CostTable) -> list[tuple[int, np.ndarray]]:
+def _seed_columns(plan: Plan, batch: Sequence[Sample], shapes: Shapes, table: CostTable) -> list[Column]:
     """The plan's distinct groups as (size index, shape counts); the plan's sizes are the table's."""
     index = {s.id: i for i, s in enumerate(batch)}
     shape = np.empty(len(batch), dtype=np.int64)
     for t, members in enumerate(shapes.members):
         shape[members] = t
-    out: dict[tuple[int, bytes], tuple[int, np.ndarray]] = {}
+    out: dict[tuple[int, bytes], Column] = {}
     for g in plan.groups:
         j = table.sizes.index(g.sp)
         a = np.bincount(shape[[index[i] for mb in g.microbatches for i in mb.samples]], minlength=len(shapes.counts))
@@ -181,7 +174,7 @@ def _seed_columns(plan: Plan, batch: Sequence[Sample], shapes: Shapes, table: Co
 
 
 def plan_at(table: CostTable, shapes: Shapes, num_gpus: int, theta: float, deadline: Deadline,
-            pool: list[_Pooled] | None = None, starts: Sequence[tuple[int, np.ndarray]] = (),
+            pool: list[_Pooled] | None = None, starts: Sequence[Column] = (),
             estimate: _Estimates | None = None,
             carry: list[NestedColumn] | None = None) -> tuple[list[Nested] | None, bool]:
     """Nested groups within theta by the estimates (module docstring), from the integer program
@@ -208,13 +201,13 @@ def plan_at(table: CostTable, shapes: Shapes, num_gpus: int, theta: float, deadl
 
 def _integer(master: Master, shapes: Shapes, num_gpus: int, deadline: Deadline) -> np.ndarray | None:
     """Whole copies of the columns covering every sample within N GPUs: an optimum's whole copies
-    and the integer program (`columns.integer_copies`) over every column for what they leave,
+    and the integer program (`colgen.integer_copies`) over every column for what they leave,
     for the fractional optimum and then `knobs.NESTED_ATTEMPTS` - 1 others (`_other_optimum`) while none is
     found. Near the least level with a plan the integer program over the whole batch takes
     seconds where this takes a tenth of one (Open-Sora, 512 on 256 GPUs, batch 3 at 1.0225: 2.1 s
     and 0.2 s); where this finds nothing, the next level is tried."""
     a = np.stack([col for _, col in master.cols]).astype(np.int64)
-    gpus = np.array([master.sizes[j] for j, _ in master.cols])
+    gpus = master.gpus()
     rng = np.random.default_rng(0)  # the same optima every run
     values: np.ndarray | None = master.last_values()
     for attempt in range(knobs.NESTED_ATTEMPTS):
@@ -228,10 +221,11 @@ def _integer(master: Master, shapes: Shapes, num_gpus: int, deadline: Deadline) 
         left = num_gpus - int(kept @ gpus)
         if left < 0:
             continue
-        rest = Shapes(shapes.members, shapes.first, np.maximum(shapes.counts - kept @ a, 0))
-        if not rest.counts.any():
+        rest = np.maximum(shapes.counts - kept @ a, 0)
+        if not rest.any():
             return kept
-        z = integer_copies(master.cols, rest, master.sizes, left, deadline, knobs.NESTED_IP_SHARE)
+        z = integer_copies(master.cols, rest, master.sizes, left, deadline, knobs.NESTED_IP_SHARE,
+                           knobs.COLUMN_IP_NODES)
         if z is not None:
             return kept + z
     return None
@@ -242,17 +236,7 @@ def _other_optimum(master: Master, gpus: np.ndarray, rng: np.random.Generator, n
     """The columns' values at the optimum of the program with each column's GPUs scaled by up to
     `knobs.NESTED_PERTURB` more (random), another vertex near the optimum; None where it needs more than the
     cluster's GPUs or HiGHS gives no optimum in time. The program's own costs are restored."""
-    import highspy
-
-    n = len(gpus)
-    index = np.arange(n, dtype=np.int32)
-    h = master.h
-    h.changeColsCost(n, index, gpus * (1 + knobs.NESTED_PERTURB * rng.random(n)))
-    h.setOptionValue("time_limit", max(deadline.left(), 0.001))
-    h.run()
-    ok = h.getModelStatus() == highspy.HighsModelStatus.kOptimal
-    values = np.array(h.getSolution().col_value) if ok else None
-    h.changeColsCost(n, index, gpus.astype(np.float64))
+    values = master.values_at(gpus * (1 + knobs.NESTED_PERTURB * rng.random(len(gpus))), deadline)
     if values is None or float(values @ gpus) > num_gpus * (1 + 1e-9):
         return None
     return values
@@ -262,12 +246,12 @@ class _Program:
     """The program over nested columns at theta, its columns and how each splits."""
 
     def __init__(self, table: CostTable, shapes: Shapes, num_gpus: int, theta: float,
-                 pool: list[_Pooled] | None, starts: Sequence[tuple[int, np.ndarray]] = (),
+                 pool: list[_Pooled] | None, starts: Sequence[Column] = (),
                  estimate: _Estimates | None = None, carry: Sequence[NestedColumn] = ()) -> None:
         self.table, self.shapes, self.num_gpus, self.theta, self.pool = table, shapes, num_gpus, theta, pool
         self.estimate = estimate if estimate is not None else _Estimates(table, shapes.first)
         sizes, rows = table.sizes, shapes.first
-        self.ok = [(table.ckpt[rows, j] >= 0) & (table.solo[rows, j] <= theta) for j in range(len(sizes))]
+        self.ok = runnable(table, shapes, theta)
         self.master = master_at(table, shapes, theta)  # the single-sample columns, which do not split
         self.kinds: list[tuple[int, np.ndarray, np.ndarray]] = [(j, a, np.zeros_like(a)) for j, a in self.master.cols]
         """Per column: the size index it splits into (its own where it does not), its own part and
@@ -304,28 +288,12 @@ class _Program:
         return False
 
     def generate(self, deadline: Deadline) -> bool | None:
-        """Column generation: True when the fractional program fits the cluster, False when it
-        provably needs more GPUs over the columns this pricing can find (Farley's bound), None
-        when the rounds or the deadline run out first (with columns that fit, True)."""
-        n = self.num_gpus
-        seen: list[float] = []
-        for _ in range(knobs.NESTED_MAX_ROUNDS):
-            if deadline.passed():
-                return None
-            solved = self.master.solve(deadline)
-            if solved is None:
-                return None
-            gpus, y = solved
-            seen.append(gpus)
-            if len(seen) > knobs.NESTED_TAIL_ROUNDS and seen[-1 - knobs.NESTED_TAIL_ROUNDS] - gpus < knobs.NESTED_TAIL * n:
-                return gpus <= n * (1 + 1e-9)  # the tail: columns that barely move the program
-            added, ratio = self.price(y)
-            if gpus / max(ratio, 1.0) > n * (1 + 1e-9):
-                return False  # Farley: y / ratio is dual feasible for every column this pricing finds
-            if not added:
-                return gpus <= n * (1 + 1e-9)
-        # Out of rounds: the columns so far fit the cluster or it is undecided.
-        return True if self.master.last is not None and self.master.last[0] <= n * (1 + 1e-9) else None
+        """Column generation (`colgen.generate`, `price`): True when the fractional program fits
+        the cluster, False when it provably needs more GPUs over the columns this pricing can
+        find, None when the deadline runs out first; it ends where the last
+        `knobs.NESTED_TAIL_ROUNDS` rounds lowered the program by less than `knobs.NESTED_TAIL`."""
+        return generate(self.master, self.price, self.add, self.num_gpus, deadline, knobs.NESTED_MAX_ROUNDS,
+                        tail=(knobs.NESTED_TAIL_ROUNDS, knobs.NESTED_TAIL))
 
     def top_up(self, deadline: Deadline, fits: bool) -> bool | None:
         """`knobs.NESTED_TOP_UP_ROUNDS` rounds at most: the fractional optimum's columns topped up (`_top_up`),
@@ -354,11 +322,10 @@ class _Program:
         values = self.master.last_values()
         return [(self.master.cols[c][0], *self.kinds[c]) for c in np.flatnonzero(values > 1e-9)]
 
-    def price(self, y: np.ndarray) -> tuple[bool, float]:
-        """The columns the prices y make worth adding, added: whether any was, and the best
-        column's value per GPU."""
+    def price(self, y: np.ndarray) -> list[Priced]:
+        """The best columns at the prices y (below), with their values and GPUs."""
         table, rows, sizes, theta, counts = self.table, self.shapes.first, self.table.sizes, self.theta, self.shapes.counts
-        added, ratio = False, 0.0
+        out: list[Priced] = []
         plain = [knapsack(y, table.add[rows, j], theta, counts, self.ok[j], True, knobs.NESTED_UNITS) for j in range(len(sizes))]
         seconds: dict[tuple[int, int], tuple[np.ndarray, Callable[[int], np.ndarray]]] = {}
         for j, p in enumerate(sizes):
@@ -388,10 +355,8 @@ class _Program:
                     if not whole:
                         a1, a2 = _cut(self.estimate, j, jq, a1, a2, y, theta)
                         value = float(a1 @ y + p // sizes[jq] * (a2 @ y))
-                    ratio = max(ratio, value / p)
-                    if value > p * (1 + 1e-7) and (a1.any() or a2.any()):
-                        added |= self.add(j, jq, a1, a2)
-        return added, ratio
+                    out.append((value, p, (j, jq, a1, a2)))
+        return out
 
 
 class _Estimates:
@@ -484,7 +449,7 @@ def _cut(estimate: _Estimates, j: int, jq: int, a1: np.ndarray, a2: np.ndarray, 
     return a1, a2
 
 
-def _fill(cols: list[tuple[int, np.ndarray]], kinds: list[tuple[int, np.ndarray, np.ndarray]], copies: list[int],
+def _fill(cols: list[Column], kinds: list[tuple[int, np.ndarray, np.ndarray]], copies: list[int],
           shapes: Shapes, sizes: Sequence[int]) -> list[Nested]:
     """Each column's copies as groups, drawing the samples of each shape in turn (a column may
     hold more of a shape than are left: the integer program covers at least every sample)."""

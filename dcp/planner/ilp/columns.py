@@ -7,8 +7,9 @@ At a busy-time level theta, the linear program
     min  sum_q p_q z_q   s.t.  sum_q a[t,q] z_q >= n_t  (every sample placed),  z >= 0
 
 over the configurations that fit theta asks how many GPUs the batch needs when no group runs
-longer than theta. Columns come from a bounded knapsack per SP size on the duals (`_price`,
-dynamic programming on the weights in `knobs.COLUMN_UNITS` steps of theta). Two uses:
+longer than theta. Columns come from a bounded knapsack per SP size on the duals
+(`colgen.knapsack`, on the weights in `knobs.COLUMN_UNITS` steps of theta), the generation from
+`colgen.generate`. Two uses:
 
 - bound: a configuration fits when fixed(p, 0) + sum_t a[t] m_tp <= theta (m: `CostTable.marg`,
   the least a sample adds to any micro-batch; every group runs at least one micro-batch) and
@@ -29,12 +30,12 @@ recorded there.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 import dcp.planner.knobs as knobs
+from dcp.planner.colgen import Column, Master, Priced, draw, generate, integer_copies, knapsack
 from dcp.planner.ilp.budget import Deadline
 from dcp.planner.ilp.costs import CostTable
 from dcp.planner.ilp.pack import Groups
@@ -47,6 +48,9 @@ class Shapes:
     members: list[np.ndarray]
     first: np.ndarray
     counts: np.ndarray
+
+
+Columns = list[Column]
 
 
 def shapes_of(table: CostTable) -> Shapes | None:
@@ -63,163 +67,43 @@ def shapes_of(table: CostTable) -> Shapes | None:
     return Shapes([order[cuts[t]:cuts[t + 1]] for t in range(len(first))], first, counts)
 
 
-class Master:
-    """The linear program over the columns found so far (HiGHS, columns added in place)."""
-
-    def __init__(self, counts: np.ndarray, sizes: list[int]) -> None:
-        import highspy
-
-        from dcp.planner.ilp.solvers import _silence_highs_banner
-
-        _silence_highs_banner()
-        self.h = highspy.Highs()
-        self.h.setOptionValue("output_flag", False)
-        self.h.setOptionValue("threads", 1)
-        self.inf = highspy.kHighsInf
-        self.sizes = sizes
-        self.h.addRows(len(counts), counts.astype(np.float64), np.full(len(counts), self.inf), 0,
-                       np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0))
-        self.cols: list[tuple[int, np.ndarray]] = []
-        self.seen: set[tuple[int, bytes]] = set()
-        self.last: tuple[float, np.ndarray] | None = None
-        """The last optimum: its GPUs and column values (columns added since hold 0)."""
-
-    def add(self, j: int, a: np.ndarray) -> bool:
-        key = (j, a.tobytes())
-        if key in self.seen:
-            return False
-        self.seen.add(key)
-        idx = np.flatnonzero(a).astype(np.int32)
-        self.h.addCol(float(self.sizes[j]), 0.0, self.inf, len(idx), idx, a[idx].astype(np.float64))
-        self.cols.append((j, a))
-        return True
-
-    def solve(self, deadline: Deadline) -> tuple[float, np.ndarray] | None:
-        """The program's value (GPUs) and row duals; None if HiGHS gave no optimum in time."""
-        import highspy
-
-        self.h.setOptionValue("time_limit", max(deadline.left(), 0.001))
-        self.h.run()
-        if self.h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
-            deadline.record()
-            return None
-        gpus = self.h.getInfo().objective_function_value
-        self.last = gpus, np.array(self.h.getSolution().col_value)
-        return gpus, np.maximum(np.array(self.h.getSolution().row_dual), 0.0)
-
-    def last_values(self) -> np.ndarray:
-        """The last optimum's value of every column so far (0 for those added after it)."""
-        assert self.last is not None
-        values = np.zeros(len(self.cols))
-        values[:len(self.last[1])] = self.last[1]
-        return values
-
-
-def _price(y: np.ndarray, weight: np.ndarray, room: float, counts: np.ndarray, ok: np.ndarray,
-           round_up: bool) -> tuple[float, np.ndarray]:
-    """Bounded knapsack: the shape counts a (a[t] <= counts[t], only where `ok`) maximizing
-    sum a y with sum a weight <= room, weights in steps of room / knobs.COLUMN_UNITS (rounded down, or up)."""
-    values, taken = knapsack(y, weight, room, counts, ok, round_up)
-    return float(values[knobs.COLUMN_UNITS]), taken(knobs.COLUMN_UNITS)
-
-
-def knapsack(y: np.ndarray, weight: np.ndarray, room: float, counts: np.ndarray, ok: np.ndarray,
-             round_up: bool, units: int = knobs.COLUMN_UNITS) -> tuple[np.ndarray, Callable[[int], np.ndarray]]:
-    """`_price` at every room c = 0..`units` steps of room / `units` at once: the most value
-    within each (an array), and a function giving the shape counts that reach it at c."""
-    if room <= 0:
-        return np.zeros(units + 1), lambda c: np.zeros(len(counts), dtype=np.int64)
-    scaled = weight / room * units
-    steps_of = np.ceil(scaled - 1e-9) if round_up else np.floor(scaled + 1e-9)
-    steps: list[tuple[int, int, int]] = []  # (shape, pieces of it, their weight)
-    for t in np.flatnonzero(ok & (y > 1e-12)):
-        w = int(steps_of[t])
-        if w > units:
-            continue
-        left = int(counts[t]) if w == 0 else min(int(counts[t]), units // w)
-        piece = 1
-        while left > 0:  # binary splitting: pieces 1, 2, 4, ... make every count up to `left`
-            m = min(piece, left)
-            left -= m
-            steps.append((int(t), m, w * m))
-            piece *= 2
-    # value[c]: the most value of the pieces so far within c units, updated piece by piece in place
-    # (one row of `units` floats stays in cache: a row a piece took twice the time at 8,000 units);
-    # took[k][c]: whether piece k raised it at c, all that reading the counts back needs.
-    value, shifted = np.zeros(units + 1), np.empty(units + 1)
-    took = np.zeros((len(steps), units + 1), dtype=bool)
-    for k, (t, m, ww) in enumerate(steps):
-        vv = float(y[t]) * m
-        if ww == 0:
-            value += vv
-            took[k] = True
-            continue
-        with_it = shifted[:units + 1 - ww]
-        np.add(value[:-ww], vv, out=with_it)  # computed before the row below is overwritten
-        np.greater(with_it, value[ww:], out=took[k, ww:])
-        np.maximum(value[ww:], with_it, out=value[ww:])
-
-    def taken(c: int) -> np.ndarray:
-        a = np.zeros(len(counts), dtype=np.int64)
-        for k in range(len(steps) - 1, -1, -1):
-            if took[k, c]:
-                t, m, ww = steps[k]
-                a[t] += m
-                c -= ww
-        return a
-
-    return value, taken
+def runnable(table: CostTable, shapes: Shapes, theta: float) -> list[np.ndarray]:
+    """Per size index: whether each shape runs there, alone within theta."""
+    rows = shapes.first
+    return [(table.ckpt[rows, j] >= 0) & (table.solo[rows, j] <= theta) for j in range(len(table.sizes))]
 
 
 def _generate(master: Master, table: CostTable, shapes: Shapes, theta: float, num_gpus: int, plan: bool,
               deadline: Deadline) -> bool | None:
-    """Column generation at level theta: True when the fractional program fits N GPUs, False when
-    it provably needs more (Farley's bound), None when the time or the rounds ran out first. For a
-    plan it goes on while columns improve the program (the integer program needs them)."""
-    sizes = table.sizes
-    weights = table.add if plan else table.marg
-    rows = shapes.first
-    ok = [(table.ckpt[rows, j] >= 0) & (table.solo[rows, j] <= theta) for j in range(len(sizes))]
-    for _ in range(knobs.COLUMN_MAX_ROUNDS):
-        if deadline.passed():
-            return None
-        solved = master.solve(deadline)
-        if solved is None:
-            return None
-        gpus, y = solved
-        fits = gpus <= num_gpus * (1 + 1e-9)
-        if fits and not plan:
-            return True
-        ratio, added = 0.0, False
-        for j, p in enumerate(sizes):
+    """Column generation at level theta (`colgen.generate`): True when the fractional program fits
+    N GPUs, False when it provably needs more, None when the time or the rounds ran out first.
+    For a bound it stops once the program fits; for a plan it goes on while columns improve the
+    program (the integer program needs them). Per size, the column is a knapsack's (module
+    docstring)."""
+    weights, rows, ok = table.add if plan else table.marg, shapes.first, runnable(table, shapes, theta)
+
+    def price(y: np.ndarray) -> list[Priced]:
+        found = []
+        for j, p in enumerate(table.sizes):
             room = theta if plan else theta - float(table.fixed0[j])
-            value, a = _price(y, weights[rows, j], room, shapes.counts, ok[j], plan)
-            ratio = max(ratio, value / p)
-            if value > p * (1 + 1e-7) and a.any():
-                added |= master.add(j, a)
-        if gpus / max(ratio, 1.0) > num_gpus * (1 + 1e-9):
-            return False  # Farley: y / ratio is dual feasible, so the program needs more than N
-        if not added:
-            return fits
-    return None
+            values, taken = knapsack(y, weights[rows, j], room, shapes.counts, ok[j], plan, knobs.COLUMN_UNITS)
+            found.append((float(values[knobs.COLUMN_UNITS]), p, (j, taken(knobs.COLUMN_UNITS))))
+        return found
+
+    return generate(master, price, master.add, num_gpus, deadline, knobs.COLUMN_MAX_ROUNDS, stop_when_fits=not plan)
 
 
-def master_at(table: CostTable, shapes: Shapes, theta: float, columns: list[tuple[int, np.ndarray]] = ()) -> Master:
+def master_at(table: CostTable, shapes: Shapes, theta: float, columns: Columns = ()) -> Master:
     """A program with `columns` (valid at theta) and one single-sample column per shape and size
     where it runs within theta."""
     master = Master(shapes.counts, table.sizes)
-    for j in range(len(table.sizes)):
-        for t, i in enumerate(shapes.first):
-            if table.ckpt[i, j] >= 0 and table.solo[i, j] <= theta:
-                a = np.zeros(len(shapes.first), dtype=np.int64)
-                a[t] = 1
-                master.add(j, a)
+    single = np.eye(len(shapes.first), dtype=np.int64)
+    for j, ok in enumerate(runnable(table, shapes, theta)):
+        for t in np.flatnonzero(ok):
+            master.add(j, single[t])
     for j, a in columns:
         master.add(j, a)
     return master
-
-
-Columns = list[tuple[int, np.ndarray]]
 
 
 def column_bound(table: CostTable, shapes: Shapes, num_gpus: int, lower: float, upper: float,
@@ -281,23 +165,13 @@ def integer_plan(master: Master, shapes: Shapes, num_gpus: int, deadline: Deadli
     values = master.last_values()
     single = np.array([a.sum() == 1 for _, a in master.cols])
     for use in (np.flatnonzero((values > 1e-9) | single), np.arange(len(master.cols))):
-        z = integer_copies([master.cols[c] for c in use], shapes, master.sizes, num_gpus, deadline)
+        z = integer_copies([master.cols[c] for c in use], shapes.counts, master.sizes, num_gpus, deadline,
+                           knobs.COLUMN_IP_SHARE, knobs.COLUMN_IP_NODES)
         if z is not None:
             copies = np.zeros(len(master.cols), dtype=np.int64)
             copies[use] = z
             return copies
     return None
-
-
-def draw(pool: list[list[int]], a: np.ndarray) -> list[int]:
-    """Samples of each shape t, a[t] of them (or as many as are left), taken from `pool` (the
-    samples of each shape still unplaced, which it updates)."""
-    ids: list[int] = []
-    for t in np.flatnonzero(a):
-        take = min(int(a[t]), len(pool[t]))
-        ids += [int(i) for i in pool[t][:take]]
-        pool[t] = pool[t][take:]
-    return ids
 
 
 def _fill(cols: Columns, copies: list[int], shapes: Shapes) -> tuple[Groups, list[list[int]]]:
@@ -349,26 +223,3 @@ def _rounded(cols: Columns, values: np.ndarray, shapes: Shapes, table: CostTable
         groups[g][1].append(i)
         loads[g] += float(table.add[i, groups[g][0]])
     return groups
-
-
-def integer_copies(cols: Columns, shapes: Shapes, sizes: list[int], num_gpus: int, deadline: Deadline,
-                   share: float = knobs.COLUMN_IP_SHARE) -> np.ndarray | None:
-    """Copies of each column covering every sample within N GPUs (HiGHS, first solution found)."""
-    import highspy
-
-    ip = Master(shapes.counts, sizes)
-    for j, a in cols:
-        ip.add(j, a)
-    h, n = ip.h, len(ip.cols)
-    h.addRow(0.0, float(num_gpus), n, np.arange(n, dtype=np.int32), np.array([float(sizes[j]) for j, _ in ip.cols]))
-    h.changeColsIntegrality(n, np.arange(n, dtype=np.int32), np.full(n, highspy.HighsVarType.kInteger))
-    h.setOptionValue("mip_max_nodes", knobs.COLUMN_IP_NODES)
-    h.setOptionValue("mip_max_improving_sols", 1)
-    h.setOptionValue("time_limit", max(share * deadline.left(), 0.001))
-    h.run()
-    if h.getInfo().primal_solution_status != 2:
-        if deadline.left() <= 0 or h.getModelStatus() == highspy.HighsModelStatus.kTimeLimit:
-            deadline.record()  # its share of the time ran out: with more, it may have found copies
-        return None
-    z = np.rint(np.array(h.getSolution().col_value)).astype(np.int64)
-    return z if float(z @ np.array([sizes[j] for j, _ in ip.cols])) <= num_gpus else None

@@ -1,0 +1,230 @@
+"""Column generation: the one loop every column program of the planner runs (the single layout's
+configuration program, `ilp.columns`, and the nested one, `nested_columns`).
+
+A column program covers the batch's shapes by groups (columns): column c takes a[t,c] samples
+of shape t and costs its GPUs g_c. Its restricted master is the linear program
+
+    min  sum_c g_c z_c   s.t.  sum_c a[t,c] z_c >= n_t  (every sample placed),  z >= 0
+
+over the columns found so far (`Master`, on HiGHS through highspy, the planner's one LP back
+end; columns added in place). `generate` alternates solving it and a pricing, the program's
+own function of the row duals y that returns columns with their value y a; those worth more
+than their GPUs are added. It stops in one place: the program fits the GPUs (where asked to
+stop there), provably needs more (Farley's bound: y over the best value per GPU is dual
+feasible), no column improves, the last rounds barely moved it, or the rounds or the time ran
+out. `knapsack` is the pricing both programs share, `integer_copies` the integer program over
+the columns found, `draw` turns a column's counts into samples. Never imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from dcp.planner.ilp.budget import Deadline
+
+Column = tuple[int, np.ndarray]
+"""A column of the master: the index of its size in `Master.sizes` and its shape counts."""
+
+
+class Master:
+    """The linear program over the columns found so far (HiGHS, columns added in place)."""
+
+    def __init__(self, counts: np.ndarray, sizes: Sequence[int]) -> None:
+        import highspy
+
+        from dcp.planner.ilp.solvers import _silence_highs_banner
+
+        _silence_highs_banner()
+        self.h = highspy.Highs()
+        self.h.setOptionValue("output_flag", False)
+        self.h.setOptionValue("threads", 1)
+        self.inf = highspy.kHighsInf
+        self.sizes = list(sizes)
+        self.h.addRows(len(counts), counts.astype(np.float64), np.full(len(counts), self.inf), 0,
+                       np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0))
+        self.cols: list[Column] = []
+        self.seen: set[tuple[int, bytes]] = set()
+        self.last: tuple[float, np.ndarray] | None = None
+        """The last optimum: its GPUs and column values (columns added since hold 0)."""
+
+    def add(self, j: int, a: np.ndarray) -> bool:
+        """Column (j, a) added; False when the program has it already."""
+        key = (j, a.tobytes())
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        idx = np.flatnonzero(a).astype(np.int32)
+        self.h.addCol(float(self.sizes[j]), 0.0, self.inf, len(idx), idx, a[idx].astype(np.float64))
+        self.cols.append((j, a))
+        return True
+
+    def gpus(self) -> np.ndarray:
+        """Each column's GPUs (its cost)."""
+        return np.array([self.sizes[j] for j, _ in self.cols])
+
+    def solve(self, deadline: Deadline) -> tuple[float, np.ndarray] | None:
+        """The program's value (GPUs) and row duals; None if HiGHS gave no optimum in time."""
+        import highspy
+
+        self.h.setOptionValue("time_limit", max(deadline.left(), 0.001))
+        self.h.run()
+        if self.h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+            deadline.record()
+            return None
+        gpus = self.h.getInfo().objective_function_value
+        self.last = gpus, np.array(self.h.getSolution().col_value)
+        return gpus, np.maximum(np.array(self.h.getSolution().row_dual), 0.0)
+
+    def last_values(self) -> np.ndarray:
+        """The last optimum's value of every column so far (0 for those added after it)."""
+        assert self.last is not None
+        values = np.zeros(len(self.cols))
+        values[:len(self.last[1])] = self.last[1]
+        return values
+
+    def values_at(self, costs: np.ndarray, deadline: Deadline) -> np.ndarray | None:
+        """The columns' values at the optimum with `costs` in place of their GPUs (another vertex
+        near the optimum, for perturbed costs); None if HiGHS gave none in time. The program's own
+        costs are restored, `last` is left as it was."""
+        import highspy
+
+        n = len(self.cols)
+        index = np.arange(n, dtype=np.int32)
+        self.h.changeColsCost(n, index, costs.astype(np.float64))
+        self.h.setOptionValue("time_limit", max(deadline.left(), 0.001))
+        self.h.run()
+        ok = self.h.getModelStatus() == highspy.HighsModelStatus.kOptimal
+        values = np.array(self.h.getSolution().col_value) if ok else None
+        self.h.changeColsCost(n, index, self.gpus().astype(np.float64))
+        return values
+
+
+Priced = tuple[float, int, tuple]
+"""A column the pricing found: its value at the duals, its GPUs, and the arguments `add` takes to add it."""
+
+
+def generate(master: Master, price: Callable[[np.ndarray], list[Priced]], add: Callable[..., bool],
+             num_gpus: int, deadline: Deadline, rounds: int, stop_when_fits: bool = False,
+             tail: tuple[int, float] | None = None) -> bool | None:
+    """Column generation: whether the fractional program fits `num_gpus`. True once it does and
+    no column improves it (at once with `stop_when_fits`: a bound asks no more), or once the
+    last tail[0] rounds lowered it by less than tail[1] of the GPUs (where it fits then); False
+    when it provably needs more over every column `price` can find (Farley's bound); where the
+    rounds run out, whether the columns so far fit (None if not); None when the time ran out.
+    `price(y)` returns the columns at the duals y, in the order to add them; those worth more
+    than their GPUs go to `add` (which adds them to `master`, returning whether it did)."""
+    enough = num_gpus * (1 + 1e-9)
+    seen: list[float] = []
+    for _ in range(rounds):
+        if deadline.passed():
+            return None
+        solved = master.solve(deadline)
+        if solved is None:
+            return None
+        gpus, y = solved
+        fits = gpus <= enough
+        seen.append(gpus)
+        if fits and stop_when_fits:
+            return True
+        if tail is not None and len(seen) > tail[0] and seen[-1 - tail[0]] - gpus < tail[1] * num_gpus:
+            return fits  # the tail: columns that barely move the program
+        found = price(y)
+        ratio = max([value / p for value, p, _ in found], default=0.0)
+        added = False
+        for value, p, column in found:
+            if value > p * (1 + 1e-7):
+                added |= add(*column)
+        if gpus / max(ratio, 1.0) > enough:
+            return False  # Farley: y / ratio is dual feasible, so the program needs more than N
+        if not added:
+            return fits
+    return True if master.last is not None and master.last[0] <= enough else None
+
+
+def knapsack(y: np.ndarray, weight: np.ndarray, room: float, counts: np.ndarray, ok: np.ndarray,
+             round_up: bool, units: int) -> tuple[np.ndarray, Callable[[int], np.ndarray]]:
+    """Bounded knapsacks at every room c = 0..`units` steps of room / `units` at once: the shape
+    counts a (a[t] <= counts[t], only where `ok`) of most value a y with sum a weight within c
+    steps (weights rounded down, or up): that value per c (an array), and a function giving the
+    counts that reach it at c."""
+    if room <= 0:
+        return np.zeros(units + 1), lambda c: np.zeros(len(counts), dtype=np.int64)
+    scaled = weight / room * units
+    steps_of = np.ceil(scaled - 1e-9) if round_up else np.floor(scaled + 1e-9)
+    steps: list[tuple[int, int, int]] = []  # (shape, pieces of it, their weight)
+    for t in np.flatnonzero(ok & (y > 1e-12)):
+        w = int(steps_of[t])
+        if w > units:
+            continue
+        left = int(counts[t]) if w == 0 else min(int(counts[t]), units // w)
+        piece = 1
+        while left > 0:  # binary splitting: pieces 1, 2, 4, ... make every count up to `left`
+            m = min(piece, left)
+            left -= m
+            steps.append((int(t), m, w * m))
+            piece *= 2
+    # value[c]: the most value of the pieces so far within c units, updated piece by piece in place
+    # (one row of `units` floats stays in cache); took[k][c]: whether piece k raised it at c, all
+    # that reading the counts back needs.
+    value, shifted = np.zeros(units + 1), np.empty(units + 1)
+    took = np.zeros((len(steps), units + 1), dtype=bool)
+    for k, (t, m, ww) in enumerate(steps):
+        vv = float(y[t]) * m
+        if ww == 0:
+            value += vv
+            took[k] = True
+            continue
+        with_it = shifted[:units + 1 - ww]
+        np.add(value[:-ww], vv, out=with_it)  # computed before the row below is overwritten
+        np.greater(with_it, value[ww:], out=took[k, ww:])
+        np.maximum(value[ww:], with_it, out=value[ww:])
+
+    def taken(c: int) -> np.ndarray:
+        a = np.zeros(len(counts), dtype=np.int64)
+        for k in range(len(steps) - 1, -1, -1):
+            if took[k, c]:
+                t, m, ww = steps[k]
+                a[t] += m
+                c -= ww
+        return a
+
+    return value, taken
+
+
+def integer_copies(cols: list[Column], counts: np.ndarray, sizes: Sequence[int], num_gpus: int, deadline: Deadline,
+                   share: float, nodes: int) -> np.ndarray | None:
+    """Whole copies of each column covering `counts` within `num_gpus` (HiGHS, the first solution
+    found within `nodes` nodes and `share` of the time left); None if it found none."""
+    import highspy
+
+    ip = Master(counts, sizes)
+    for j, a in cols:
+        ip.add(j, a)
+    h, n, gpus = ip.h, len(ip.cols), ip.gpus()
+    h.addRow(0.0, float(num_gpus), n, np.arange(n, dtype=np.int32), gpus.astype(np.float64))
+    h.changeColsIntegrality(n, np.arange(n, dtype=np.int32), np.full(n, highspy.HighsVarType.kInteger))
+    h.setOptionValue("mip_max_nodes", nodes)
+    h.setOptionValue("mip_max_improving_sols", 1)
+    h.setOptionValue("time_limit", max(share * deadline.left(), 0.001))
+    h.run()
+    if h.getInfo().primal_solution_status != 2:
+        if deadline.left() <= 0 or h.getModelStatus() == highspy.HighsModelStatus.kTimeLimit:
+            deadline.record()  # its share of the time ran out: with more, it may have found copies
+        return None
+    z = np.rint(np.array(h.getSolution().col_value)).astype(np.int64)
+    return z if float(z @ gpus) <= num_gpus else None
+
+
+def draw(pool: list[list[int]], a: np.ndarray) -> list[int]:
+    """Samples of each shape t, a[t] of them (or as many as are left), taken from `pool` (the
+    samples of each shape still unplaced, which it updates)."""
+    ids: list[int] = []
+    for t in np.flatnonzero(a):
+        take = min(int(a[t]), len(pool[t]))
+        ids += [int(i) for i in pool[t][:take]]
+        pool[t] = pool[t][take:]
+    return ids
