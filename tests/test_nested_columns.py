@@ -211,9 +211,10 @@ def test_a_levels_optimum_starts_the_next_level_cut_to_fit(videos) -> None:  # n
 
 
 def test_other_optima_cover_every_video_and_leave_the_program_as_it_was(videos) -> None:  # noqa: ANN001
-    """`_other_optimum`: values covering every shape within the cluster's GPUs, a vertex other
-    than the optimum for some seed, the same ones for the same seed, and the program's costs
-    restored (it solves to the same optimum after)."""
+    """`Master.values_at` with the columns' GPUs perturbed as `_integer` does (up to
+    `knobs.NESTED_PERTURB` more, seeded): values covering every shape within the cluster's GPUs,
+    a vertex other than the optimum for some seed, the same ones for the same seed, and the
+    program's costs restored (it solves to the same optimum after)."""
     cm, _, sizes, _, _, table, busy = videos
     shapes = columns.shapes_of(table)
     program = _Program(table, shapes, cm.cluster.num_gpus, 1.05 * busy, [])
@@ -223,16 +224,20 @@ def test_other_optima_cover_every_video_and_leave_the_program_as_it_was(videos) 
     first = master.last_values()
     a = np.stack([col for _, col in master.cols]).T
     gpus = np.array([sizes[j] for j, _ in master.cols])
+
+    def other(seed: int) -> np.ndarray:
+        rng = np.random.default_rng(seed)
+        values = master.values_at(gpus * (1 + knobs.NESTED_PERTURB * rng.random(len(gpus))), Deadline(math.inf))
+        assert values is not None
+        return values
+
     others = []
     for seed in range(3):
-        values = nested_columns._other_optimum(master, gpus, np.random.default_rng(seed), cm.cluster.num_gpus,
-                                               Deadline(math.inf))
-        assert values is not None
+        values = other(seed)
         assert (a @ values >= shapes.counts - 1e-6).all()
         assert values @ gpus <= cm.cluster.num_gpus + 1e-6
         others.append(values)
-    again = nested_columns._other_optimum(master, gpus, np.random.default_rng(0), cm.cluster.num_gpus, Deadline(math.inf))
-    assert np.allclose(again, others[0])
+    assert np.allclose(other(0), others[0])
     assert any(not np.allclose(v, first, atol=1e-6) for v in others)
     assert master.solve(Deadline(math.inf))[0] == pytest.approx(optimum, rel=1e-9)
 

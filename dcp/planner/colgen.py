@@ -1,19 +1,15 @@
-"""Column generation: the one loop every column program of the planner runs (the single layout's
+"""Column generation: the one loop of every column program of the planner (the single layout's
 configuration program, `ilp.columns`, and the nested one, `nested_columns`).
 
-A column program covers the batch's shapes by groups (columns): column c takes a[t,c] samples
-of shape t and costs its GPUs g_c. Its restricted master is the linear program
+Column c places a[t,c] samples of shape t on g_c GPUs. The restricted master (`Master`: HiGHS
+through highspy, the planner's one LP back end, columns added in place) is
 
     min  sum_c g_c z_c   s.t.  sum_c a[t,c] z_c >= n_t  (every sample placed),  z >= 0
 
-over the columns found so far (`Master`, on HiGHS through highspy, the planner's one LP back
-end; columns added in place). `generate` alternates solving it and a pricing, the program's
-own function of the row duals y that returns columns with their value y a; those worth more
-than their GPUs are added. It stops in one place: the program fits the GPUs (where asked to
-stop there), provably needs more (Farley's bound: y over the best value per GPU is dual
-feasible), no column improves, the last rounds barely moved it, or the rounds or the time ran
-out. `knapsack` is the pricing both programs share, `integer_copies` the integer program over
-the columns found, `draw` turns a column's counts into samples. Never imports torch.
+over the columns found so far. `generate` alternates solving it with the program's own pricing
+(columns and their value at the row duals y), adds the columns worth more than their GPUs and
+holds the stopping rule. `knapsack` is the pricing both programs share, `integer_copies` the
+integer program over the columns found, `fill` its groups. Never imports torch.
 """
 
 from __future__ import annotations
@@ -110,13 +106,12 @@ Priced = tuple[float, int, tuple]
 def generate(master: Master, price: Callable[[np.ndarray], list[Priced]], add: Callable[..., bool],
              num_gpus: int, deadline: Deadline, rounds: int, stop_when_fits: bool = False,
              tail: tuple[int, float] | None = None) -> bool | None:
-    """Column generation: whether the fractional program fits `num_gpus`. True once it does and
-    no column improves it (at once with `stop_when_fits`: a bound asks no more), or once the
-    last tail[0] rounds lowered it by less than tail[1] of the GPUs (where it fits then); False
-    when it provably needs more over every column `price` can find (Farley's bound); where the
-    rounds run out, whether the columns so far fit (None if not); None when the time ran out.
-    `price(y)` returns the columns at the duals y, in the order to add them; those worth more
-    than their GPUs go to `add` (which adds them to `master`, returning whether it did)."""
+    """Whether the fractional program fits `num_gpus`: True once it does and no column improves
+    it (at once with `stop_when_fits`: a bound asks no more) or the last tail[0] rounds lowered
+    it by less than tail[1] of the GPUs (if it fits then); False when it provably needs more
+    over every column `price` can find (Farley's bound); out of rounds, whether it fits (None
+    if not); None when the time ran out. `price(y)` lists the columns at the duals y in the
+    order to add them; `add(*column)` adds one to `master`, returning whether it was new."""
     enough = num_gpus * (1 + 1e-9)
     seen: list[float] = []
     for _ in range(rounds):
@@ -219,12 +214,19 @@ def integer_copies(cols: list[Column], counts: np.ndarray, sizes: Sequence[int],
     return z if float(z @ gpus) <= num_gpus else None
 
 
-def draw(pool: list[list[int]], a: np.ndarray) -> list[int]:
-    """Samples of each shape t, a[t] of them (or as many as are left), taken from `pool` (the
-    samples of each shape still unplaced, which it updates)."""
-    ids: list[int] = []
-    for t in np.flatnonzero(a):
-        take = min(int(a[t]), len(pool[t]))
-        ids += [int(i) for i in pool[t][:take]]
-        pool[t] = pool[t][take:]
-    return ids
+def fill(members: Sequence[np.ndarray], columns: Sequence, copies: Sequence[int],
+         group: Callable[[Callable[[np.ndarray], list[int]], object], object]) -> tuple[list, list[list[int]]]:
+    """Each column's copies as groups, and the samples left (per shape): `group(take, column)`
+    makes one copy's group (None where it took no sample), `take(a)` drawing a[t] samples of each
+    shape t in turn (fewer where fewer are left: the integer program may cover more)."""
+    pool = [list(m) for m in members]
+
+    def take(a: np.ndarray) -> list[int]:
+        ids: list[int] = []
+        for t in np.flatnonzero(a):
+            ids += [int(i) for i in pool[t][:int(a[t])]]
+            pool[t] = pool[t][int(a[t]):]
+        return ids
+
+    out = [g for column, n in zip(columns, copies, strict=True) for _ in range(n) if (g := group(take, column)) is not None]
+    return out, pool

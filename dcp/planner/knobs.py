@@ -199,17 +199,27 @@ ROOT_S_PER_COLUMN = 2.5e-4
 PATTERN_NODES = 50
 """Branch-and-bound nodes per solve (deterministic)."""
 
-# -- column generation of the single layout (`ilp.columns`) --------------------------------------
+# -- column generation (`colgen`): the single layout's program (`ilp.columns`) and the nested one -------
 COLUMN_MAX_SHAPES = 64
 """Distinct (tokens, pairs) shapes at most for the column program to be posed."""
 COLUMN_UNITS = 1000
 """Knapsack weights in steps of theta / this: finer prices better, each knapsack is slower."""
 COLUMN_MAX_ROUNDS = 60
-"""Column-generation rounds per level at most."""
+"""Single layout: column-generation rounds per level at most (a tighter program against time)."""
 COLUMN_IP_NODES = 200
-"""Branch-and-bound nodes for the integer program over the columns..."""
+"""Branch-and-bound nodes for the integer program over the columns (both programs)..."""
 COLUMN_IP_SHARE = 0.25
 """...and the share of the time left it may take (the rounded fractional optimum is the fallback)."""
+NESTED_MAX_ROUNDS = 40
+"""Nested program: column-generation rounds per level at most (a tighter program against time for more levels)..."""
+NESTED_TAIL_ROUNDS = 6
+"""...ending where the last this many rounds..."""
+NESTED_TAIL = 0.0002
+"""...lowered the program by less than this share of the GPUs: rounds that barely help against time."""
+NESTED_IP_SHARE = 0.8
+"""Share of the time left its integer program may take (it covers only what whole copies leave)."""
+NESTED_UNITS = 500
+"""Its knapsack weights in steps of theta / this (coarser than `COLUMN_UNITS`: three times the knapsacks)."""
 
 # -- the exact program (`ilp.exact`) -------------------------------------------------------------
 EXACT_MAX_NODES = 200_000
@@ -284,12 +294,6 @@ NESTED_GUESS_LEVEL = 1.0175
 """...then this one when it lies in the bracket..."""
 NESTED_FINEST = 0.001
 """...then bisection down to this width: a finer level against more programs."""
-NESTED_MAX_ROUNDS = 40
-"""Column-generation rounds per level at most..."""
-NESTED_TAIL_ROUNDS = 6
-"""...ending where the last this many rounds..."""
-NESTED_TAIL = 0.0002
-"""...lowered the program by less than this share of the GPUs."""
 NESTED_TOP_UP_ROUNDS = 3
 """Rounds of topping up the fractional optimum's columns."""
 NESTED_ATTEMPTS = 3
@@ -298,10 +302,6 @@ NESTED_PERTURB = 0.02
 """...the second on with each column's GPUs scaled by up to this share more."""
 NESTED_TRIES = 3
 """Shapes `_top_up` tries for each sample it adds."""
-NESTED_IP_SHARE = 0.8
-"""Share of the time left the integer program may take."""
-NESTED_UNITS = 500
-"""Knapsack weights in steps of theta / this (coarser than `COLUMN_UNITS`: three times the knapsacks)."""
 
 # -- ZeRO-3's lined-up slots (`slots`) -----------------------------------------------------------
 SLOT_RESHAPES = 2

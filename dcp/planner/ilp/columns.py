@@ -30,12 +30,13 @@ recorded there.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 import dcp.planner.knobs as knobs
-from dcp.planner.colgen import Column, Master, Priced, draw, generate, integer_copies, knapsack
+from dcp.planner.colgen import Column, Master, Priced, fill, generate, integer_copies, knapsack
 from dcp.planner.ilp.budget import Deadline
 from dcp.planner.ilp.costs import CostTable
 from dcp.planner.ilp.pack import Groups
@@ -75,11 +76,9 @@ def runnable(table: CostTable, shapes: Shapes, theta: float) -> list[np.ndarray]
 
 def _generate(master: Master, table: CostTable, shapes: Shapes, theta: float, num_gpus: int, plan: bool,
               deadline: Deadline) -> bool | None:
-    """Column generation at level theta (`colgen.generate`): True when the fractional program fits
-    N GPUs, False when it provably needs more, None when the time or the rounds ran out first.
-    For a bound it stops once the program fits; for a plan it goes on while columns improve the
-    program (the integer program needs them). Per size, the column is a knapsack's (module
-    docstring)."""
+    """`colgen.generate` at level theta, a knapsack's column per size: for a bound it stops once
+    the program fits N GPUs, for a plan it goes on while columns improve it (the integer program
+    needs them)."""
     weights, rows, ok = table.add if plan else table.marg, shapes.first, runnable(table, shapes, theta)
 
     def price(y: np.ndarray) -> list[Priced]:
@@ -147,13 +146,12 @@ def column_plan(table: CostTable, shapes: Shapes, num_gpus: int, theta: float, d
         return None
     values = master.last_values()
     if fits is None:
-        # Out of time with a fractional program that fits the GPUs: its values rounded (slower
-        # machines: the generation there needs 0.1-0.24 s at 2,048 videos on 1,024 GPUs).
+        # Out of time with a fractional program that fits the GPUs: its values rounded.
         return _rounded(master.cols, values, shapes, table, num_gpus)
     copies = integer_plan(master, shapes, num_gpus, deadline)
     if copies is None:
         return _rounded(master.cols, values, shapes, table, num_gpus)
-    groups, pool = _fill(master.cols, copies.tolist(), shapes)
+    groups, pool = fill(shapes.members, master.cols, copies.tolist(), _group)
     return None if any(pool) else groups
 
 
@@ -174,16 +172,10 @@ def integer_plan(master: Master, shapes: Shapes, num_gpus: int, deadline: Deadli
     return None
 
 
-def _fill(cols: Columns, copies: list[int], shapes: Shapes) -> tuple[Groups, list[list[int]]]:
-    """Groups of each column's copies, drawing samples of each shape in turn; what is left."""
-    pool = [list(m) for m in shapes.members]
-    groups: Groups = []
-    for (j, a), n in zip(cols, copies, strict=True):
-        for _ in range(n):
-            ids = draw(pool, a)
-            if ids:
-                groups.append((j, ids))
-    return groups, pool
+def _group(take: Callable[[np.ndarray], list[int]], column: Column) -> tuple[int, list[int]] | None:
+    """One copy of the column as a group (`colgen.fill`)."""
+    ids = take(column[1])
+    return (column[0], ids) if ids else None
 
 
 def _rounded(cols: Columns, values: np.ndarray, shapes: Shapes, table: CostTable, num_gpus: int) -> Groups | None:
@@ -193,8 +185,7 @@ def _rounded(cols: Columns, values: np.ndarray, shapes: Shapes, table: CostTable
     largest, which fit few groups, go first), and the samples still left each to the
     least-loaded group that can run it (by the additive estimate); None if one fits no group.
     The local search takes it from there. (Rounding up the largest fractions instead left a
-    194,400-token video of Open-Sora's 512 on 256 GPUs to a group already at the level: 21%
-    above it, 7% after the local search.)"""
+    long video to a group already at the level: docs/tuning-log.md, `COLUMN_IP_SHARE`.)"""
     copies = np.floor(values + 1e-9).astype(np.int64)
     gpus = np.array([table.sizes[j] for j, _ in cols])
     a = np.stack([col for _, col in cols]).astype(np.int64)  # columns x shapes
@@ -211,7 +202,7 @@ def _rounded(cols: Columns, values: np.ndarray, shapes: Shapes, table: CostTable
         copies[c] += 1
         free -= int(gpus[c])
         left = np.maximum(left - a[c], 0)
-    groups, pool = _fill(cols, copies.tolist(), shapes)
+    groups, pool = fill(shapes.members, cols, copies.tolist(), _group)
     if not groups:
         return None
     loads = [float(table.add[ids, j].sum()) for j, ids in groups]
