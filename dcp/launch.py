@@ -28,7 +28,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from dcp.cli_errors import end_job
+from dcp.cli_errors import end_job, rank
 from dcp.costmodel import (
     DEFAULT_HARDWARE,
     RECIPES,
@@ -243,7 +243,7 @@ def write_step_stats(path: str, step: int, stats: StepStats) -> None:
                             "measured_step_s": stats.measured_step_s, "microbatches": rows}) + "\n")
 def lead_rank() -> bool:
     """Whether this process speaks for the job: rank 0 under torchrun, or a process on its own."""
-    return os.environ.get("RANK", "0") == "0"
+    return rank() == 0
 
 
 def fail(message: str) -> NoReturn:
