@@ -274,7 +274,7 @@ def open_checkpoints(options: RunOptions, model: torch.nn.Module, optimizer: tor
         return ckpt, 0
     resumed = ckpt.load(model, optimizer, sampler=sampler)
     if lead_rank():
-        print(f"resumed from {resumed.path} (saved on {resumed.saved_world_size} ranks) at step {resumed.step}",
+        print(f"resumed from {resumed.path} (saved on {resumed.saved_world_size} rank{'s' * (resumed.saved_world_size != 1)}) at step {resumed.step}",
               flush=True)
     return ckpt, resumed.step
 
