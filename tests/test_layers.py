@@ -56,3 +56,37 @@ def test_no_import_cycle_inside_the_planner() -> None:
     for m in sorted(edges):
         if m not in state:
             visit(m, [])
+
+
+LAYERS = {
+    "kit": ("knobs", "levels", "lpt", "colgen", "timebudget", "ilp.budget", "ilp.solvers"),
+    "core": ("sample", "plan", "options", "inputs", "feasibility", "status", "pricing", "ilp.costs", "sync",
+             "slots", "common", "simulate"),
+    "bounds": ("bounds", "bound_group"),
+    "baselines": ("baselines", "greedy"),
+    "search": ("ilp", "ilp.search", "ilp.warm", "ilp.incumbent", "ilp.heuristic", "ilp.bestfit", "ilp.fill",
+               "ilp.pack", "ilp.lns", "ilp.classes", "ilp.cuts", "ilp.model", "ilp.exact", "ilp.columns",
+               "ilp.patterns"),
+    "phased": ("phases", "backfill", "nested", "nested_columns"),
+    "api": ("", "run", "report"),
+}
+"""Every planner module's layer (docs/design.md, "The planner's layout"), lowest first: kit (the
+clock and time budget, the solver back end, LPT, column generation, level search), core (samples, plans, options,
+inputs, pricing, the cost table, step pricing, slots, plan assembly, simulation), bounds,
+baselines (dcp-greedy, bucket, packed), search (the single-layout program and its column
+programs), phased (backfill, nested, splits), api
+(`dcp.planner`, the orchestration the CLI shares). "" is `dcp.planner` itself."""
+
+RANK = {f"dcp.planner.{m}".rstrip("."): k for k, mods in enumerate(LAYERS.values()) for m in mods}
+
+
+def test_every_planner_module_has_a_layer() -> None:
+    assert sorted(set(PLANNER) - set(RANK)) == [], "assign the new module a layer in LAYERS"
+    assert sorted(set(RANK) - set(PLANNER)) == [], "LAYERS names a module that is gone"
+
+
+@pytest.mark.parametrize("module", sorted(PLANNER))
+def test_a_planner_module_imports_only_its_own_layer_or_lower(module: str) -> None:
+    names = list(LAYERS)
+    up = sorted(f"{d} ({names[RANK[d]]})" for d in PLANNER[module] if d in RANK and RANK[d] > RANK[module])
+    assert not up, f"{module} ({names[RANK[module]]}) imports from above its layer: {up}"

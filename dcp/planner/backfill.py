@@ -3,8 +3,7 @@ groups of the size that runs each cheapest within a target time, the rest after 
 every rank as it frees up.
 
 A single layout runs a long sample's group at its size for the whole step: the short samples
-that fill the rest of its time pay that size's all-to-alls (wikipedia, 8,192 samples on 1,024
-GPUs: their marginal GPU-seconds are 31% higher at SP 16 than at SP 1, 97% at SP 128). Here
+that fill the rest of its time pay that size's all-to-alls (docs/tuning-log.md). Here
 they run after it, in phase 2, at SP 1, on each of its ranks (`dcp.planner.plan`: a rank goes
 on to its next group when its part of the phase ends). The plan, for a target T (`knobs.BACKFILL_LEVELS`, then
 `knobs.BACKFILL_ONWARD`, times the batch's busy bound):
@@ -19,8 +18,7 @@ on to its next group when its part of the phase ends). The plan, for a target T 
    per micro-batch and each filler's marginal cost; but a core group whose room before the
    water level holds more fillers inside its own micro-batches (the room over its size's markup
    on their marginal cost) than on its ranks at SP 1 (the room less one more fixed cost) takes
-   them inside (small sizes, whose markup is a few percent: wikipedia, 2,048 samples on 256
-   GPUs, batch 1, at targets 1.0 and 1.02: 3.7% above the bound before, 3.0% after);
+   them inside (small sizes, whose markup is a few percent; docs/tuning-log.md);
 3. two things the busy time does not see. The reductions run under the last micro-batch's
    backward (`dcp.costmodel.schedule_fast`): a few hundred tokens there near the step's end
    expose the whole chain (0.17 s for llama-7b on 1,024 GPUs). So a core group whose room
@@ -237,9 +235,7 @@ def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pri
 def _fitting_prefix(cost: np.ndarray, fit: np.ndarray, room: float) -> int:
     """How many of `fit`, in order, fit `room` together (their running sum of positive `cost` at
     most it): the running sum over growing prefixes only (a prefix's running sum is the whole
-    one's prefix, exactly), as a core group's room holds a few fillers of thousands (wikipedia,
-    16,384 samples on 8,192 GPUs: sums over every free filler took 0.22 s of the 0.71 s of four
-    candidates, profiled; the plans are the same)."""
+    one's prefix, exactly), as a core group's room holds a few fillers of thousands."""
     size = 64
     while True:
         head = np.cumsum(cost[fit[:size]])
@@ -271,8 +267,7 @@ def pack_per_size(ids: np.ndarray, choice: np.ndarray, cost: np.ndarray, target_
     fit (the group with the most room left), longest first, ties by index. The groups as (first
     rank, size index, samples), the largest sizes on the first ranks (aligned, as the sizes are
     powers of two); None when they take more than `num_gpus` GPUs, without packing where
-    `least_groups_gpus` already says so (a heap loop over every sample: 32,768 samples on 32
-    GPUs)."""
+    `least_groups_gpus` already says so (a heap loop over every sample)."""
     if least_groups_gpus(cost[ids, choice], choice, target_s, sizes) > num_gpus:
         return None
     groups: list[tuple[int, int, list[int]]] = []
@@ -360,8 +355,7 @@ def _water_fill(fillers: np.ndarray, at: int, cost: np.ndarray, ends: np.ndarray
     slot_of[at:] = place
     # Each slot's run, in order, next fit: a filler joins the open micro-batch while its tokens
     # stay within `cap`, else opens a new one (one that alone exceeds `cap` still gets its own).
-    # One pass over the fillers (lognormal, 65,536 samples on 256 GPUs: 10 ms, where a prefix
-    # search per micro-batch took 0.34 s).
+    # One pass over the fillers (docs/tuning-log.md).
     order = np.argsort(place, kind="stable")
     limit = cap * (1 + 1e-12)
     open_t = held.tolist()  # tokens of each slot's open micro-batch (0: none open)
@@ -442,8 +436,7 @@ def _rebalance(fills: list[list[list[int]]], ends: np.ndarray, tokens: np.ndarra
     """Moves off the slot that ends last: a filler of its last micro-batch to the open last
     micro-batch of the first slot to end that has room, the one whose cost is nearest half their
     difference, while that ends both sooner than the last (the rounds place a whole filler at a
-    time: wikipedia, 8,192 samples on 256 GPUs, batch 0: 1.56% above the bound before, 1.14%
-    after). A last micro-batch that hid the reductions keeps at least `hide` tokens; nothing
+    time). A last micro-batch that hid the reductions keeps at least `hide` tokens; nothing
     opens a new micro-batch (its fixed cost). At most `knobs.BACKFILL_REBALANCE_MOVES` per slot. Returns the
     new ends."""
     live = [s for s in range(len(fills)) if fills[s]]

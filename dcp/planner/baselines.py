@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from dcp.costmodel import CostModel
+from dcp.planner.bounds import lower_bound
 from dcp.planner.common import aligned_layout, assemble_indices
 from dcp.planner.feasibility import allowed_sp_sizes, check_feasible
 from dcp.planner.lpt import by_group, least_loaded
@@ -139,7 +140,7 @@ def solve_bucket(batch: Sequence[Sample], cm: CostModel, options: BucketOptions 
     arrays = BatchArrays.of(batch)
     layout, ckpt, notes = bucket_layout(batch, cm, options, sizes, arrays)
     return assemble_indices(strategy_name(options), batch, cm, layout, ckpt=ckpt, started=started, notes=notes,
-                            arrays=arrays)
+                            arrays=arrays, lower_bound_s=lower_bound(batch, cm))
 
 
 def first_fit_decreasing(batch: Sequence[Sample], budget_tokens: int) -> list[list[Sample]]:
@@ -228,4 +229,4 @@ def solve_packed(batch: Sequence[Sample], cm: CostModel, options: PackedOptions 
     arrays = BatchArrays.of(batch)
     layout, ckpt, notes = packed_layout(batch, cm, options, sizes, arrays, Pricer(cm, sizes))
     return assemble_indices(strategy_name(options), batch, cm, layout, ckpt=ckpt, started=started, notes=notes,
-                            arrays=arrays)
+                            arrays=arrays, lower_bound_s=lower_bound(batch, cm))

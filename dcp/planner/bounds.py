@@ -96,8 +96,7 @@ def _bounds(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | No
         # many busy times, and 20,000 distinct lengths made them a quarter of a 1 s solve.
         coarse = work if len(work.tokens) <= knobs.BOUND_COARSE else _Work(*_coarse(work), cm, sizes)
         # The pooled bound with token shares, then, from it up, with each size's fixed costs
-        # weighed as `_Work.weigh` chooses there, on the coarse classes (32,768 samples on 1,024
-        # GPUs: 0.06 s less than on every distinct sample, for a bound 0.02-0.13% lower).
+        # weighed as `_Work.weigh` chooses there, on the coarse classes (docs/tuning-log.md).
         pooled = _makespan_bound(work, cm.cluster.num_gpus)
         if coarse.weigh(pooled):
             pooled = _makespan_bound(coarse, cm.cluster.num_gpus, pooled)

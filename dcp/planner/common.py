@@ -8,7 +8,6 @@ from collections.abc import Sequence
 import numpy as np
 
 from dcp.costmodel import CostModel
-from dcp.planner.bounds import lower_bound
 from dcp.planner.plan import Group, InfeasibleError, MicroBatch, Plan, PlanError
 from dcp.planner.pricing import BatchArrays, Layout, Pricer, price_layout
 from dcp.planner.sample import Sample
@@ -32,13 +31,14 @@ def assemble(strategy: str, batch: Sequence[Sample], cm: CostModel,
              layout: Sequence[tuple[int, int, Sequence[Sequence[int]]]],
              ckpt: Sequence[Sequence[int]] | None = None, *, started: float | None = None,
              solver_status: str = "heuristic", gap: float | None = None,
-             lower_bound_s: float | None = None, notes: Sequence[str] = (),
+             lower_bound_s: float = 0.0, notes: Sequence[str] = (),
              pricer: Pricer | None = None, arrays: BatchArrays | None = None) -> Plan:
     """Build and validate a Plan from (first rank, SP size, micro-batches as sample-id lists).
 
     Each micro-batch gets the fewest checkpointed layers that fit, unless `ckpt` gives them
     (one list per group). Times and memory come from the cost model, priced for all
-    micro-batches at once (`pricing.Pricer`); empty micro-batches are dropped."""
+    micro-batches at once (`pricing.Pricer`); empty micro-batches are dropped. `lower_bound_s`
+    is the strategy's proven bound (0: none): plan assembly sits below the bounds' layer."""
     position = {s.id: k for k, s in enumerate(batch)}
     index_layout = [(start, p, [[position[i] for i in mb] for mb in mbs]) for start, p, mbs in layout]
     return assemble_indices(strategy, batch, cm, index_layout, ckpt, started=started, solver_status=solver_status,
@@ -48,7 +48,7 @@ def assemble(strategy: str, batch: Sequence[Sample], cm: CostModel,
 def assemble_indices(strategy: str, batch: Sequence[Sample], cm: CostModel, layout: Layout,
                      ckpt: Sequence[Sequence[int]] | None = None, *, started: float | None = None,
                      solver_status: str = "heuristic", gap: float | None = None,
-                     lower_bound_s: float | None = None, notes: Sequence[str] = (),
+                     lower_bound_s: float = 0.0, notes: Sequence[str] = (),
                      pricer: Pricer | None = None, arrays: BatchArrays | None = None, validate: bool = True,
                      step: bool = True) -> Plan:
     """`assemble` for micro-batches given as batch indices (what the strategies compute);
@@ -76,11 +76,10 @@ def assemble_indices(strategy: str, batch: Sequence[Sample], cm: CostModel, layo
                           for mi, mb in enumerate(mbs) if len(mb)]
         groups.append(g)
         m += len(mbs)
-    lb = lower_bound(batch, cm) if lower_bound_s is None else lower_bound_s
     plan = Plan(
         strategy=strategy, num_gpus=cm.cluster.num_gpus, gpus_per_node=cm.cluster.gpus_per_node,
         memory_limit_bytes=cm.cluster.memory_bytes, num_layers=cm.model.num_layers, samples=list(batch),
-        groups=groups, step_time_s=0.0, lower_bound_s=lb,
+        groups=groups, step_time_s=0.0, lower_bound_s=lower_bound_s,
         solve_time_s=(time.perf_counter() - started) if started is not None else 0.0,
         solver_status=solver_status, gap=gap, notes=list(notes),
     )

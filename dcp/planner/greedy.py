@@ -43,6 +43,7 @@ import dcp.planner.knobs as knobs
 from dcp.costmodel import CostModel
 from dcp.costmodel.schedule import slot_link_s
 from dcp.planner.baselines import group_share, lpt_assign
+from dcp.planner.bounds import lower_bound
 from dcp.planner.common import aligned_layout, assemble_indices
 from dcp.planner.feasibility import allowed_sp_sizes, check_feasible
 from dcp.planner.lpt import by_group
@@ -212,10 +213,7 @@ class _Schedule:
         block's least-loaded group is kept (only the two blocks a move touches look again) and
         every size's candidates are valued at once, a sizes x members array; each group's
         members are kept in order, so a move costs work over the slowest group's members, not
-        over every micro-batch (32,768 lognormal samples on 32 GPUs: 1,056 moves of 24,487
-        micro-batches, 0.26 s with a full scan a move, 0.11 s so; wikipedia, 2,048 samples on
-        1,024 GPUs, 11 sizes: the whole greedy 0.13 s with a scan of the sizes a move, 0.076 s
-        with them valued at once, the same moves)."""
+        over every micro-batch."""
         times = self.mbs.times
         by_size = np.ascontiguousarray(times.T)  # one size's times of any members, contiguous
         size_of, loads = self.size_of, self.loads
@@ -282,9 +280,7 @@ def _promote_stragglers(mbs: _MicroBatches, sizes: Sequence[int], num_gpus: int)
     target steps below the plain schedule's, each promoting every micro-batch longer than the
     target (`_promote`), and keep the allocation whose estimate is best; then, while it shortens
     the step, run the slowest group's longest micro-batch at the next larger size. A target that
-    promotes the same micro-batches as the one before it is not estimated again (lognormal's
-    32,768 samples on 32 GPUs: 15 of 16 targets; the greedy 0.18-0.19 s to 0.16-0.17 s, the same
-    plans on 123 layouts of 3 workloads, 32-1,024 GPUs, 512-32,768 samples)."""
+    promotes the same micro-batches as the one before it is not estimated again."""
     home, groups = allocate_groups(mbs, sizes, num_gpus)
     best = _Schedule(mbs, home, groups)
     floor = float(mbs.times.min(axis=1).max())  # no schedule beats its longest micro-batch
@@ -412,4 +408,4 @@ def solve_greedy(batch: Sequence[Sample], cm: CostModel, options: GreedyOptions 
     arrays = BatchArrays.of(batch)
     layout, ckpt, notes = greedy_layout(batch, cm, options, sizes, arrays, Pricer(cm, sizes))
     return assemble_indices("dcp-greedy" if options.pyramid else "dcp-greedy-inter", batch, cm, layout,
-                            ckpt=ckpt, started=started, notes=notes, arrays=arrays)
+                            ckpt=ckpt, started=started, notes=notes, arrays=arrays, lower_bound_s=lower_bound(batch, cm))

@@ -16,10 +16,9 @@ from collections.abc import Callable, Iterable, Iterator
 
 def geometric(start: float, factor: float) -> Iterator[float]:
     """start, start * factor, start * factor ** 2, ... (each the last times `factor`)."""
-    level = start
     while True:
-        yield level
-        level *= factor
+        yield start
+        start *= factor
 
 
 def climb(holds: Callable[[float], bool], levels: Iterable[float],
@@ -42,38 +41,30 @@ def narrow(test: Callable[[float], bool] | Callable[[float], float], lo: float, 
            rtol: float = 0.0, stop: Callable[[], bool] | None = None,
            values: tuple[float, float] | None = None) -> tuple[float, float]:
     """[lo, hi] narrowed, lo where the test fails and hi where it holds, at most `steps` tries,
-    each halving the bracket, until hi - lo <= `rtol` * hi or `stop()`.
+    until hi - lo <= `rtol` * hi or `stop()`: each try halves the bracket.
 
-    With `values` (the test's values at lo and hi) the test returns an excess instead, a
-    decreasing function that holds where it is not positive, and each try is regula falsi
-    (Illinois: the end that stayed twice has its value halved), kept 1% inside the bracket. The
-    bounds' work functions are smooth and each evaluation costs a pass over every sample: the
-    interpolation takes fewer of them than halving does, where a yes/no test gives nothing to
-    interpolate."""
-    if values is None:
-        for _ in range(steps):
-            if hi - lo <= rtol * hi or (stop is not None and stop()):
-                break
-            mid = (lo + hi) / 2
-            if test(mid):
-                hi = mid
-            else:
-                lo = mid
-        return lo, hi
-    f_lo, f_hi = values
+    With `values` (its values at lo and hi) the test is an excess instead, a decreasing function
+    that holds where not positive, and each try is regula falsi (Illinois: the end kept twice
+    has its value halved), 1% inside the bracket: the bounds' work functions are smooth and an
+    evaluation is a pass over every sample, so interpolating takes fewer than halving, where a
+    yes/no test gives nothing to interpolate."""
+    f_lo, f_hi = values if values is not None else (0.0, 0.0)
     side = 0
     for _ in range(steps):
         if hi - lo <= rtol * hi or (stop is not None and stop()):
             break
-        mid = (lo * f_hi - hi * f_lo) / (f_hi - f_lo)
-        if not math.isfinite(mid):
+        if values is None:
             mid = (lo + hi) / 2
+            lo, hi = (lo, mid) if test(mid) else (mid, hi)
+            continue
+        mid = (lo * f_hi - hi * f_lo) / (f_hi - f_lo)
+        mid = (lo + hi) / 2 if not math.isfinite(mid) else mid
         mid = min(max(mid, lo + 0.01 * (hi - lo)), hi - 0.01 * (hi - lo))
         f_mid = test(mid)
         if f_mid > 0:
             lo, f_lo = mid, f_mid
-            f_hi, side = (f_hi / 2, 1) if side == 1 else (f_hi, 1)
+            f_hi, side = (f_hi / 2 if side == 1 else f_hi), 1
         else:
             hi, f_hi = mid, f_mid
-            f_lo, side = (f_lo / 2, -1) if side == -1 else (f_lo, -1)
+            f_lo, side = (f_lo / 2 if side == -1 else f_lo), -1
     return lo, hi

@@ -57,11 +57,8 @@ def program_items(table: CostTable, upper: float) -> list[Item]:
     large = np.flatnonzero(best_marg >= knobs.CLASS_FLUID_SHARE * upper)
     if not len(large):
         # A program without exact types has no integrality at all. At the largest sizes every
-        # sample's time is small (lognormal, 512 samples on 1,024 GPUs: none reached 3% of U at
-        # SP 1,024, so the 52 of 131,072 tokens, 61% of U at SP 16, went fluid, past the
-        # bin-packing cuts): then those that take `knobs.CHEAPEST_LARGE` of U at the size where they
-        # cost the fewest GPU-seconds are exact. (Always so, 86 samples of wikipedia's 512 on 256
-        # GPUs were, and within 1 s the larger program lost: 12.0% against 9.2% above the bound.)
+        # sample's time can be small: then those that take `knobs.CHEAPEST_LARGE` of U at the size
+        # where they cost the fewest GPU-seconds are exact (only then: docs/tuning-log.md).
         gpu_s = np.where(opts, table.load * np.asarray(table.sizes, dtype=np.float64)[None, :], np.inf)
         best_marg = table.marg[np.arange(n), np.argmin(gpu_s, axis=1)]
         large = np.flatnonzero(best_marg >= knobs.CHEAPEST_LARGE * upper)

@@ -106,8 +106,7 @@ def improve(groups: Groups, table: CostTable, deadline: float | Deadline, max_it
     size first (`with_free_groups`), so that moves can use them; groups left empty are dropped.
     Halfway (in steps and in time) the small samples are re-spread (`rebalance`), kept unless
     that raises the slowest group: one move at a time off the slowest group cannot lower a
-    level that hundreds of groups share (wikipedia, 2,048 samples on 1,024 GPUs: 141 groups
-    within 1% of it). When no move or swap helps, the slowest group and the least-loaded one
+    level that hundreds of groups share. When no move or swap helps, the slowest group and the least-loaded one
     of its size become one group of twice the size if that is faster (`_merge`), else the
     slowest group doubles, or sends one of its samples to a group of its own, on GPUs freed from
     the least-loaded groups, whose samples are spread over the rest (`_grow`).
@@ -294,9 +293,7 @@ def _grow(st: _Loads, c: int, loads: np.ndarray, deadline: Deadline) -> Groups |
     """The slowest group c at twice its size, or one of its samples alone in a new group, on GPUs
     freed from the least-loaded groups, whose samples go, longest first, each to the group whose
     estimate it raises least: what no move, swap or merge can do when c holds a large sample and
-    every group that could take c's others is about as full (wikipedia, 2,048 samples on 1,024
-    GPUs: an SP-64 group of 49,457 and 29,854 tokens at 0.326 s, over 236 SP-1 groups at
-    0.302-0.303 s). The first that leaves every group faster than c was, else None (also once
+    every group that could take c's others is about as full. The first that leaves every group faster than c was, else None (also once
     `deadline` has passed)."""
     table, j = st.t, int(st.gj[c])
     p = table.sizes[j]

@@ -51,7 +51,7 @@ class Search:
         # configuration levels, early stop) runs on the capacity bound, the one its load
         # coefficients share: as the floor, the makespan bound flattens the program's objective
         # above its relaxation (any assignment meeting it is "optimal") and the spread plans got
-        # worse (opensora:balanced, 64 GPUs: +0.2%). The plan reports `single_layout_bound` if larger.
+        # worse (docs/tuning-log.md). The plan reports `single_layout_bound` if larger.
         self.proven = capacity_busy(batch, cm, sizes, bound_arrays)
         self.makespan_bound_s = single_layout_bound(batch, cm, sizes, bound_arrays)
         self.incumbent = Incumbent(cm, self.table, self.arrays, self.pricer, options.max_microbatches, budget)
