@@ -71,11 +71,11 @@ LAYERS = {
     "api": ("", "run", "report"),
 }
 """Every planner module's layer (docs/design.md, "The planner's layout"), lowest first: kit (the
-clock and time budget, the solver back end, LPT, column generation, level search), core (samples, plans, options,
-inputs, pricing, the cost table, step pricing, slots, plan assembly, simulation), bounds,
-baselines (dcp-greedy, bucket, packed), search (the single-layout program and its column
-programs), phased (backfill, nested, splits), api
-(`dcp.planner`, the orchestration the CLI shares). "" is `dcp.planner` itself."""
+clock and time budget, the solver back end, LPT, column generation, level search), core
+(samples, plans, options, inputs, pricing, the cost table, step pricing, slots, plan assembly,
+simulation), bounds, baselines (dcp-greedy, bucket, packed), search (the single-layout program
+and its column programs), phased (backfill, nested, splits), api (`dcp.planner`, the
+orchestration the CLI shares). "" is `dcp.planner` itself."""
 
 RANK = {f"dcp.planner.{m}".rstrip("."): k for k, mods in enumerate(LAYERS.values()) for m in mods}
 
