@@ -17,7 +17,8 @@ cover_C[s] summing k_s / p over C's slices (k_s samples of class s in a micro-ba
 If the linear program min sum_C y_C over those rows needs more than N ranks, no plan runs within
 M. For any prices pi >= 0 of the rows, every pattern covers at most V(pi) of sum_s pi_s
 cover_C[s], so sum_C y_C >= pi . n / V(pi) (Farley's bound): any pi, and any upper bound on
-V(pi), proves every M where it exceeds N. Column generation (`_proven`) finds good prices.
+V(pi), proves every M where it exceeds N. Column generation (`_proven`, its master the
+planner's `colgen.Master`) finds good prices.
 
 V(pi) is a knapsack of slices into M, each slice one of a micro-batch's knapsack of samples:
  - a slice at level (p, r) (SP size, checkpointed layers) takes at least the micro-batch's linear
@@ -51,7 +52,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import linprog
 
 from dcp.costmodel import CostModel
 from dcp.planner.bounds import (
@@ -63,8 +63,9 @@ from dcp.planner.bounds import (
     size_levels,
     step_floor,
 )
-from dcp.planner.colgen import knapsack
+from dcp.planner.colgen import Master, knapsack
 from dcp.planner.feasibility import allowed_sp_sizes
+from dcp.planner.ilp.budget import Deadline
 from dcp.planner.sample import Sample
 
 UNITS = 1000
@@ -238,16 +239,18 @@ def _proven(pricing: _Pricing, counts: np.ndarray, gpus: int, columns: list[_Col
     Farley's bound, with the prices that prove it; False: its master fits them; None: undecided
     within the deadline or `ITERATIONS`), adding the columns it generates to `columns`."""
     center, best = None, 0.0
+    master = Master(counts, [1])  # the planner's column master (`colgen`): one rank a pattern
+    for c in columns:
+        master.add(0, c.cover)
     for _ in range(ITERATIONS):
         if time.perf_counter() > deadline:
             break
-        cover = np.array([c.cover for c in columns]).T
-        res = linprog(np.ones(cover.shape[1]), A_ub=-cover, b_ub=-counts, bounds=(0, None), method="highs")
-        if res.status != 0:
+        solved = master.solve(Deadline(deadline))
+        if solved is None:
             break
-        if res.fun <= gpus * (1 - 1e-9):
+        ranks, pi = solved
+        if ranks <= gpus * (1 - 1e-9):
             return False, None
-        pi = np.maximum(-res.ineqlin.marginals, 0.0)
         trial = pi if center is None else SMOOTHING * center + (1 - SMOOTHING) * pi
         try:
             value, cover_c, seconds = pricing(trial)
@@ -264,6 +267,7 @@ def _proven(pricing: _Pricing, counts: np.ndarray, gpus: int, columns: list[_Col
             center = None  # misprice: the next round prices the master's prices alone
             continue
         columns.append(_Column(cover_c, seconds))
+        master.add(0, cover_c)
     return None, None
 
 
