@@ -12,7 +12,7 @@ indices), which the ILP's warm start prices without building a plan.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -133,14 +133,23 @@ def solve_bucket(batch: Sequence[Sample], cm: CostModel, options: BucketOptions 
     longest length as fit at p with all K layers checkpointed (capped at the bucket's per-group
     share, see `group_share`). Micro-batches go to the N/p groups round-robin in bucket order,
     with no balancing of their times."""
-    started = time.perf_counter()
     options = options or BucketOptions()
-    sizes = allowed_sp_sizes(cm, options.sp_sizes)
+    return plan_by(strategy_name(options), batch, cm, options.sp_sizes,
+                   lambda sizes, arrays: bucket_layout(batch, cm, options, sizes, arrays))
+
+
+def plan_by(strategy: str, batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | None,
+            layout_of: Callable[[list[int], BatchArrays], tuple[Layout, list[list[int]], list[str]]]) -> Plan:
+    """A deterministic strategy's plan: the batch checked against the allowed sizes, laid out by
+    `layout_of(sizes, arrays)` (groups, checkpointed layers, notes), assembled with the batch's
+    lower bound and the time from this call on."""
+    started = time.perf_counter()
+    sizes = allowed_sp_sizes(cm, sp_sizes)
     check_feasible(batch, cm, sizes)
     arrays = BatchArrays.of(batch)
-    layout, ckpt, notes = bucket_layout(batch, cm, options, sizes, arrays)
-    return assemble_indices(strategy_name(options), batch, cm, layout, ckpt=ckpt, started=started, notes=notes,
-                            arrays=arrays, lower_bound_s=lower_bound(batch, cm))
+    layout, ckpt, notes = layout_of(sizes, arrays)
+    return assemble_indices(strategy, batch, cm, layout, ckpt=ckpt, started=started, notes=notes, arrays=arrays,
+                            lower_bound_s=lower_bound(batch, cm))
 
 
 def first_fit_decreasing(batch: Sequence[Sample], budget_tokens: int) -> list[list[Sample]]:
@@ -222,11 +231,6 @@ def solve_packed(batch: Sequence[Sample], cm: CostModel, options: PackedOptions 
     then checkpoints only the layers it must (the fewest that fit): a packed micro-batch is
     usually well under the budget after the last sample, and recomputing layers that memory does
     not require would penalize packing for a choice that is not part of it."""
-    started = time.perf_counter()
     options = options or PackedOptions()
-    sizes = allowed_sp_sizes(cm, options.sp_sizes)
-    check_feasible(batch, cm, sizes)
-    arrays = BatchArrays.of(batch)
-    layout, ckpt, notes = packed_layout(batch, cm, options, sizes, arrays, Pricer(cm, sizes))
-    return assemble_indices(strategy_name(options), batch, cm, layout, ckpt=ckpt, started=started, notes=notes,
-                            arrays=arrays, lower_bound_s=lower_bound(batch, cm))
+    return plan_by(strategy_name(options), batch, cm, options.sp_sizes,
+                   lambda sizes, arrays: packed_layout(batch, cm, options, sizes, arrays, Pricer(cm, sizes)))

@@ -12,10 +12,8 @@ the attention (the exact time adds (c - 1) max(0, y - x) per layer and direction
 other sample costs at least its cheapest GPU-seconds within M outside the group (`bounds._Work`)
 and at least its marginal cost at p inside; whether any split of them fits both is a fractional
 knapsack, so M is below every plan's busy time when no size p where i runs within M admits one.
-Feasibility only grows with M, so bisection finds the bound.
-
-It matters where one sample needs a large group: wikipedia's 56K-token sample among 512 on 256
-GPUs takes a 64- or 128-GPU group (with rings), and the bound on the busy time rises by 15%.
+Feasibility only grows with M, so bisection finds the bound. It matters where one sample needs
+a large group (docs/tuning-log.md).
 """
 
 from __future__ import annotations
@@ -220,9 +218,7 @@ def group_bound(work: object, cm: CostModel, sizes: Sequence[int], lo: float,
     micro-batch (`_room_or_saved`), and, as each micro-batch of their own pays a fixed part, at
     most `_Own.capped` where its conditions hold. (Each condition only weakens as M grows, and the
     second is weaker than the first, so feasibility still only grows with M.) It binds where the longest
-    sample alone nearly fills the step on a large group: wikipedia's 168,456-token sample runs
-    0.378 s on 512 of 1,024 GPUs, within the pooled bound of 0.378 s, while the other 2,047
-    samples need more than the other 512 GPUs give in that time (bound 0.393 s)."""
+    sample alone nearly fills the step on a large group."""
     if len(work.tokens) < 2 or not math.isfinite(lo) or lo <= 0:
         return lo
     n = cm.cluster.num_gpus
@@ -272,11 +268,7 @@ def step_group_bound(work: object, cm: CostModel, sizes: Sequence[int], lo: floa
     busy time is at most S - `least_exposed_s`, so each rank of the group runs other
     micro-batches for at most min(M - T, S - chain_s - top) there, or M - T where S > T + chain_s,
     and the knapsack of `group_bound` (with `fixed_floor_s`, `_Own` included) holds with that
-    room. It binds where the reduction chain outlasts the longest sample's backward: wikipedia's
-    55,995-token sample among 512 on 256 GPUs runs 0.181 s on 128 of them, its forwards and top
-    backward 0.06 s, and the chain takes 0.226 s, so its ranks take no other work worth speaking
-    of (bound 0.2995 s to 0.3091 s; seed 0, where they have 0.02-0.05 s before it, 0.3149 s with
-    the fixed part each of their own micro-batches pays, `_Own`, from 0.3091 s)."""
+    room. It binds where the reduction chain outlasts the longest sample's backward."""
     if len(work.tokens) < 2 or not math.isfinite(lo) or lo <= 0:
         return lo
     n = cm.cluster.num_gpus

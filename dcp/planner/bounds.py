@@ -399,9 +399,7 @@ def _exposure_bound(coarse: _Work, cm: CostModel, sizes: Sequence[int], start_s:
     last one's backward below is at most R = S - chain[K-1], so the charge of each (its time, or
     its time less that backward for the last) is at most R. That is `_Work`'s argument again in
     charged seconds (`capped`: the token shares, the time shares at the cap R, and each size's
-    weighting), on the same sum: work''(R) <= N R, and S = R + chain[K-1]. Wikipedia, 512 samples
-    on 256 GPUs, batch 2: every rank runs one micro-batch and issues at 0.057-0.062 s, the
-    busy time's cap left the release bound at 0.052 s, the charges' at 0.055 s.
+    weighting), on the same sum: work''(R) <= N R, and S = R + chain[K-1] (docs/tuning-log.md).
 
     The charge is at most `ratio` (the largest of charged over time coefficients) times the
     work bound's cost, at every level, and the work bound fits N M at M = `start_s` - least

@@ -33,7 +33,6 @@ it is also the ILP's fallback.
 from __future__ import annotations
 
 import heapq
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -42,10 +41,8 @@ import numpy as np
 import dcp.planner.knobs as knobs
 from dcp.costmodel import CostModel
 from dcp.costmodel.schedule import slot_link_s
-from dcp.planner.baselines import group_share, lpt_assign
-from dcp.planner.bounds import lower_bound
-from dcp.planner.common import aligned_layout, assemble_indices
-from dcp.planner.feasibility import allowed_sp_sizes, check_feasible
+from dcp.planner.baselines import group_share, lpt_assign, plan_by
+from dcp.planner.common import aligned_layout
 from dcp.planner.lpt import by_group
 from dcp.planner.options import GreedyOptions
 from dcp.planner.plan import Plan
@@ -379,7 +376,7 @@ def _fewer_slots(parts: list[list[int]], tokens: np.ndarray, pairs: np.ndarray, 
     link's time to gather every layer, prefetched under the compute). The profile sizes
     micro-batches at their bucket's SP size without them, and a group larger than that size
     (one sample needing the whole cluster makes a single group) runs hundreds of short ones, each
-    a lockstep slot (Llama-70B, 8,192 samples on 32 GPUs: 1,409 slots of at least 1.65 s).
+    a lockstep slot.
     Longest first (ties by position), as the layout orders them."""
     times = pricer.times(p, tokens, pairs, ckpt).tolist()
     heap = [(t, i) for i, t in enumerate(times)]
@@ -401,11 +398,6 @@ def _fewer_slots(parts: list[list[int]], tokens: np.ndarray, pairs: np.ndarray, 
 
 def solve_greedy(batch: Sequence[Sample], cm: CostModel, options: GreedyOptions | None = None) -> Plan:
     """Plan one global batch the way DCP's runtime does (see the module docstring)."""
-    started = time.perf_counter()
     options = options or GreedyOptions()
-    sizes = allowed_sp_sizes(cm, options.sp_sizes)
-    check_feasible(batch, cm, sizes)
-    arrays = BatchArrays.of(batch)
-    layout, ckpt, notes = greedy_layout(batch, cm, options, sizes, arrays, Pricer(cm, sizes))
-    return assemble_indices("dcp-greedy" if options.pyramid else "dcp-greedy-inter", batch, cm, layout,
-                            ckpt=ckpt, started=started, notes=notes, arrays=arrays, lower_bound_s=lower_bound(batch, cm))
+    return plan_by("dcp-greedy" if options.pyramid else "dcp-greedy-inter", batch, cm, options.sp_sizes,
+                   lambda sizes, arrays: greedy_layout(batch, cm, options, sizes, arrays, Pricer(cm, sizes)))

@@ -1,11 +1,8 @@
-"""Level search: the one loop behind every "try a level, raise it or narrow it" in the planner.
-
-A level search asks a monotone question of a number: does a plan fit within busy time theta,
-does the bound's work fit N GPUs by M, does first-fit-decreasing pack at capacity c. Once the
-answer holds at a level it holds at every higher one. `climb` tries levels in rising order until
-one holds; `narrow` halves a bracket [lo, hi] (lo fails, hi holds). Both stop by one rule,
-checked before each try: the bracket is within `rtol` of hi (`narrow` only), the steps are
-spent, or `stop()` says so (a deadline, a gap already closed).
+"""Level search, the one loop behind every "try a level, raise it or narrow it" in the planner:
+a monotone test (does a plan fit busy time theta, FFD pack at capacity c) that holds at every
+level above one where it holds. `climb` tries rising levels until one holds; `narrow` halves a
+bracket [lo, hi] (lo fails, hi holds). One stopping rule, checked before each try: the bracket
+is within `rtol` of hi (`narrow`), the steps are spent, or `stop()` (a deadline, a closed gap).
 """
 
 from __future__ import annotations

@@ -3,8 +3,7 @@ GPU: the samples that need the largest groups first, the rest after them on alig
 their own sizes, each as its ranks free up.
 
 A single layout runs the short samples that fill a long sample's group at that group's size
-(lognormal, 512 samples on 1,024 GPUs: every group at SP 16, whose all-to-alls make a 15K-token
-sample cost 2.52 GPU-seconds against 1.73 at SP 4); the backfill runs them at SP 1 but needs
+(docs/tuning-log.md); the backfill runs them at SP 1 but needs
 enough of them per rank to even out. Here, for a target T (`knobs.NESTED_LEVELS` times the batch's busy
 bound):
 

@@ -32,8 +32,7 @@ def paused_gc() -> Iterator[None]:
     """No cyclic garbage collection inside: a time-limited solve allocates many short-lived
     objects (a plan of 32,768 samples is 14,000 micro-batches), and in a process with a large
     heap, a training script's or a long benchmark's, a full collection in the middle of the
-    final assembly cost 0.1-0.3 s past the limit (Open-Sora, 32,768 samples on 1,024 GPUs, 3
-    million live objects: walls up to 1.147 s with collection, 0.955 s without). Reference
+    final assembly cost 0.1-0.3 s past the limit (docs/tuning-log.md). Reference
     counting still frees everything the solve drops; the previous state is restored after."""
     collecting = gc.isenabled()
     gc.disable()
@@ -108,7 +107,7 @@ class Budget:
     def search_deadline(self) -> float:
         """When a search step must stop so that pricing its result ends by `deadline`: the
         longest pricing so far, with `knobs.PRICING_MARGIN` (a loaded machine prices the next one
-        slower: 0.12 s after 0.09 s at 32,768 samples on 1,024 GPUs)."""
+        slower)."""
         return self.deadline - knobs.PRICING_MARGIN * self.pricing_s
 
     def slowdown(self) -> float:

@@ -39,10 +39,7 @@ def fill_layouts(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], price
     deadline interrupts is dropped, and the deadline records it). The sizes go in the order of
     a bound on the fill's busy time there (its longest sample alone, its marginal work over its
     groups), the lowest first, and those where it is at least `upper` (the incumbent's) are not
-    filled: with the warm start's share nearly spent the fill most likely to win runs first
-    (lognormal, 512 samples on 1,024 GPUs: SP 16's, 15% faster than the incumbent, came fifth of
-    five largest first, after 0.05 s of fills that lost, and 0.3 s of warm start cut it off in
-    most runs)."""
+    filled: with the warm start's share nearly spent the fill most likely to win runs first."""
     layouts = []
     k = cm.model.num_layers
     deadline = Deadline.of(deadline)
@@ -80,10 +77,7 @@ def lockstep_layouts(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], p
     """ZeRO-3's fill: at each SP size p where every sample fits (in `fill_layouts`' order), the
     samples over the N / p groups longest first by their marginal time, each group's micro-batches
     cut into slots that line up across the groups (`slots.align`). Lining the slots up is what
-    decides the step there, and the fill's exact placement costs too much for it: Llama-70B,
-    lognormal, 2,048 samples on 256 GPUs, steps of 536-608 s from these at SP 16-256 in 0.3 s,
-    the fill's 614-659 s in 0.44 s (535-656 s lined up after); wikipedia's 32,768 on 256, the
-    fill 4 s. Yields each as it is built, until the deadline (which records a stop)."""
+    decides the step there, and the fill's exact placement costs too much for it. Yields each as it is built, until the deadline (which records a stop)."""
     k, n = cm.model.num_layers, cm.cluster.num_gpus
     link = slot_link_s(cm)
     for p in _ranked(arrays, cm, sizes, pricer, upper):

@@ -7,8 +7,9 @@ wall-clock limit cuts a phase short, which the status then reports.
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import takewhile
 
 import numpy as np
@@ -180,28 +181,26 @@ class Search:
             # The levels from the bound, or, when the deadline left the bisection short, from
             # just below the lowest level found feasible (below it the plan rarely fits).
             base = max(self.proven, feasible / knobs.COLUMN_LEVELS[0])
-            closed = lambda: self.gap() <= self.options.mip_rel_gap  # noqa: E731
             # The highest level without a plan and the lowest with one, levels below the incumbent's.
             lo, hi = climb(lambda theta: planned(theta, start),
                            takewhile(lambda theta: theta < self.incumbent.busy_s, (base * v for v in knobs.COLUMN_LEVELS)),
-                           closed)
-
-            def spent() -> bool:
-                """Whether the gap closed or the time ran out (recorded: the bisection stopped for
-                time, not for its tolerance)."""
-                if closed():
-                    return True
-                if deadline.left() < knobs.PROGRAM_MIN_S:
-                    deadline.record()
-                    return True
-                return False
-
+                           lambda: self.spent(lambda: math.inf, lambda: None))
             # Between them, bisection while the time lasts: the levels are coarse steps.
             if hi is not None:
-                narrow(lambda theta: planned(theta, start), base if lo is None else lo, hi,
-                       steps=knobs.COLUMN_SPLITS, rtol=knobs.COLUMN_SPLIT_RTOL, stop=spent)
+                narrow(lambda theta: planned(theta, start), base if lo is None else lo, hi, steps=knobs.COLUMN_SPLITS,
+                       rtol=knobs.COLUMN_SPLIT_RTOL, stop=lambda: self.spent(deadline.left, deadline.record))
         except Exception as e:  # the solver must never take the planner down
             self.notes.append(f"column program failed ({type(e).__name__}: {e})")
+
+    def spent(self, left: Callable[[], float], record: Callable[[], object]) -> bool:
+        """Whether a level search stops before its next program: the gap closed, or `left()`
+        seconds are too few for one (then `record()`: it stopped for time)."""
+        if self.gap() <= self.options.mip_rel_gap:
+            return True
+        short = left() < knobs.PROGRAM_MIN_S
+        if short:
+            record()
+        return short
 
     def configurations(self, upper: float) -> Groups | None:
         """The configuration program (`patterns`) at a level theta `knobs.PATTERN_STEP` of the way
@@ -209,15 +208,6 @@ class Search:
         > theta (then a higher level); feasible gives groups packing the large samples as the
         class program's counting cuts cannot, locally searched. None when it finds none."""
         found: list[Groups | None] = []
-
-        def stop() -> bool:
-            """Whether the gap closed or too little time is left for a program."""
-            if self.gap() <= self.options.mip_rel_gap:
-                return True
-            if self.budget.search_deadline - time.perf_counter() < knobs.PROGRAM_MIN_S:
-                self.budget.skip("configuration program levels")
-                return True
-            return False
 
         def holds(theta: float) -> bool:
             """Whether the program does not prove theta infeasible (`found` then holds its groups,
@@ -238,7 +228,9 @@ class Search:
             return False
 
         # Each level from the bound as it stands: every infeasible level raises it.
-        climb(holds, (self.proven + knobs.PATTERN_STEP * (upper - self.proven) for _ in range(knobs.PATTERN_TRIES)), stop)
+        climb(holds, (self.proven + knobs.PATTERN_STEP * (upper - self.proven) for _ in range(knobs.PATTERN_TRIES)),
+              lambda: self.spent(lambda: self.budget.search_deadline - time.perf_counter(),
+                                 lambda: self.budget.skip("configuration program levels")))
         return None if not found or found[0] is None else self.improve(found[0])
 
     def spreads(self, counts: dict[int, int], classes: dict[int, list[int]]) -> list[Groups]:

@@ -209,8 +209,7 @@ def warm_start(inc: Incumbent, budget: Budget, batch: Sequence[Sample], cm: Cost
 def _best_fit(inc: Incumbent, budget: Budget, table: CostTable, n: int, floor_s: float) -> None:
     """The best-fit packings (`bestfit`) between the bound and the incumbent's busy time, each
     offered, the least level's locally searched, in `knobs.BEST_FIT_SHARE` of the time left. Batches
-    of few shapes skip it: the column program packs them exactly, and needs the time (Open-Sora,
-    2,048 videos on 1,024 GPUs: 3.33% above the bound on average without it, 3.72% with it)."""
+    of few shapes skip it: the column program packs them exactly, and needs the time."""
     if shapes_of(table) is not None or inc.busy_s <= floor_s * (1 + 1e-9):
         return  # (or the incumbent's busy time meets the floor already)
     if time.perf_counter() >= budget.search_deadline:
