@@ -13,8 +13,6 @@ import torch
 from dist_helpers import Case, llama_spec, random_case, run_ranks
 
 from dcp.costmodel import ModelSpec, attention_pairs
-from dcp.executor.reference import relative_diff as relative
-from dcp.executor.reference import trainable
 from dcp.planner import Sample
 
 TOLERANCE = 1e-12
@@ -47,23 +45,17 @@ def cases(spec: ModelSpec, layouts: list[list[tuple[int, ...]]], world: int, see
     return out
 
 
-def sharded_worker(rank: int, world: int, stage: int, steps: list[Case], shard_group: int | None = None,
-                   adamw: dict | None = None) -> list[tuple[float, float, list[int]]]:
-    """Train `steps` at `stage` with AdamW; rank 0 compares gradients and parameters after every
-    step with single-process training (fp64). Returns (grad diff, param diff, slots run) per step."""
-    from dcp.executor import Executor, ParallelState, default_forward, executor_optimizer
-    from dcp.executor.reference import reference_step
-    from dcp.models import build_model, lm_loss, sample_tensors
+def compare_steps(executor: object, reference: torch.nn.Module | None, steps: list[Case], spec: ModelSpec,
+                  adamw: dict | None = None) -> list[tuple[float, float, float]]:
+    """AdamW on the executor and on `reference` (None: this rank keeps none), one `compare_step`
+    per case (fp64 samples of `spec` seeded by the step): (grad diff, param diff, loss) per step."""
+    from dcp.executor import executor_optimizer
+    from dcp.executor.reference import compare_step
+    from dcp.models import lm_loss, sample_tensors
 
-    state = ParallelState.create(gpus_per_node=4, timeout_s=30)
-    spec = llama_spec()
-    model = build_model(spec, dtype=torch.float64, seed=0)
-    ref = copy.deepcopy(model)
-    executor = Executor(model, state, zero_stage=stage, shard_group=shard_group)
     adamw = adamw or ADAMW
-    optimizer = executor_optimizer(executor, **adamw)
-    ref_opt = torch.optim.AdamW(ref.parameters(), **adamw)
-    ref_order = trainable(ref)
+    executor_optimizer(executor, **adamw)
+    ref_opt = torch.optim.AdamW(reference.parameters(), **adamw) if reference is not None else None
 
     def loss_fn(o, b):  # noqa: ANN001, ANN202
         return lm_loss(o, b["labels"])
@@ -71,19 +63,23 @@ def sharded_worker(rank: int, world: int, stage: int, steps: list[Case], shard_g
     out = []
     for step, (plan, batch) in enumerate(steps):
         tensors = {s.id: sample_tensors(spec, s, seed=step, dtype=torch.float64) for s in batch}
-        executor.step(plan, tensors, loss_fn)
-        grads = executor.full_grads()  # a collective: every rank joins
-        optimizer.step()
-        optimizer.zero_grad()
-        params = executor.full_params()
-        grad_diff = param_diff = 0.0
-        if rank == 0:
-            reference_step(ref, batch, tensors, loss_fn, default_forward)
-            grad_diff = relative(grads, [p.grad for p in ref_order])
-            ref_opt.step()
-            param_diff = relative(params, [p.detach() for p in ref_order])
-        out.append((grad_diff, param_diff, [len(g.microbatches) for g in plan.groups]))
+        out.append(compare_step(executor, reference, ref_opt, plan, batch, tensors, loss_fn))
     return out
+
+
+def sharded_worker(rank: int, world: int, stage: int, steps: list[Case], shard_group: int | None = None,
+                   adamw: dict | None = None) -> list[tuple[float, float, list[int]]]:
+    """Train `steps` at `stage` with AdamW; rank 0 compares gradients and parameters after every
+    step with single-process training (fp64). Returns (grad diff, param diff, slots run) per step."""
+    from dcp.executor import Executor, ParallelState
+    from dcp.models import build_model
+
+    state = ParallelState.create(gpus_per_node=4, timeout_s=30)
+    model = build_model(llama_spec(), dtype=torch.float64, seed=0)
+    ref = copy.deepcopy(model) if rank == 0 else None
+    executor = Executor(model, state, zero_stage=stage, shard_group=shard_group)
+    diffs = compare_steps(executor, ref, steps, llama_spec(), adamw)
+    return [(g, p, [len(grp.microbatches) for grp in plan.groups]) for (g, p, _), (plan, _) in zip(diffs, steps, strict=True)]
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
@@ -168,38 +164,18 @@ def narrow(name: str) -> ModelSpec:
 
 def large_structure_worker(rank: int, world: int, name: str, steps: list[Case]) -> tuple[list[float], float, float]:
     """Three AdamW steps at stage 3; returns (losses, parameter bytes this rank holds / the model's,
-    rank 0's largest relative parameter difference from single-process training after them)."""
-    from dcp.executor import Executor, ParallelState, default_forward, executor_optimizer
-    from dcp.executor.reference import reference_step
-    from dcp.models import build_model, lm_loss, sample_tensors
+    rank 0's largest relative gradient or parameter difference from single-process training)."""
+    from dcp.executor import Executor, ParallelState
+    from dcp.models import build_model
 
     state = ParallelState.create(timeout_s=60)
-    spec = narrow(name)
-    model = build_model(spec, dtype=torch.float64, seed=0)
+    model = build_model(narrow(name), dtype=torch.float64, seed=0)
     ref = copy.deepcopy(model) if rank == 0 else None
     total_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     executor = Executor(model, state, zero_stage=3)
-    optimizer = executor_optimizer(executor, **ADAMW)
-    ref_opt = torch.optim.AdamW(ref.parameters(), **ADAMW) if ref is not None else None
     held = sum(p.to_local().numel() * p.element_size() for p in model.parameters())
-
-    def loss_fn(o, b):  # noqa: ANN001, ANN202
-        return lm_loss(o, b["labels"])
-
-    losses = []
-    for step, (plan, batch) in enumerate(steps):
-        tensors = {s.id: sample_tensors(spec, s, seed=step, dtype=torch.float64) for s in batch}
-        losses.append(executor.step(plan, tensors, loss_fn).loss)
-        optimizer.step()
-        optimizer.zero_grad()
-        if ref is not None:
-            reference_step(ref, batch, tensors, loss_fn, default_forward)
-            ref_opt.step()
-    params = executor.full_params()
-    diff = 0.0
-    if ref is not None:
-        diff = relative(params, [p.detach() for p in trainable(ref)])
-    return losses, held / total_bytes, diff
+    diffs = compare_steps(executor, ref, steps, narrow(name))
+    return [loss for _, _, loss in diffs], held / total_bytes, max(max(g, p) for g, p, _ in diffs)
 
 
 def test_llama_13b_and_70b_layer_structures_train_at_stage_3() -> None:
@@ -224,8 +200,8 @@ def test_llama_13b_and_70b_layer_structures_train_at_stage_3() -> None:
 def user_wrapped_worker(rank: int, world: int, stage: int,
                         steps: list[Case]) -> tuple[list[float], list[str], list[str]]:
     """The test wraps the reference Llama with fully_shard itself (each layer, then the root, on
-    its own mesh) before dcp sees it; three AdamW steps; rank 0's parameter difference from
-    single-process training after each. Then three wrappings dcp cannot run (a layer left unwrapped,
+    its own mesh) before dcp sees it; three AdamW steps; each rank's largest gradient or parameter
+    difference from single-process training after each. Then three wrappings dcp cannot run (a layer left unwrapped,
     the root left unwrapped, a mesh of 2 ranks in a world of 4), each refused on every rank: first
     on the last rank alone while its peers wait in a barrier (a collective inside the refusal would
     pair with nothing there, or with the barrier, and fail or hang instead of raising), then on
@@ -233,9 +209,8 @@ def user_wrapped_worker(rank: int, world: int, stage: int,
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from dcp.executor import Executor, ParallelState, default_forward, executor_optimizer
-    from dcp.executor.reference import reference_step
-    from dcp.models import build_model, lm_loss, sample_tensors
+    from dcp.executor import Executor, ParallelState
+    from dcp.models import build_model
 
     state = ParallelState.create(gpus_per_node=4, timeout_s=30)
     spec = llama_spec()
@@ -254,21 +229,7 @@ def user_wrapped_worker(rank: int, world: int, stage: int,
     model = wrapped()
     executor = Executor(model, state, zero_stage=stage)
     assert executor.mesh is mesh
-    optimizer, ref_opt = executor_optimizer(executor, **ADAMW), torch.optim.AdamW(ref.parameters(), **ADAMW)
-
-    def loss_fn(o, b):  # noqa: ANN001, ANN202
-        return lm_loss(o, b["labels"])
-
-    diffs = []
-    for step, (plan, batch) in enumerate(steps):
-        tensors = {s.id: sample_tensors(spec, s, seed=step, dtype=torch.float64) for s in batch}
-        executor.step(plan, tensors, loss_fn)
-        optimizer.step()
-        optimizer.zero_grad()
-        params = executor.full_params()
-        reference_step(ref, batch, tensors, loss_fn, default_forward)
-        ref_opt.step()
-        diffs.append(relative(params, [p.detach() for p in trainable(ref)]))
+    diffs = [max(g, p) for g, p, _ in compare_steps(executor, ref, steps, spec)]  # every rank compares
     pairs = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("replicate", "pair"))["pair"]
     bad_models = [wrapped(skip_layer=True), wrapped(skip_root=True), wrapped(on=pairs)]  # collectives: all ranks
 

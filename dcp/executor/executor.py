@@ -18,7 +18,6 @@ a per-token mean loss.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from torch import nn
 from dcp.costmodel.precision import PrecisionRecipe, get_recipe
 from dcp.costmodel.zero import ZERO_STAGES
 from dcp.data.local import local_samples
+from dcp.executor import fsdp
 from dcp.executor.batch import (
     PackedBatch,
     SampleTensors,
@@ -39,16 +39,6 @@ from dcp.executor.batch import (
     sample_template,
 )
 from dcp.executor.checkpoint import CheckpointSwitches
-from dcp.executor.comm import broadcast_params
-from dcp.executor.fsdp import (
-    check_model,
-    full_tensor,
-    gather_all,
-    is_wrapped,
-    passes,
-    set_sync,
-    shard_model,
-)
 from dcp.executor.parallel_state import ParallelState
 from dcp.executor.plan_check import ExecutorError, agree_on_plan, check_plan
 from dcp.executor.ring_comm import ring_peers
@@ -136,12 +126,7 @@ class Executor:
         layers = list(layers if layers is not None else getattr(model, "layers", []))
         if not layers:
             raise ValueError("the model has no `layers`; pass the transformer layers to checkpoint")
-        # Every check of the model first (shard_model refuses a wrapping before any collective),
-        # so a model dcp cannot run fails on every rank alike.
-        check_model(model, layers, state.world_size)
-        if sync_params and not is_wrapped(model):  # same start on every rank, whatever each rank's seed
-            broadcast_params([*model.parameters(), *model.buffers()])
-        self.mesh = shard_model(model, layers, state, self.recipe, zero_stage, shard_group)
+        self.mesh = fsdp.shard_model(model, layers, state, self.recipe, zero_stage, shard_group, sync_params)
         self.optimizer: torch.optim.Optimizer | None = None
         """The optimizer `executor_optimizer` made for this executor (None until then)."""
         self.switches = CheckpointSwitches(layers)
@@ -178,48 +163,48 @@ class Executor:
         self.model.zero_grad(set_to_none=True)  # the step's gradients overwrite, never add to, the last
         loss_sum = torch.zeros((), dtype=torch.float64, device=state.device)
         loss_tokens = torch.zeros((), dtype=torch.float64, device=state.device)
-        runs: list[tuple[int, int, MicroBatch, _Timer, int | None]] = []  # (group, index, mb, timer, peak)
+        runs: list[tuple[int, int, MicroBatch, Mark, Mark, int | None]] = []  # (group, index, mb, begin, end, peak)
         cuda = state.device.type == "cuda"
         # Phase by phase: this rank's group of each phase, its micro-batches one after another
         # (stage 3: every slot of the plan, empty passes past its own). No barrier between
         # phases: a group's first collective waits for its last member.
         if plan.num_phases > 1:
-            gather_all(self.model)
+            fsdp.gather_all(self.model)
         try:
-            for run in passes(plan, state.rank, self.zero_stage):
-                set_sync(self.model, run.sync)
+            for run in fsdp.passes(plan, state.rank, self.zero_stage):
+                fsdp.set_sync(self.model, run.sync)
                 if run.microbatch is None:
                     self._empty_pass(loss_fn)
                     continue
                 mb, group = run.microbatch, run.group
                 self._enter_group(group)
-                timer = _Timer(state.device)
                 if cuda:  # the allocator's own count, kept on the host: no sync needed
                     torch.cuda.reset_peak_memory_stats(state.device)
-                with timer:
-                    batch = pack_microbatch(mb.samples, specs, samples, sp_size=group.sp,
-                                            sp_rank=state.rank - group.ranks[0], device=state.device,
-                                            per_sample_keys=self.per_sample_keys, pad_values=self.pad_values,
-                                            ring=group.ring)
-                    self.switches.set(mb.ckpt_layers)
-                    with self._autocast():
-                        out = self.forward_fn(self.model, batch)
-                        mb_loss, mb_tokens = loss_fn(out, batch)
-                    mb_loss.backward()
+                begin = _mark(state.device)
+                batch = pack_microbatch(mb.samples, specs, samples, sp_size=group.sp,
+                                        sp_rank=state.rank - group.ranks[0], device=state.device,
+                                        per_sample_keys=self.per_sample_keys, pad_values=self.pad_values,
+                                        ring=group.ring)
+                self.switches.set(mb.ckpt_layers)
+                with forward_autocast(self.recipe, state.device.type):
+                    out = self.forward_fn(self.model, batch)
+                    mb_loss, mb_tokens = loss_fn(out, batch)
+                mb_loss.backward()
+                end = _mark(state.device)
                 peak = torch.cuda.max_memory_allocated(state.device) if cuda else None
                 loss_sum += mb_loss.detach().double()
                 loss_tokens += mb_tokens.detach().double() if torch.is_tensor(mb_tokens) else float(mb_tokens)
-                runs.append((run.group_index, run.index, mb, timer, peak))
+                runs.append((run.group_index, run.index, mb, begin, end, peak))
         finally:
-            self.ctx.group, self.ctx.size, self.ctx.rank, self.ctx.ring = None, 1, 0, None
+            self._enter_group(None)
         sync_start = time.perf_counter()
         total_loss, total_tokens = self._normalize(loss_sum, loss_tokens)
         now = time.perf_counter()
-        # Read the timers only now: on CUDA that waits for the events, which must not delay
+        # Read the marks only now: on CUDA that waits for the events, which must not delay
         # launching the all-reduce.
         stats = [MicroBatchStats(gi, mi, plan.groups[gi].sp, len(mb.samples), sum(specs[i].tokens for i in mb.samples),
-                                 mb.ckpt_layers, mb.time_s, timer.elapsed_s(), mb.memory_bytes, peak)
-                 for gi, mi, mb, timer, peak in runs]
+                                 mb.ckpt_layers, mb.time_s, _seconds(begin, end), mb.memory_bytes, peak)
+                 for gi, mi, mb, begin, end, peak in runs]
         if self.gather_stats and state.world_size > 1:
             stats = self._gather(stats)
         return StepStats(total_loss / total_tokens, round(total_tokens), plan.step_time_s, now - start,
@@ -231,13 +216,13 @@ class Executor:
         if self._template is None:
             raise ExecutorError("an empty pass needs one sample's tensor names and shapes; this rank has no "
                                 "samples and check_agreement=False: pass check_agreement=True")
-        self.ctx.group, self.ctx.size, self.ctx.rank, self.ctx.ring = None, 1, 0, None  # no SP: alone
+        self._enter_group(None)  # no SP: alone
         tensors = one_token_sample(self._template, self.pad_values)
         spec = {-1: Sample(-1, 1, 1)}
         batch = pack_microbatch([-1], spec, {-1: tensors}, sp_size=1, sp_rank=0, device=self.state.device,
                                 per_sample_keys=self.per_sample_keys, pad_values=self.pad_values)
         self.switches.set(0)
-        with self._autocast():
+        with forward_autocast(self.recipe, self.state.device.type):
             loss, _ = loss_fn(self.forward_fn(self.model, batch), batch)
         (loss * 0).backward()
 
@@ -262,60 +247,50 @@ class Executor:
     def full_grads(self) -> list[torch.Tensor]:
         """Every trainable parameter's whole gradient (zeros where none), in `model.parameters()`
         order. A collective: every rank calls it."""
-        return [full_tensor(p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()
+        return [fsdp.full_tensor(p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()
                 for p in self.model.parameters() if p.requires_grad]
 
     def full_params(self) -> list[torch.Tensor]:
         """Every trainable parameter's whole value, in `model.parameters()` order (a collective)."""
-        return [full_tensor(p.detach()).clone() for p in self.model.parameters() if p.requires_grad]
+        return [fsdp.full_tensor(p.detach()).clone() for p in self.model.parameters() if p.requires_grad]
 
-    def _enter_group(self, group: Group) -> None:
-        """Point the SP context at this rank's Ulysses group (its u consecutive ranks) and ring."""
+    def _enter_group(self, group: Group | None) -> None:
+        """Point the SP context at this rank's Ulysses group (its u consecutive ranks) and ring, or
+        at this rank alone (None: no SP)."""
+        if group is None:
+            self.ctx.group, self.ctx.size, self.ctx.rank, self.ctx.ring = None, 1, 0, None
+            return
         sp_rank = self.state.rank - group.ranks[0]
         u = group.ulysses
         self.ctx.group = self.state.group(group.ranks[0] + sp_rank // u * u, u)
         self.ctx.size, self.ctx.rank = group.sp, sp_rank
         self.ctx.ring = ring_peers(group.ranks[0], u, group.ring, sp_rank) if group.ring > 1 else None
 
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        return forward_autocast(self.recipe, self.state.device.type)
-
     def _gather(self, stats: list[MicroBatchStats]) -> list[MicroBatchStats]:
         """Every group's micro-batch stats, from the first rank of each group."""
         everyone: list[list[MicroBatchStats] | None] = [None] * self.state.world_size
         dist.all_gather_object(everyone, stats)
-        seen, out = set(), []
-        for rank_stats in everyone:
-            for s in rank_stats or []:
-                if (s.group, s.index) not in seen:
-                    seen.add((s.group, s.index))
-                    out.append(s)
-        return out
+        first: dict[tuple[int, int], MicroBatchStats] = {}
+        for s in (s for rank_stats in everyone for s in rank_stats or []):
+            first.setdefault((s.group, s.index), s)
+        return list(first.values())
 
 
-class _Timer:
-    """Wall time of a block: CUDA events on GPU (read after the step's final sync), else perf_counter."""
+Mark = float | torch.cuda.Event
+"""A point in a rank's time: perf_counter on a CPU, an event recorded on the stream on CUDA."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        if self.cuda:
-            self.begin, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
-    def __enter__(self) -> _Timer:
-        if self.cuda:
-            self.begin.record()
-        else:
-            self.t0 = time.perf_counter()
-        return self
+def _mark(device: torch.device) -> Mark:
+    if device.type != "cuda":
+        return time.perf_counter()
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
 
-    def __exit__(self, *exc: object) -> None:
-        if self.cuda:
-            self.end.record()
-        else:
-            self.t1 = time.perf_counter()
 
-    def elapsed_s(self) -> float:
-        if self.cuda:
-            self.end.synchronize()
-            return self.begin.elapsed_time(self.end) / 1e3
-        return self.t1 - self.t0
+def _seconds(begin: Mark, end: Mark) -> float:
+    """Seconds between two marks (on CUDA: waits for the later event; read after the step's sync)."""
+    if isinstance(begin, float):
+        return end - begin
+    end.synchronize()
+    return begin.elapsed_time(end) / 1e3

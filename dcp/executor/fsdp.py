@@ -33,6 +33,7 @@ from torch.distributed.tensor import DTensor
 
 from dcp.costmodel.precision import PrecisionRecipe
 from dcp.costmodel.zero import shard_ranks
+from dcp.executor.comm import broadcast_params
 from dcp.executor.parallel_state import ParallelState
 from dcp.models.precision import torch_dtype
 from dcp.planner.plan import Group, MicroBatch, Plan
@@ -96,12 +97,15 @@ def check_model(model: nn.Module, layers: list[nn.Module], world: int) -> None:
 
 
 def shard_model(model: nn.Module, layers: list[nn.Module], state: ParallelState, recipe: PrecisionRecipe,
-                stage: int, shard_group: int | None = None) -> DeviceMesh:
+                stage: int, shard_group: int | None = None, sync_params: bool = False) -> DeviceMesh:
     """Shard `model` for `stage` (each layer, then the root) and return its mesh; a model already
-    wrapped with fully_shard keeps its wrapping and mesh (ValueError, raised before any
-    collective, when dcp cannot run it). Gradients are summed, never averaged: the executor
-    divides them by the global loss-token count alone."""
+    wrapped with fully_shard keeps its wrapping and mesh (ValueError, raised on every rank alike
+    before any collective, when dcp cannot run it). `sync_params`: an unwrapped model first takes
+    rank 0's values on every rank, whatever each rank's seed. Gradients are summed, never
+    averaged: the executor divides them by the global loss-token count alone."""
     check_model(model, layers, state.world_size)
+    if sync_params and not is_wrapped(model):
+        broadcast_params([*model.parameters(), *model.buffers()])
     if is_wrapped(model):
         mesh = next(p.device_mesh for p in model.parameters() if isinstance(p, DTensor))
         modules = [*layers, model]

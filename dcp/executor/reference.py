@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from dcp.executor.batch import SampleTensors, pack_microbatch
-from dcp.executor.executor import Executor, ForwardFn, LossFn
+from dcp.executor.executor import Executor, ForwardFn, LossFn, default_forward
 from dcp.executor.fsdp import full_tensor
 from dcp.planner.plan import Group, MicroBatch, Plan
 from dcp.planner.sample import Sample
@@ -92,6 +92,28 @@ def manual_plan(batch: Sequence[Sample], num_gpus: int, num_layers: int,
                 step_time_s=0.0, lower_bound_s=0.0)
     plan.step_time_s = plan.busy_s()
     return plan.validate()
+
+
+def compare_step(executor: Executor, reference: nn.Module | None, ref_optimizer: torch.optim.Optimizer | None,
+                 plan: Plan, batch: Sequence[Sample], samples: Mapping[int, SampleTensors], loss_fn: LossFn,
+                 forward_fn: ForwardFn = default_forward) -> tuple[float, float, float]:
+    """One training step of `plan` through the executor and its optimizer (`executor.optimizer`),
+    and of the same batch on `reference` (single process, `reference_step`) with `ref_optimizer`;
+    returns `relative_diff` of the reduced gradients and of the parameters after the optimizer
+    step (0.0 each where `reference` is None) and the step's global loss. Collectives: every rank
+    calls it."""
+    assert executor.optimizer is not None, "executor_optimizer(executor) first"
+    loss = executor.step(plan, samples, loss_fn).loss
+    grads = executor.full_grads()
+    executor.optimizer.step()
+    executor.optimizer.zero_grad()
+    params = executor.full_params()
+    if reference is None or ref_optimizer is None:
+        return 0.0, 0.0, loss
+    reference_step(reference, batch, samples, loss_fn, forward_fn)
+    grad_diff = relative_diff(grads, [p.grad if p.grad is not None else torch.zeros_like(p) for p in trainable(reference)])
+    ref_optimizer.step()
+    return grad_diff, relative_diff(params, [p.detach() for p in trainable(reference)]), loss
 
 
 def load_reference(executor: Executor, model: nn.Module, reference: nn.Module | None) -> None:
