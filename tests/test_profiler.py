@@ -367,6 +367,7 @@ def tiny_calibration(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_gpu_run_script_checks_the_executor_too(tiny_calibration: Path) -> None:
     smoke = json.loads((tiny_calibration / "executor-smoke.json").read_text())
     assert smoke["exit_code"] == 0 and smoke["max_grad_diff"] < 1e-4  # fp32 on CPU: rounding only
+    assert "no GPU" in smoke["fsdp_bf16_stage3"]["skipped"]  # stage 3 in bf16 runs on a GPU only
     # Every micro-batch it ran: the plan's memory against max_memory_allocated (None on a CPU).
     rows = smoke["microbatch_memory"]
     assert rows and {r["step"] for r in rows} == {0, 1, 2}

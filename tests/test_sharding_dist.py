@@ -191,7 +191,7 @@ def test_llama_13b_and_70b_layer_structures_train_at_stage_3() -> None:
                  for i in range(3)]
         results = run_ranks(large_structure_worker, 4, name, steps, deadline_s=300, pg_timeout_s=60)
         losses, _, diff = results[0]
-        print(f"{name}: params {diff:.1e}")
+        print(f"{name}: grads and params {diff:.1e}")
         assert all(r[0] == losses for r in results)  # one global loss on every rank
         assert all(abs(r[1] - 0.25) < 0.01 for r in results)  # each rank keeps a quarter of the parameters
         assert diff <= TOLERANCE, (name, diff)
@@ -250,7 +250,7 @@ def user_wrapped_worker(rank: int, world: int, stage: int,
 def test_a_model_the_user_wrapped_with_fully_shard_trains_as_it_is(stage: int) -> None:
     steps = cases(llama_spec(), LAYOUTS_4, 4, seed=30 + stage)
     results = run_ranks(user_wrapped_worker, 4, stage, steps, deadline_s=150)
-    print(f"user-wrapped stage {stage}: params {[f'{d:.1e}' for d in results[0][0]]}")
+    print(f"user-wrapped stage {stage}: grads and params {[f'{d:.1e}' for d in results[0][0]]}")
     for rank, (diffs, alone, together) in enumerate(results):
         assert len(diffs) == 3 and max(diffs) <= TOLERANCE, diffs
         # The last rank was refused alone, its peers in a barrier; then every rank the same way.
