@@ -139,10 +139,9 @@ def _hiding_tokens(cm: CostModel, table: CostTable, reductions: np.ndarray | Non
     cap = float(table.cap0[0])
     short = table.tokens[table.ckpt[:, 0] == 0]
     pairs_per_token = float(np.mean(table.pairs[table.ckpt[:, 0] == 0] / np.maximum(short, 1))) if len(short) else 1.0
-    lo, hi = 0.0, cap
-    if cm.layer_times(hi, hi * pairs_per_token, 1).backward_s < per_layer:
+    if cm.layer_times(cap, cap * pairs_per_token, 1).backward_s < per_layer:
         return cap
-    return narrow(lambda t: cm.layer_times(t, t * pairs_per_token, 1).backward_s >= per_layer, lo, hi, steps=30)[1]
+    return narrow(lambda t: cm.layer_times(t, t * pairs_per_token, 1).backward_s >= per_layer, 0.0, cap, steps=30)[1]
 
 
 def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pricer, target_s: float,

@@ -173,8 +173,6 @@ def _released(cm: CostModel, sizes: Sequence[int], tokens: np.ndarray, pairs: np
     return out
 
 
-
-
 class _Spread:
     """Stages 0-2, per layer u and busy time M: a time before which not every rank has issued
     layer u's gradient reduction in a plan whose busy time is at most M, from the whole batch's
@@ -225,8 +223,6 @@ class _Spread:
         for v, value in zip(self.us, spread, strict=True):  # us descending: each fills down to the next
             out[:v + 1] = value
         return out
-
-
 
 
 def _least_step(cm: CostModel, busy_s: float, sizes: Sequence[int], released: np.ndarray | None,

@@ -43,7 +43,7 @@ from dcp.costmodel import CostModel
 from dcp.costmodel.schedule import slot_link_s
 from dcp.planner.baselines import group_share, lpt_assign, plan_by
 from dcp.planner.common import aligned_layout
-from dcp.planner.lpt import by_group
+from dcp.planner.lpt import balanced_s, by_group, hand_out
 from dcp.planner.options import GreedyOptions
 from dcp.planner.plan import Plan
 from dcp.planner.pricing import BatchArrays, Layout, Pricer, price_layout
@@ -163,23 +163,15 @@ def allocate_groups(mbs: _MicroBatches, sizes: Sequence[int], num_gpus: int) -> 
         n = max(1, min(n, (left - reserve) // p, len(ids)))
         groups[j], count[j] = n, len(ids)
         left -= n * p
-    # Rounding leaves GPUs over: hand them, a group at a time, to the class whose groups carry
-    # the most load per group and can still use one more.
-    while True:
-        fits = [j for j in groups if sizes[j] <= left and groups[j] < count[j]]
-        if not fits:
-            break
-        j = max(fits, key=lambda q: (work[q] / (sizes[q] * groups[q]), q))
-        groups[j] += 1
-        left -= sizes[j]
+    # Rounding leaves GPUs over: to the classes whose groups carry the most load per group.
+    hand_out(groups, sizes, left, lambda q: (work[q] / (sizes[q] * groups[q]), q), count)
     return home, groups
 
 
 def _estimate(mbs: _MicroBatches, home: np.ndarray, groups: dict[int, int]) -> float:
-    """A schedule's step before balancing: per class, the larger of its mean load per group and
-    its longest micro-batch."""
+    """A schedule's step before balancing (`lpt.balanced_s` of its classes)."""
     own = mbs.times[np.arange(len(home)), home]
-    return max(max(float(own[home == j].sum()) / n, float(own[home == j].max())) for j, n in groups.items())
+    return balanced_s((float(own[home == j].sum()), n, float(own[home == j].max())) for j, n in groups.items())
 
 
 class _Schedule:

@@ -14,6 +14,7 @@ groups, or loads further apart than the jobs are long) heap steps are cheaper, a
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -45,6 +46,23 @@ def least_loaded(times: np.ndarray, groups: int) -> np.ndarray:
         loads[order[:r]] = ends[:r]
         at += r
     return owner
+
+
+def balanced_s(classes: Iterable[tuple[float, int, float]]) -> float:
+    """The step classes of jobs spread over their own groups reach at best: per class (its jobs'
+    summed time, its groups, its longest job) the larger of its mean load per group and its
+    longest job, the largest over the classes. dcp-greedy's and the heuristic's estimate."""
+    return max(max(total / n, longest) for total, n, longest in classes)
+
+
+def hand_out(groups: dict[int, int], sizes: Sequence[int], left: int, key: Callable[[int], tuple],
+             most: dict[int, int] | None = None) -> None:
+    """GPUs `left` over, a group at a time, to the class of `groups` (groups per size index) of
+    the largest `key` whose size still fits (and that has fewer than `most` groups), in place."""
+    while fits := [j for j in groups if sizes[j] <= left and (most is None or groups[j] < most[j])]:
+        j = max(fits, key=key)
+        groups[j] += 1
+        left -= sizes[j]
 
 
 def by_group(owner: np.ndarray, groups: int) -> list[np.ndarray]:

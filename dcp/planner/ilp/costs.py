@@ -191,8 +191,6 @@ def form_microbatches(ids: Sequence[int] | np.ndarray, j: int, table: CostTable,
     return mbs
 
 
-
-
 def pack_tokens(tokens: np.ndarray, ids: np.ndarray, capacity: float) -> list[list[int]]:
     """Bins of at most `capacity` tokens (the `ids` of each), longest first (ties by id).
 

@@ -99,8 +99,6 @@ def fill_plans(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], low
             for layout in fill_layouts(arrays, cm, sizes, Pricer(cm, sizes), deadline)]
 
 
-
-
 def _fill(arrays: BatchArrays, cm: CostModel, p: int, pricer: Pricer, deadline: Deadline) -> Layout | None:
     groups = cm.cluster.num_gpus // p
     tokens, pairs = arrays.tokens, arrays.pairs

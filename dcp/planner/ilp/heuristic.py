@@ -14,6 +14,7 @@ from dcp.planner.ilp.budget import Deadline
 from dcp.planner.ilp.costs import CostTable
 from dcp.planner.ilp.pack import Groups, estimate, spread
 from dcp.planner.levels import narrow
+from dcp.planner.lpt import balanced_s, hand_out
 
 
 def class_counts(loads: dict[int, float], sizes: Sequence[int], num_gpus: int,
@@ -46,17 +47,8 @@ def class_counts(loads: dict[int, float], sizes: Sequence[int], num_gpus: int,
         return {j: 1 for j in used}
     hi = narrow(lambda t: gpus(counts_at(t)) <= num_gpus, lo, hi, steps=60)[1]
     counts = counts_at(hi)
-    left = num_gpus - gpus(counts)
-    while True:
-        fit = [j for j in used if sizes[j] <= left]
-        if not fit:
-            break
-        j = max(fit, key=lambda j: (loads[j] / counts[j], -j))
-        counts[j] += 1
-        left -= sizes[j]
+    hand_out(counts, sizes, num_gpus - gpus(counts), lambda j: (loads[j] / counts[j], -j))
     return counts
-
-
 
 
 def heuristic(table: CostTable, num_gpus: int, target: float, deadline: float | Deadline = math.inf,
@@ -111,8 +103,7 @@ def _fold_small_classes(table: CostTable, choice: np.ndarray, num_gpus: int) -> 
         used = sorted(set(ch.tolist()))
         loads = {j: float(table.add[ch == j, j].sum()) for j in used}
         counts = class_counts(loads, table.sizes, num_gpus, {j: table.add[ch == j, j] for j in used})
-        longest = max(float(table.add[ch == j, j].max()) for j in used)
-        return counts, max(max(loads[j] / counts[j] for j in used), longest)
+        return counts, balanced_s((loads[j], counts[j], float(table.add[ch == j, j].max())) for j in used)
 
     counts, step = counts_of(choice)
     for _ in range(len(table.sizes)):

@@ -195,8 +195,6 @@ def _search(groups: Groups, table: CostTable, deadline: Deadline, max_iter: int)
     return _groups_of(st.where, st.gj), 0
 
 
-
-
 def rebalance(groups: Groups, table: CostTable, deadline: float | Deadline = math.inf) -> Groups:
     """The small samples (those sharing micro-batches, each below `knobs.REBALANCE_SMALL_SHARE` of the mean group
     load) taken out of every group and put back, longest first, each where the group's estimate
@@ -404,8 +402,6 @@ def spread(ids: Sequence[int], n_groups: int, j: int, table: CostTable) -> list[
     if len(ids) <= min(knobs.MULTIFIT_ITEMS * n_groups, knobs.MULTIFIT_MAX):
         return multifit(ids, n_groups, j, table)
     return lpt_fast(table.add[ids, j], ids, n_groups)
-
-
 
 
 def lpt_fast(sizes: np.ndarray, ids: np.ndarray, n_groups: int) -> list[list[int]]:
