@@ -339,7 +339,10 @@ def test_ctrl_c_in_a_real_process_exits_130(tmp_path: Path) -> None:
     import signal
 
     cmd = [sys.executable, "-c", BLOCKED_PLAN, "plan", "--steps", "1", "--global-batch", "64", "-o", "p.json"]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A terminal delivers SIGINT; a runner started in the background (`cmd &` in a script) ignores
+    # it, and a child inherits that. The child starts with the default action, as from a shell.
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stderr is not None
     assert proc.stderr.readline() == "planning\n"
     proc.send_signal(signal.SIGINT)
