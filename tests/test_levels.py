@@ -57,3 +57,23 @@ def test_regula_falsi_brackets_the_root_in_fewer_evaluations_than_halving() -> N
     assert all(1.0 < m < 4.0 for m in tried)
     halving = math.ceil(math.log2(3.0 / (1e-9 * 2)))  # tries halving needs for the same width: 31
     assert len(tried) < halving
+
+
+def test_narrow_stops_with_the_bracket_kept_when_the_test_cannot_decide() -> None:
+    # 0.5 holds, 0.25 fails, then 0.375 is undecided: the bracket stays [0.25, 0.5].
+    answers = {0.5: True, 0.25: False, 0.375: None}
+    holds, tried = counted(answers.__getitem__)
+    assert narrow(holds, 0.0, 1.0, steps=10) == (0.25, 0.5)
+    assert tried == [0.5, 0.25, 0.375]
+
+
+def test_narrow_tries_a_guess_first_when_inside_and_stops_at_an_absolute_width() -> None:
+    # Guess 0.75 holds, then halves: 0.375 holds, 0.1875, 0.28125 and 0.328125 fail; the width
+    # 0.046875 is first within atol 0.05 (0.09375 before it).
+    holds, tried = counted(lambda x: x >= 0.3721)
+    assert narrow(holds, 0.0, 1.0, atol=0.05, first=0.75) == (0.328125, 0.375)
+    assert tried == [0.75, 0.375, 0.1875, 0.28125, 0.328125]
+    # A guess outside the bracket is ignored: the first try is the midpoint.
+    holds, tried = counted(lambda x: x >= 0.3721)
+    narrow(holds, 0.0, 1.0, steps=1, first=1.5)
+    assert tried == [0.5]

@@ -2,11 +2,13 @@
 a monotone test (does a plan fit busy time theta, FFD pack at capacity c) that holds at every
 level above one where it holds. `climb` tries rising levels until one holds; `narrow` halves a
 bracket [lo, hi] (lo fails, hi holds). One stopping rule, checked before each try: the bracket
-is within `rtol` of hi (`narrow`), the steps are spent, or `stop()` (a deadline, a closed gap).
+is within `rtol` of hi or `atol` (`narrow`), the steps are spent, `stop()` (a deadline, a closed
+gap), or the test could not decide (`narrow`: it returned None).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator
 
@@ -34,11 +36,14 @@ def climb(holds: Callable[[float], bool], levels: Iterable[float],
     return failed, None
 
 
-def narrow(test: Callable[[float], bool] | Callable[[float], float], lo: float, hi: float, *, steps: int,
-           rtol: float = 0.0, stop: Callable[[], bool] | None = None,
-           values: tuple[float, float] | None = None) -> tuple[float, float]:
-    """[lo, hi] narrowed, lo where the test fails and hi where it holds, at most `steps` tries,
-    until hi - lo <= `rtol` * hi or `stop()`: each try halves the bracket.
+def narrow(test: Callable[[float], bool | None] | Callable[[float], float], lo: float, hi: float, *,
+           steps: int | None = None, rtol: float = 0.0, atol: float | None = None, stop: Callable[[], bool] | None = None,
+           first: float | None = None, values: tuple[float, float] | None = None) -> tuple[float, float]:
+    """[lo, hi] narrowed, lo where the test fails and hi where it holds, at most `steps` tries
+    (no limit: None), until hi - lo <= `rtol` * hi or `atol`, or `stop()`: each try halves the
+    bracket, the first at `first` instead where that lies inside it (a caller's guess of the
+    threshold). A test that returns None (undecided: its time ran out) stops the search with the
+    bracket as it was: neither end may move on a guess.
 
     With `values` (its values at lo and hi) the test is an excess instead, a decreasing function
     that holds where not positive, and each try is regula falsi (Illinois: the end kept twice
@@ -47,12 +52,16 @@ def narrow(test: Callable[[float], bool] | Callable[[float], float], lo: float, 
     yes/no test gives nothing to interpolate."""
     f_lo, f_hi = values if values is not None else (0.0, 0.0)
     side = 0
-    for _ in range(steps):
-        if hi - lo <= rtol * hi or (stop is not None and stop()):
+    for _ in range(steps) if steps is not None else itertools.count():
+        if hi - lo <= rtol * hi or (atol is not None and hi - lo <= atol) or (stop is not None and stop()):
             break
         if values is None:
-            mid = (lo + hi) / 2
-            lo, hi = (lo, mid) if test(mid) else (mid, hi)
+            mid = first if first is not None and lo < first < hi else (lo + hi) / 2
+            first = None
+            held = test(mid)
+            if held is None:
+                break
+            lo, hi = (lo, mid) if held else (mid, hi)
             continue
         mid = (lo * f_hi - hi * f_lo) / (f_hi - f_lo)
         mid = (lo + hi) / 2 if not math.isfinite(mid) else mid

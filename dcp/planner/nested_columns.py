@@ -52,6 +52,7 @@ from dcp.planner.ilp.budget import Deadline
 from dcp.planner.ilp.columns import Shapes, master_at, runnable, shapes_of
 from dcp.planner.ilp.costs import CostTable, batch_costs, form_microbatches, pack_tokens
 from dcp.planner.ilp.pack import group_estimate, place
+from dcp.planner.levels import climb, narrow
 from dcp.planner.plan import Plan
 from dcp.planner.pricing import BatchArrays, Layout, Pricer
 from dcp.planner.sample import Sample
@@ -120,23 +121,11 @@ def nested_column_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[i
             best = plan
         return True
 
-    lowest, below = 0.0, 1.0  # the lowest level that gave a plan, the highest below it that gave none
-    for level in (knobs.NESTED_FIRST_LEVEL, *knobs.NESTED_UP_LEVELS):
-        if deadline.passed():
-            return best
-        if tried(level):
-            lowest = level
-            break
-        below = level
-    else:
-        return best
-    level = knobs.NESTED_GUESS_LEVEL if below < knobs.NESTED_GUESS_LEVEL < lowest else (lowest + below) / 2
-    while lowest - below > knobs.NESTED_FINEST + 1e-9 and not deadline.passed():
-        if tried(level):
-            lowest = level
-        else:
-            below = level
-        level = (lowest + below) / 2
+    # The lowest level that gave a plan and the highest below it that gave none (1.0: none tried).
+    below, lowest = climb(tried, (knobs.NESTED_FIRST_LEVEL, *knobs.NESTED_UP_LEVELS), stop=deadline.passed)
+    if lowest is not None:
+        narrow(tried, 1.0 if below is None else below, lowest, atol=knobs.NESTED_FINEST + 1e-9,
+               stop=deadline.passed, first=knobs.NESTED_GUESS_LEVEL)
     return best
 
 

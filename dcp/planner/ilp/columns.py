@@ -40,6 +40,7 @@ from dcp.planner.colgen import Column, Master, Priced, fill, generate, integer_c
 from dcp.planner.ilp.budget import Deadline
 from dcp.planner.ilp.costs import CostTable
 from dcp.planner.ilp.pack import Groups
+from dcp.planner.levels import narrow
 
 
 @dataclass
@@ -108,26 +109,28 @@ def master_at(table: CostTable, shapes: Shapes, theta: float, columns: Columns =
 def column_bound(table: CostTable, shapes: Shapes, num_gpus: int, lower: float, upper: float,
                  deadline: Deadline, steps: int = 5) -> tuple[float, float, Columns]:
     """The largest level in [lower, upper] found at which no plan runs (`lower` if none), by
-    bisection on theta, each level's program proven infeasible or feasible; the lowest level
-    found feasible (`upper` if none) and its columns (a start for `column_plan`). Columns found
-    at a level proven infeasible fit every level above it, so the next levels start from them.
-    A deadline can stop the bisection with the two levels far apart."""
-    lo, hi = lower, upper
+    bisection on theta (`levels.narrow`), each level's program proven infeasible or feasible;
+    the lowest level found feasible (`upper` if none) and its columns (a start for
+    `column_plan`). Columns found at a level proven infeasible fit every level above it, so the
+    next levels start from them. A deadline leaves the program undecided, which stops the
+    bisection, perhaps with the two levels far apart. The level proven infeasible is returned a
+    hair lower (1e-9 relative): the program proves it only to the LP's tolerance."""
     known: Columns = []
     feasible: Columns = []
-    for _ in range(steps):
-        if hi - lo <= 1e-4 * hi:
-            break
-        theta = (lo + hi) / 2
+
+    def fits(theta: float) -> bool | None:
+        nonlocal known, feasible
         master = master_at(table, shapes, theta, known)
-        fits = _generate(master, table, shapes, theta, num_gpus, False, deadline)
-        if fits is None:
-            break
-        if fits:
-            hi, feasible = theta, master.cols
-        else:
-            lo, known = theta * (1 - 1e-9), master.cols
-    return lo, hi, feasible
+        fit = _generate(master, table, shapes, theta, num_gpus, False, deadline)
+        if fit is not None:
+            if fit:
+                feasible = master.cols
+            else:
+                known = master.cols
+        return fit
+
+    lo, hi = narrow(fits, lower, upper, steps=steps, rtol=1e-4)
+    return (lo if lo == lower else lo * (1 - 1e-9)), hi, feasible
 
 
 def column_plan(table: CostTable, shapes: Shapes, num_gpus: int, theta: float, deadline: Deadline,
