@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-import numpy.ma  # noqa: F401  (np.unique imports it on first use: 35 ms, here rather than in a solve)
+import numpy.ma  # noqa: F401  (np.unique imports it on first use: here, not inside a timed solve)
 
 from dcp.costmodel import Cluster, CostModel
 from dcp.planner.baselines import solve_bucket, solve_packed

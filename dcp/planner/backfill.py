@@ -21,7 +21,7 @@ on to its next group when its part of the phase ends). The plan, for a target T 
    them inside (small sizes, whose markup is a few percent; docs/tuning-log.md);
 3. two things the busy time does not see. The reductions run under the last micro-batch's
    backward (`dcp.costmodel.schedule_fast`): a few hundred tokens there near the step's end
-   expose the whole chain (0.17 s for llama-7b on 1,024 GPUs). So a core group whose room
+   expose the whole chain. So a core group whose room
    before the water level is too short for a micro-batch that hides it, and that does not take
    its fillers inside (2.), runs its ranks' fillers first (at SP 1; the group then starts when
    its last rank is done); batches of up to `knobs.BACKFILL_BOTH_UP_TO` samples also get a plan where such
@@ -337,7 +337,7 @@ def _lpt(fillers: np.ndarray, ready: np.ndarray, tokens: np.ndarray, marg: np.nd
     fills: list[list[list[int]]] = [[] for _ in range(m_slots)]
     flat, edges = fillers[order].tolist(), [0, *cuts.tolist(), len(order)]
     for s, a, b in zip(slot_of[order[edges[:-1]]].tolist(), edges[:-1], edges[1:], strict=True):
-        fills[s].append(flat[a:b])  # one list per micro-batch, slot by slot (8,731 at 32,768 samples)
+        fills[s].append(flat[a:b])  # one list per micro-batch, slot by slot
     return fills, ends, total
 
 

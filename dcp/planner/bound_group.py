@@ -328,8 +328,7 @@ LongestGroup = tuple[_GroupOf, np.ndarray]
 def longest_group(work: object, cm: CostModel, sizes: Sequence[int]) -> LongestGroup:
     """The longest sample's costs per size (`_GroupOf`) and every distinct sample's count besides
     it (the longest sample itself taken off; its twins stay with the others): what `group_bound`
-    and `step_group_bound` read, built once for the bounds of one batch (15-25 ms at 512-32,768
-    samples, on 256-1,024 GPUs)."""
+    and `step_group_bound` read, built once for the bounds of one batch."""
     longest = int(np.argmax(work.solo_best))
     group = _GroupOf(cm, sizes, work.tokens, work.pairs, longest, work.memory_caps, work.coefs)
     rest = work.weight.copy()

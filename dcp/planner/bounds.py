@@ -30,7 +30,7 @@ _MEMO: weakref.WeakKeyDictionary[CostModel, dict[tuple, _Floors]] = weakref.Weak
 """Recent bounds per cost model: every baseline plan of a batch reports the same bound."""
 _LEVELS: weakref.WeakKeyDictionary[CostModel, dict[tuple[int, bool], SizeLevels]] = weakref.WeakKeyDictionary()
 """Each cost model's `SizeLevels` per (SP size, charged below): a pure function of them, which
-every batch's bounds read (33 levels x up to 11 sizes: 12 ms a batch)."""
+every batch's bounds read."""
 
 
 def sample_arrays(batch: Sequence[Sample]) -> tuple[np.ndarray, np.ndarray]:
@@ -93,7 +93,7 @@ def _bounds(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | No
         work = _Work(d_tokens, d_pairs, weight, cm, sizes)
         # The longest sample's group and the spread release on at most knobs.BOUND_COARSE classes of samples,
         # each rounded down (`round_down`: a bound can only fall): they evaluate every sample at
-        # many busy times, and 20,000 distinct lengths made them a quarter of a 1 s solve.
+        # many busy times (docs/tuning-log.md, `BOUND_COARSE`).
         coarse = work if len(work.tokens) <= knobs.BOUND_COARSE else _Work(*_coarse(work), cm, sizes)
         # The pooled bound with token shares, then, from it up, with each size's fixed costs
         # weighed as `_Work.weigh` chooses there, on the coarse classes (docs/tuning-log.md).
@@ -132,7 +132,7 @@ class _Floors:
     makespan: float
     """The makespan bound on every plan's busy time (`_makespan_bound`)."""
     capacity: float
-    """`capacity_busy`: a solve reads it three times (32,768 samples: 12 ms each)."""
+    """`capacity_busy`, which a solve reads three times."""
 
 
 def _released(cm: CostModel, sizes: Sequence[int], tokens: np.ndarray, pairs: np.ndarray) -> np.ndarray | None:

@@ -94,8 +94,8 @@ def chain(strategy: str, batch: Sequence[Sample], plans: Sequence[Plan], cm: Cos
     phases, in order; with `mirror[i]`, plan i's groups on the mirrored ranks (rank r on
     N - 1 - r). PlanError when a mirrored group would not be aligned. Its step is the phases'
     timeline priced on the executor's schedule (`sync.phased_step_s`), at ZeRO stages 0-2 only.
-    Without `copy` the plan takes the parts' micro-batches as they are (parts built for it alone:
-    32,768 samples, 0.05 s of copies)."""
+    Without `copy` the plan takes the parts' micro-batches as they are (for parts built for it
+    alone, which need no copy)."""
     if cm.training.zero_stage == 3:
         raise PlanError("ZeRO stage 3 runs one layout (lockstep slots): no multi-phase plans")
     first = plans[0]

@@ -2,7 +2,7 @@
 
 LPT (`baselines.lpt_assign`: dcp-greedy's classes, bucket's and packing's groups) gives each job,
 in order, to the group that holds least, ties by the lower group. A heap step per job is a
-Python step per job: 24,000 micro-batches in dcp-greedy's classes at 32,768 samples.
+Python step per job (docs/tuning-log.md, `LPT_SHORT_ROUND`).
 `least_loaded` takes the same decisions a round at a time: with the groups sorted by load (then
 index), the next r jobs go to the r least-loaded groups in that order, one each, as long as every
 group the round has given a job ends above the next group's load (strictly: a tie could pop in

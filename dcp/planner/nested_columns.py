@@ -182,8 +182,7 @@ def _integer(master: Master, shapes: Shapes, num_gpus: int, deadline: Deadline) 
     and the integer program (`colgen.integer_copies`) over every column for what they leave,
     for the fractional optimum and then `knobs.NESTED_ATTEMPTS` - 1 others (`Master.values_at`) while none is
     found. Near the least level with a plan the integer program over the whole batch takes
-    seconds where this takes a tenth of one (Open-Sora, 512 on 256 GPUs, batch 3 at 1.0225: 2.1 s
-    and 0.2 s); where this finds nothing, the next level is tried."""
+    several times as long (docs/tuning-log.md); where this finds nothing, the next level is tried."""
     a = np.stack([col for _, col in master.cols]).astype(np.int64)
     gpus = master.gpus()
     rng = np.random.default_rng(0)  # the same optima every run

@@ -140,8 +140,7 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
     pricing_s = final_pricing_s(len(batch))
     times = TimeBudget.divide(options.time_limit_s, pricing_s, search=bool(splits), reaching=reaches)
     deadline = started + times.search_deadline_s
-    # The backfill plan first (a few tenths of a second at 32,768 samples): the single layout's
-    # limit counts from `started`, so it gets what is left, and is not assembled if it cannot win.
+    # The backfill plan first: the single layout's limit counts from `started`, so it gets what is left, and is not assembled if it cannot win.
     costs = batch_costs(arrays, cm, sizes)  # the cost table both read
     fill, fill_source, fill_how = None, "backfill", BACKFILL
     if options.max_phases >= 2:
@@ -153,7 +152,7 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
                                                       cut=cuts.deadline_for("nested targets", deadline)), "nested", NESTED
     # Nested column plans (few shapes, few samples a GPU) get what the single layout leaves of
     # the limit, at least `knobs.NESTED_COLUMNS_SHARE` of it: it runs first, so that where it meets the
-    # bound (a few videos a GPU on a large cluster: 0.2 s) nothing more is spent.
+    # bound (a few videos a GPU on a large cluster) nothing more is spent.
     tiny = len(batch) <= knobs.EXACT_MAX_SAMPLES and cm.cluster.num_gpus <= knobs.EXACT_MAX_GPUS  # the exact program's
     nested_ok = (options.max_phases >= 2 and not tiny and len(batch) < knobs.NESTED_COLUMNS_PER_GPU * cm.cluster.num_gpus
                  and TimeBudget.nested_columns_fit(options.time_limit_s)

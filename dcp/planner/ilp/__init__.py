@@ -85,7 +85,7 @@ def solve_ilp_against(batch: Sequence[Sample], cm: CostModel, options: IlpOption
                       beat_s: float | None = None, costs: tuple[Pricer, CostTable] | None = None) -> Plan | Beaten:
     """`solve_ilp`, against a plan in hand that runs `beat_s`: when no step the incumbent can
     have (its busy time plus the least synchronization, or its fastest scheduled step) is faster,
-    the plan is not assembled (32,768 samples: 0.1 s) and its status and notes come back.
+    the plan is not assembled (assembly is a pass over every sample) and its status and notes come back.
     `costs`, when given, are the batch's (`costs.batch_costs`), already built for the backfill."""
     budget = Budget.start(options.time_limit_s, len(batch), started)
     sizes = allowed_sp_sizes(cm, options.sp_sizes)

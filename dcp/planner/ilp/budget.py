@@ -30,9 +30,8 @@ def final_pricing_s(samples: int, microbatches: int = 0, groups: int = 0, slowdo
 @contextmanager
 def paused_gc() -> Iterator[None]:
     """No cyclic garbage collection inside: a time-limited solve allocates many short-lived
-    objects (a plan of 32,768 samples is 14,000 micro-batches), and in a process with a large
-    heap, a training script's or a long benchmark's, a full collection in the middle of the
-    final assembly cost 0.1-0.3 s past the limit (docs/tuning-log.md). Reference
+    objects, and in a process with a large heap, a training script's or a long benchmark's, a
+    full collection in the middle of the final assembly overran the limit (docs/tuning-log.md). Reference
     counting still frees everything the solve drops; the previous state is restored after."""
     collecting = gc.isenabled()
     gc.disable()
@@ -45,7 +44,7 @@ def paused_gc() -> Iterator[None]:
 
 def machine_probe_s() -> float:
     """The faster of two runs of a fixed loop of `knobs.PROBE_STEPS` steps, without garbage collection
-    (a collection is not the machine's speed): about 1.4 ms in all."""
+    (a collection is not the machine's speed)."""
     with paused_gc():
         runs = []
         for _ in range(2):

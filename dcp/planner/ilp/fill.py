@@ -8,8 +8,7 @@ cannot express; packing at a static SP size can, but balances tokens, not time. 
 SP size p, the cluster is cut into groups of p and every sample, longest first, goes to the
 micro-batch that least lengthens its group (micro-batch times exact: fewest checkpointed layers
 that fit, `pricing.Pricer`); past the longest `knobs.FILL_ONE_BY_ONE`, the short rest goes a round of one
-per group at a time (a pass per round, not per sample: 32,768 samples on 1,024 GPUs in
-milliseconds). Under ZeRO-3 the warm start now takes
+per group at a time (a pass per round, not per sample). Under ZeRO-3 the warm start now takes
 `lockstep_layouts` instead (the same sizes, their slots lined up across groups).
 """
 

@@ -97,7 +97,7 @@ def _fold_small_classes(table: CostTable, choice: np.ndarray, num_gpus: int) -> 
     load holds a single group that would idle most of the step, its samples run at the next
     larger size in use instead (they fit there: memory per GPU only shrinks), as long as that
     shortens the step estimate (the largest load per group). Without it a few long samples at
-    each of four SP sizes hold 30 of 32 GPUs while the short ones queue on the other two."""
+    each of several SP sizes can hold most GPUs while the short ones queue on the rest."""
 
     def counts_of(ch: np.ndarray) -> tuple[dict[int, int], float]:
         used = sorted(set(ch.tolist()))

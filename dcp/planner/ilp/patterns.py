@@ -186,8 +186,8 @@ def _groups(items: list[Item], table: CostTable, pats: dict[int, list[dict[int, 
         if not mine:
             groups.append((j, []))
             mine = [len(groups) - 1]
-        # The least-loaded group (the first on a tie) from a heap of (load, position): 32,768
-        # samples on 32 GPUs, 30 ms against 100 ms for an argmin over the loads per sample.
+        # The least-loaded group (the first on a tie) from a heap of (load, position): a heap
+        # step per sample, not an argmin over every group's load (docs/tuning-log.md).
         heap = [(float(table.add[groups[g][1], j].sum()), k) for k, g in enumerate(mine)]
         heapq.heapify(heap)
         add = table.add[:, j]
