@@ -91,7 +91,6 @@ class _Bins:
 
     def __init__(self, table: CostTable, j: int, theta: float) -> None:
         self.table, self.j, self.theta = table, j, theta
-        self.cap, self.fixed = max(float(table.cap0[j]), 1.0), float(table.fixed0[j])
         self.ring = j in table.rings
         short_tok, short_pairs, marg = table.estimate_terms()
         self.s_tok, self.s_pairs, self.s_marg = short_tok[:, j], short_pairs[:, j], marg[:, j]
@@ -105,14 +104,12 @@ class _Bins:
 
     def est(self, base: np.ndarray | float, tok: np.ndarray | float, pairs: np.ndarray | float) -> np.ndarray:
         """`pack`'s group estimate at this size (elementwise)."""
-        return group_estimate(self.table, np.asarray(base, dtype=np.float64), np.asarray(tok, dtype=np.float64),
-                              np.asarray(pairs, dtype=np.float64), self.j)
+        return group_estimate(self.table, base, tok, pairs, self.j)
 
     def room(self, g: int, i: int) -> float:
-        """Theta less group g's estimate with sample i added: ring-free sizes only, in scalars
-        (the same sum as `group_estimate`, which costs microseconds of numpy per call)."""
-        tok = self.tok[g] + self.s_tok_list[i]
-        return self.theta - self.base[g] - self.s_marg_list[i] - self.fixed * math.ceil(tok / self.cap - 1e-12)
+        """Theta less group g's estimate with sample i added (in plain floats at ring-free sizes)."""
+        return self.theta - float(group_estimate(self.table, self.base[g] + self.s_marg_list[i], self.tok[g] + self.s_tok_list[i],
+                                                 self.pairs[g] + float(self.s_pairs[i]), self.j, scalar=not self.ring))
 
     def _take(self, g: int, i: int) -> None:
         """Sample i joins group g (its room is the caller's to keep)."""
@@ -132,8 +129,7 @@ class _Bins:
         self.pairs.append(0.0)
         self.members.append([])
         g = len(self.members) - 1
-        room = self.theta - float(self.est(self.s_marg[i], self.s_tok[i], self.s_pairs[i])) if self.ring else self.room(g, i)
-        self._add(g, i, room)
+        self._add(g, i, self.room(g, i))
 
     def place(self, i: int) -> bool:
         """Sample i into the group with the least room that takes it; False if none does."""

@@ -36,11 +36,15 @@ _TOL = 1e-9
 
 def group_estimate(table: CostTable, base: np.ndarray | float, tok: np.ndarray | float,
                    pairs: np.ndarray | float, gj: np.ndarray | int,
-                   microbatches: np.ndarray | int | None = None) -> np.ndarray:
+                   microbatches: np.ndarray | int | None = None, scalar: bool = False) -> np.ndarray:
     """A group's time estimate from its terms (`CostTable.estimate_terms` summed): base +
     fixed(p, 0) * ceil(tokens / max_tokens(p, 0)) (or times `microbatches`, the shared
     micro-batches' count where it is known) + the ring transfers the shared micro-batches leave
-    exposed at least (`CostTable.exposure`), elementwise (broadcasting)."""
+    exposed at least (`CostTable.exposure`), elementwise (broadcasting). With `scalar` (Python
+    floats in, a float out; gj a ring-free size) the same sum in plain floats: best fit's inner
+    loop estimates one group at a time, where a numpy call costs microseconds."""
+    if scalar:
+        return base + float(table.fixed0[gj]) * math.ceil(tok / max(float(table.cap0[gj]), 1.0) - 1e-12)
     if microbatches is None:
         microbatches = np.ceil(tok / np.maximum(table.cap0[gj], 1) - 1e-12)
     out = base + table.fixed0[gj] * microbatches
@@ -74,11 +78,8 @@ class _Loads:
             self._held = [order[cuts[k + 1]:cuts[k + 2]] for k in range(len(self.gj))]
         return self._held[g]
 
-    def est(self, base: np.ndarray, tok: np.ndarray, pairs: np.ndarray, gj: np.ndarray | int) -> np.ndarray:
-        return group_estimate(self.t, base, tok, pairs, gj)
-
     def loads(self) -> np.ndarray:
-        return self.est(self.base, self.tok, self.pairs, self.gj)
+        return group_estimate(self.t, self.base, self.tok, self.pairs, self.gj)
 
     def move(self, s: int, h: int) -> None:
         g = self.where[s]
@@ -143,11 +144,11 @@ def _search(groups: Groups, table: CostTable, deadline: Deadline, max_iter: int)
         base_c = st.base[c] - st.marg[members, jc]
         tok_c = st.tok[c] - st.short_tok[members, jc]
         pairs_c = st.pairs[c] - st.short_pairs[members, jc]
-        new_c = st.est(base_c, tok_c, pairs_c, jc)
+        new_c = group_estimate(st.t, base_c, tok_c, pairs_c, jc)
         # moves: member s to group h
-        new_h = st.est(st.base[None, :] + st.marg[members][:, st.gj],
-                       st.tok[None, :] + st.short_tok[members][:, st.gj],
-                       st.pairs[None, :] + st.short_pairs[members][:, st.gj], st.gj[None, :])
+        new_h = group_estimate(st.t, st.base[None, :] + st.marg[members][:, st.gj],
+                               st.tok[None, :] + st.short_tok[members][:, st.gj],
+                               st.pairs[None, :] + st.short_pairs[members][:, st.gj], st.gj[None, :])
         new_h[:, c] = math.inf
         val = np.maximum(new_h, new_c[:, None])
         k = int(np.argmin(val))
@@ -167,14 +168,14 @@ def _search(groups: Groups, table: CostTable, deadline: Deadline, max_iter: int)
             top = np.argsort(-st.marg[members, jc], kind="stable")[:knobs.SWAP_TOP]
             s_idx, og = members[top], st.where[others]
             oj = st.gj[og]
-            nc = st.est(base_c[top][:, None] + st.marg[others, jc][None, :],
-                        tok_c[top][:, None] + st.short_tok[others, jc][None, :],
-                        pairs_c[top][:, None] + st.short_pairs[others, jc][None, :], jc)
-            nh = st.est(st.base[og][None, :] - st.marg[others, oj][None, :] + st.marg[s_idx[:, None], oj[None, :]],
-                        st.tok[og][None, :] - st.short_tok[others, oj][None, :]
-                        + st.short_tok[s_idx[:, None], oj[None, :]],
-                        st.pairs[og][None, :] - st.short_pairs[others, oj][None, :]
-                        + st.short_pairs[s_idx[:, None], oj[None, :]], oj[None, :])
+            nc = group_estimate(st.t, base_c[top][:, None] + st.marg[others, jc][None, :],
+                                tok_c[top][:, None] + st.short_tok[others, jc][None, :],
+                                pairs_c[top][:, None] + st.short_pairs[others, jc][None, :], jc)
+            nh = group_estimate(st.t, st.base[og][None, :] - st.marg[others, oj][None, :] + st.marg[s_idx[:, None], oj[None, :]],
+                                st.tok[og][None, :] - st.short_tok[others, oj][None, :]
+                                + st.short_tok[s_idx[:, None], oj[None, :]],
+                                st.pairs[og][None, :] - st.short_pairs[others, oj][None, :]
+                                + st.short_pairs[s_idx[:, None], oj[None, :]], oj[None, :])
             val = np.maximum(nc, nh)
             k = int(np.argmin(val))
             if val.flat[k] < best_val:
@@ -279,8 +280,8 @@ def _merge(st: _Loads, c: int, loads: np.ndarray) -> Groups | None:
     ids = np.sort(np.concatenate([st.held(c), st.held(h)]))
     if not np.all(table.ckpt[ids, j2] >= 0):
         return None
-    est = st.est(np.array([st.marg[ids, j2].sum()]), np.array([st.short_tok[ids, j2].sum()]),
-                 np.array([st.short_pairs[ids, j2].sum()]), j2)[0]
+    est = group_estimate(st.t, np.array([st.marg[ids, j2].sum()]), np.array([st.short_tok[ids, j2].sum()]),
+                         np.array([st.short_pairs[ids, j2].sum()]), j2)[0]
     if est >= loads[c] * (1 - _TOL):
         return None
     groups = _groups_of(st.where, st.gj)
@@ -361,8 +362,8 @@ def _carved(st: _Loads, c: int, loads: np.ndarray, j2: int, s: int, deadline: De
         if k % 64 == 63 and deadline.passed():
             return None
         tops = np.array([heaps[j][0][1] for j in cols.tolist()], dtype=np.int64)
-        new = ns.est(ns.base[tops] + ns.marg[o, cols], ns.tok[tops] + ns.short_tok[o, cols],
-                     ns.pairs[tops] + ns.short_pairs[o, cols], cols)
+        new = group_estimate(ns.t, ns.base[tops] + ns.marg[o, cols], ns.tok[tops] + ns.short_tok[o, cols],
+                             ns.pairs[tops] + ns.short_pairs[o, cols], cols)
         q = int(np.argmin(new))
         if not np.isfinite(new[q]):
             return None
