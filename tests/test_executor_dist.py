@@ -45,6 +45,7 @@ PHASED_FOUR = [
     [[(0, 2), (2, 2)], [(0, 1), (1, 1), (2, 2)], [(0, 4)]],
     [[(0, 1), (1, 1), (2, 2)], [(0, 4)]],
     [[(0, 2), (2, 1)], [(0, 1), (2, 2)], [(1, 1), (2, 1), (3, 1)]],
+    [[(0, 2), (2, 2)], [(0, 1)]],  # rank 1 ends in a group rank 0 goes on from; ranks 2-3 end early
 ]
 PHASED_EIGHT = [
     [[(0, 4), (4, 4)], [(0, 2), (2, 2), (4, 1), (5, 1), (6, 2)], [(0, 4), (4, 2), (6, 1), (7, 1)]],
@@ -153,6 +154,10 @@ def test_multi_phase_plans_give_single_process_gradients_on_4_ranks() -> None:
         assert len({len(g.microbatches) for g in plan.groups}) > 1
     assert {p.num_phases for p, _ in cases} == {2, 3}
     assert {g.ring for p, _ in cases for g in p.groups} == {1, 2}
+    # Both ways of ending a step: reductions under a group's last backward (every member ends
+    # there), and an empty pass after it (a member goes on to a later phase).
+    assert {closes for p, _ in cases for closes in p.closing_groups().values()} == {True, False}
+    assert any(p.groups[gi].phase < p.num_phases - 1 for p, _ in cases for gi, c in p.closing_groups().items() if c)
     check_grads(run_ranks(grads_worker, 4, [(spec, cases)], deadline_s=150), PHASED_TOLERANCE)
 
 

@@ -410,3 +410,22 @@ def test_without_a_phase_search_the_single_layout_gets_all_but_the_report(monkey
     monkeypatch.setattr(phases, "solve_ilp_against", spy)
     solve(batch, cm.cluster, cm, IlpOptions(time_limit_s=0.6))
     assert limits == [pytest.approx(0.6 - knobs.REPORT_S)]
+
+
+def test_a_rank_reduces_under_its_last_backward_only_where_its_group_ends_the_step() -> None:
+    """`Plan.closing_groups` and the passes the executor runs from it: ranks 0-1 share a group in
+    phase 0 and rank 0 goes on alone in phase 1, so rank 1 reduces in an empty pass after that
+    group (reductions issued under its backward would wait for rank 0, which still needs rank 1
+    in the group's all-to-alls); ranks 2-3 end together in phase 0 and rank 0 alone in phase 1,
+    so they reduce under their last micro-batch's backward, as a single layout does."""
+    from dcp.executor.fsdp import passes
+    from dcp.executor.reference import manual_plan
+    from dcp.planner import Sample
+
+    batch = [Sample(i, 16 + i, 0) for i in range(4)]
+    plan = manual_plan(batch, 4, 2, [(0, 2, [([0], 0)]), (2, 2, [([1], 0), ([2], 1)]), (0, 1, [([3], 0)], 1, 1)])
+    assert plan.closing_groups() == {0: False, 1: True, 2: True}
+    shape = {r: [(p.group_index, p.index if p.group else None, p.sync) for p in passes(plan, r, 2)] for r in range(4)}
+    assert shape[0] == [(0, 0, False), (2, 0, True)]
+    assert shape[1] == [(0, 0, False), (-1, None, True)]  # the empty pass reduces
+    assert shape[2] == shape[3] == [(1, 0, False), (1, 1, True)]

@@ -139,7 +139,7 @@ class Pass:
 
 def passes(plan: Plan, rank: int, stage: int) -> list[Pass]:
     """The passes `rank` runs: stages 0-2 its groups' micro-batches in phase order (then an empty
-    pass when it has none, or the plan has several phases), sync on the last only; stage 3 one
+    pass when it has none, or `Plan.closing_groups` says so), sync on the last only; stage 3 one
     pass per slot of the plan, sync on all."""
     mine = [(gi, g) for gi, g in enumerate(plan.groups) if rank in g.ranks]
     if stage == 3:
@@ -148,10 +148,10 @@ def passes(plan: Plan, rank: int, stage: int) -> list[Pass]:
         mbs = group.microbatches if group else []
         return [Pass(group, mbs[j] if j < len(mbs) else None, True, gi, j) for j in range(slots)]
     out = [Pass(g, mb, False, gi, j) for gi, g in mine for j, mb in enumerate(g.microbatches)]
-    if not out or plan.num_phases > 1:
-        # Several phases: a rank's last micro-batch may share a group with one whose last comes in
-        # a later phase, so reductions issued under it could wait on a rank blocked in that
-        # group's all-to-all; an empty pass (no group) after every micro-batch reduces instead.
+    if not out or not plan.closing_groups()[out[-1].group_index]:
+        # A member of its last group goes on to a later phase: reductions issued under the last
+        # backward could wait on that member while it waits in the group's all-to-all, so an
+        # empty pass (no group) right after reduces instead.
         out.append(Pass(None, None, False))
     last = out[-1]
     out[-1] = Pass(last.group, last.microbatch, True, last.group_index, last.index)

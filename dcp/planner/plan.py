@@ -125,6 +125,18 @@ class Plan:
         """How many layouts the step runs one after another (1 for a single-layout plan)."""
         return max((g.phase for g in self.groups), default=0) + 1
 
+    def closing_groups(self) -> dict[int, bool]:
+        """Each rank's last group holding micro-batches (its index in `groups`) -> whether every
+        member ends its step there. Only then do the gradient reductions run under that group's
+        last backward: a member going on to a later phase holds the group's all-to-alls while a
+        reduction waits for it, so its ranks reduce in an empty pass right after instead."""
+        last: dict[int, int] = {}
+        for gi, g in enumerate(self.groups):
+            for r in g.ranks if g.microbatches else ():
+                if r not in last or self.groups[last[r]].phase < g.phase:
+                    last[r] = gi
+        return {gi: all(last[r] == gi for r in self.groups[gi].ranks) for gi in sorted(set(last.values()))}
+
     def phases(self) -> list[list[Group]]:
         """The groups of each phase, in phase order."""
         out: list[list[Group]] = [[] for _ in range(self.num_phases)]

@@ -153,19 +153,13 @@ def layout_step_s(cm: CostModel, layout: Layout, priced: PricedLayout, idle_rank
 def phased_step_s(plan: Plan, cm: CostModel, shapes: Sequence[GroupShape] | None = None,
                   starts: Sequence[float] | None = None, busy: Sequence[float] | None = None) -> float:
     """A multi-phase plan's step at stages 0-2: every rank issues the world's reductions under the
-    backward of its last micro-batch of the step, in its group of the last phase where it has
-    one (a later group without micro-batches runs nothing), so the schedule
-    (`schedule_fast.independent_s`) runs on those groups, each ending where the phases' timeline
-    ends it (`Plan.group_starts_s` + its busy time; `starts` and `busy`, every group's, when the
-    caller has them)."""
-    last: dict[int, int] = {}
-    for gi, g in enumerate(plan.groups):
-        if not g.microbatches:
-            continue
-        for r in g.ranks:
-            if r not in last or plan.groups[last[r]].phase < g.phase:
-                last[r] = gi
-    finals = sorted(set(last.values()))
+    backward of its last micro-batch of the step, in its last group (`Plan.closing_groups`), so
+    the schedule (`schedule_fast.independent_s`) runs on those groups, each ending where the
+    phases' timeline ends it (`Plan.group_starts_s` + its busy time; `starts` and `busy`, every
+    group's, when the caller has them). Where a member of such a group goes on to a later phase,
+    the executor reduces in an empty pass at the group's end instead: that member's later group
+    ends after it and releases every reduction no earlier, so the price is the same."""
+    finals = list(plan.closing_groups())
     shapes = group_shapes(plan, ends_only=True)[0] if shapes is None else shapes
     busy = [g.busy_s for g in plan.groups] if busy is None else busy
     starts = plan.group_starts_s(busy) if starts is None else starts
