@@ -11,6 +11,16 @@ samples, 5 seeds) and the test suite's workloads (wikipedia on Llama 7B, the ZeR
 heavy cost model, a long-tail batch). With `PLAN_ROOT` set, the planner (and the tests' helpers)
 are imported from that checkout instead of this one: a restructuring of the planner must leave
 every plan here unchanged.
+
+    .venv/bin/python benchmarks/plan_identity.py dump-backfill after.json   (and before, as above)
+    .venv/bin/python benchmarks/plan_identity.py compare-backfill before.json after.json
+
+`dump-backfill` runs `backfill.backfill_plan` (no time limit: the plan depends on the batch
+alone) on `WORKLOADS` at 16-256 GPUs and 4-64 samples per GPU (5 seeds, 2 above 8,192 samples),
+and at 16-64 GPUs with 300 and 600 per GPU (2 seeds: the fillers' water-filled tail), and writes
+each plan's step time (null where the gates give none); `compare-backfill` counts the plans
+whose step is the same, shorter and longer, and exits 1 if any is longer or gated differently:
+a change to the backfill's packing may change its plans, but none may get slower.
 """
 
 from __future__ import annotations
@@ -25,6 +35,10 @@ sys.path.insert(0, str(ROOT))
 
 STRATEGIES = ("dcp-greedy", "dcp-greedy-inter", "bucket", "packed")
 QUICK = ("wikipedia", "lognormal:scale=16", "opensora")
+WORKLOADS = ("wikipedia", "lognormal:scale=16", "opensora", "lognormal:scale=4")
+GRID = [(gpus, per_gpu, seeds) for gpus in (16, 32, 64, 128, 256) for per_gpu in (4, 16, 64)
+        for seeds in [5 if gpus * per_gpu <= 8192 else 2]] + \
+       [(gpus, per_gpu, 2) for gpus in (16, 32, 64) for per_gpu in (300, 600)]
 
 
 def cases() -> list[tuple[str, object, list, int]]:
@@ -76,10 +90,49 @@ def compare(before: str, after: str) -> int:
     return 1 if differ else 0
 
 
+def dump_backfill(path: str) -> None:
+    from dcp.data.batches import make_batches
+    from dcp.data.workloads import load_workload
+    from dcp.planner.backfill import backfill_plan
+    from dcp.planner.bounds import multi_phase_busy
+    from dcp.planner.feasibility import allowed_sp_sizes
+    from dcp.planner.run import build_cost_model, default_model
+
+    out = {}
+    for workload in WORKLOADS:
+        data = load_workload(workload)
+        for gpus, per_gpu, seeds in GRID:
+            cm = build_cost_model(default_model(workload), "h200-sxm", gpus)
+            sizes = allowed_sp_sizes(cm)
+            for seed in range(seeds):
+                batch = make_batches(data, cm, global_batch=gpus * per_gpu, steps=1, seed=seed)[0]
+                plan = backfill_plan(batch, cm, sizes, multi_phase_busy(batch, cm, sizes))
+                out[f"{workload} {gpus} {per_gpu} {seed}"] = None if plan is None else plan.step_time_s
+    Path(path).write_text(json.dumps(out, indent=0))
+    print(f"{sum(v is not None for v in out.values())} plans of {len(out)} cases from {ROOT} written to {path}")
+
+
+def compare_steps(before_path: str, after_path: str) -> int:
+    before, after = json.loads(Path(before_path).read_text()), json.loads(Path(after_path).read_text())
+    counts = {"same": 0, "shorter": 0, "longer": 0, "gated differently": 0}
+    for case in sorted(set(before) | set(after)):
+        a, b = before.get(case), after.get(case)
+        if (a is None) != (b is None):
+            counts["gated differently"] += 1
+            print(f"{case}: {a} -> {b}")
+        elif a is not None:
+            kind = "same" if a == b else "shorter" if b < a else "longer"
+            counts[kind] += 1
+            if kind != "same":
+                print(f"{case}: {a:.6f} -> {b:.6f} s ({(b / a - 1) * 100:+.3f}%)")
+    print(", ".join(f"{v} {k}" for k, v in counts.items()))
+    return 1 if counts["longer"] or counts["gated differently"] else 0
+
+
+MODES = {"dump": (dump, 1), "compare": (compare, 2), "dump-backfill": (dump_backfill, 1), "compare-backfill": (compare_steps, 2)}
+
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "dump":
-        dump(sys.argv[2])
-    elif len(sys.argv) == 4 and sys.argv[1] == "compare":
-        sys.exit(compare(sys.argv[2], sys.argv[3]))
-    else:
-        sys.exit("Error: usage: plan_identity.py dump OUT.json | compare BEFORE.json AFTER.json")
+    mode = MODES.get(sys.argv[1] if len(sys.argv) > 1 else "")
+    if mode is None or len(sys.argv) != 2 + mode[1]:
+        sys.exit("Error: usage: plan_identity.py dump|dump-backfill OUT.json | compare|compare-backfill BEFORE.json AFTER.json")
+    sys.exit(mode[0](*sys.argv[2:]) or 0)

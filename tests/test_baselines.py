@@ -91,9 +91,10 @@ def test_lpt_assign() -> None:
     assert lpt_assign([1.0], 3) == [[0], [], []]
 
 
-def _heap_lpt(times: list[float], groups: int) -> list[int]:
+def _heap_lpt(times: list[float], groups: int, loads: list[float] | None = None) -> list[int]:
     """The reference: a heap step per job to the least-loaded group, ties by the lower index."""
-    heap, owner = [(0.0, g) for g in range(groups)], []
+    heap, owner = [(0.0 if loads is None else loads[g], g) for g in range(groups)], []
+    heapq.heapify(heap)
     for t in times:
         load, g = heapq.heappop(heap)
         owner.append(g)
@@ -103,15 +104,24 @@ def _heap_lpt(times: list[float], groups: int) -> list[int]:
 
 @settings(max_examples=300)
 @given(times=st.lists(st.one_of(st.integers(1, 4).map(float), st.floats(0.01, 1000.0)), min_size=1, max_size=400),
-       groups=st.integers(1, 90), longest_first=st.booleans())
-@example(times=[1.0] * 16 + [2.0] * 16 + [1.0] * 32, groups=32, longest_first=False)
-def test_lpt_rounds_take_the_heap_steps_decisions(times: list[float], groups: int, longest_first: bool) -> None:
+       groups=st.integers(1, 90), longest_first=st.booleans(), start=st.sampled_from([0, 1, 10]))
+@example(times=[1.0] * 16 + [2.0] * 16 + [1.0] * 32, groups=32, longest_first=False, start=0)
+def test_lpt_rounds_take_the_heap_steps_decisions(times: list[float], groups: int, longest_first: bool,
+                                                  start: int) -> None:
     # Rounds of a job per group (from 16 groups up) must pop the groups in the heap's order, ties
     # (equal integer loads) included, whether the jobs come longest first or in any order. The
     # example: after the first round groups 0-15 hold 1 and 16-31 hold 2; the next 16 jobs bring
     # 0-15 to 2, and the heap then pops group 0 again (2, 0) before group 16 (2, 16).
+    # With `start`, the groups begin loaded (integers up to it: ties; the backfill's ranks free
+    # at different times), and end with the heap's loads.
     jobs = sorted(times, reverse=True) if longest_first else times
-    assert least_loaded(np.array(jobs), groups).tolist() == _heap_lpt(jobs, groups)
+    loads = [float((7 * g) % (start + 1)) for g in range(groups)]
+    held = np.array(loads)
+    assert least_loaded(np.array(jobs), groups, held).tolist() == _heap_lpt(jobs, groups, loads)
+    expected = list(loads)
+    for t, g in zip(jobs, _heap_lpt(jobs, groups, loads), strict=True):
+        expected[g] += t
+    assert held.tolist() == expected
 
 
 def _balanced_by_scan(times: np.ndarray, where: list[int], size_of: list[int]) -> list[int]:

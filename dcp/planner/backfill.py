@@ -12,10 +12,10 @@ on to its next group when its part of the phase ends). The plan, for a target T 
    each at the allowed size where it fits within T on the fewest GPU-seconds (the fastest if
    none), packed per size into as few groups as fit T (worst fit, longest first), the largest
    sizes on the first ranks (aligned);
-2. fillers, the rest, longest first, each onto the rank that frees first (`_lpt`: rounds over
-   the ranks below the water level), packed in arrival order into micro-batches of at most
-   max_tokens(1, 0) tokens, so a rank's time is known exactly while it is built: one fixed cost
-   per micro-batch and each filler's marginal cost; but a core group whose room before the
+2. fillers, the rest, longest first, each onto the rank that frees first (`_lpt`: the planner's
+   one LPT, `lpt.lpt`, from each rank's ready time), packed in arrival order into micro-batches of at most
+   max_tokens(1, 0) tokens, so a rank's time is known exactly: one fixed cost per micro-batch
+   and each filler's marginal cost; but a core group whose room before the
    water level holds more fillers inside its own micro-batches (the room over its size's markup
    on their marginal cost) than on its ranks at SP 1 (the room less one more fixed cost) takes
    them inside (small sizes, whose markup is a few percent; docs/tuning-log.md);
@@ -28,9 +28,8 @@ on to its next group when its part of the phase ends). The plan, for a target T 
    groups take them inside anyway, the better kept. And a rank whose backfill is that short
    near the end gives it to the ranks that end first with a longer one (`_unexposed`).
 
-`_lpt` shares its short rest's water filling with `pack.lpt_fast` (`lpt.water_fill`); its rounds
-are its own: its slots start at different times and it counts micro-batch boundaries as it goes. The targets' plans are compared by their busy time (exact: every time
-above is the cost model's); the best is assembled as a two-phase plan (phase 1 the cores and
+The targets' plans are compared by their busy time (exact: every time above is the cost
+model's); the best is assembled as a two-phase plan (phase 1 the cores and
 the fillers that run before theirs, phase 2 the rest) and priced on the executor's schedule.
 The phase search (`dcp.planner.phases`) keeps it when it runs faster than the ILP's. Never
 imports torch.
@@ -53,7 +52,7 @@ from dcp.planner.common import assemble_indices, chain
 from dcp.planner.ilp.budget import Deadline, final_pricing_s
 from dcp.planner.ilp.costs import CostTable, batch_costs, form_microbatches
 from dcp.planner.levels import narrow
-from dcp.planner.lpt import water_fill
+from dcp.planner.lpt import lpt
 from dcp.planner.plan import Plan
 from dcp.planner.pricing import BatchArrays, Layout, Pricer, price_layout
 from dcp.planner.sample import Sample
@@ -292,91 +291,30 @@ def pack_per_size(ids: np.ndarray, choice: np.ndarray, cost: np.ndarray, target_
 
 def _lpt(fillers: np.ndarray, ready: np.ndarray, tokens: np.ndarray, marg: np.ndarray, fixed: float,
          cap: float) -> tuple[list[list[list[int]]], np.ndarray, np.ndarray]:
-    """Fillers (longest first) onto slots (ranks, each free from `ready`), in rounds: each round
-    gives its next m fillers to the m slots that end first below the water level, the longest to
-    the first. A slot's micro-batches fill in arrival order up to `cap` tokens, each adding
-    `fixed`. Returns each slot's micro-batches, its end and its tokens."""
+    """Fillers (longest first) onto slots (ranks, each free from `ready`) by `lpt.lpt`, each at
+    its marginal cost plus its tokens' share of a micro-batch's `fixed` cost; then each slot's
+    fillers, in arrival order, next fit into micro-batches of at most `cap` tokens (one that
+    alone exceeds `cap` still gets its own), each adding `fixed`. Returns each slot's
+    micro-batches, its end (exact: its ready time, its fillers' marginal costs and a fixed cost
+    per micro-batch) and its tokens."""
     m_slots = len(ready)
-    ends = ready.astype(np.float64).copy()
-    held = np.zeros(m_slots)
-    total = np.zeros(m_slots)
-    if not m_slots or not len(fillers):
-        return [[] for _ in range(m_slots)], ends, total
-    slot_of = np.zeros(len(fillers), dtype=np.int64)
-    batch_of = np.zeros(len(fillers), dtype=np.int64)  # the slot's micro-batch it joins
-    count = np.zeros(m_slots, dtype=np.int64)
-    cost = marg[fillers] + fixed * tokens[fillers] / cap  # estimate for the water level only
-    left = float(cost.sum())
-    at = 0
-    while at < len(fillers):
-        if len(fillers) - at > knobs.BACKFILL_WATER_FROM * m_slots \
-                and cost[at] <= knobs.BACKFILL_LPT_SHARE * (float(ends.sum()) + left) / m_slots:
-            _water_fill(fillers, at, cost, ends, held, total, count, slot_of, batch_of, tokens, marg, fixed, cap)
-            break
-        # The slots a longest-first greedy would reach before this round's longest filler is
-        # placed: those ending below the water level and within that filler of the first.
-        # A slot whose open micro-batch this round's longest filler would overflow starts a new
-        # one: it counts as ending a fixed cost later.
-        key = ends + np.where((held > 0) & (held + tokens[fillers[at]] <= cap), 0.0, fixed)
-        water = min((float(ends.sum()) + left) / m_slots, float(key.min()) + float(cost[at]))
-        m = max(1, min(int((key < water).sum()), len(fillers) - at))
-        pick = np.argpartition(key, m - 1)[:m] if m < m_slots else np.arange(m_slots)
-        pick = pick[np.argsort(key[pick], kind="stable")]
-        take = fillers[at:at + m]
-        t = tokens[take].astype(np.float64)
-        new = (held[pick] == 0) | (held[pick] + t > cap)
-        ends[pick] += marg[take] + np.where(new, fixed, 0.0)
-        held[pick] = np.where(new, t, held[pick] + t)
-        total[pick] += t
-        count[pick] += new
-        slot_of[at:at + m], batch_of[at:at + m] = pick, count[pick] - 1
-        left -= float(cost[at:at + m].sum())
-        at += m
-    order = np.lexsort((np.arange(len(fillers)), batch_of, slot_of))
-    cuts = np.flatnonzero(np.diff(slot_of[order] * (int(count.max()) + 1) + batch_of[order])) + 1
     fills: list[list[list[int]]] = [[] for _ in range(m_slots)]
-    flat, edges = fillers[order].tolist(), [0, *cuts.tolist(), len(order)]
-    for s, a, b in zip(slot_of[order[edges[:-1]]].tolist(), edges[:-1], edges[1:], strict=True):
-        fills[s].append(flat[a:b])  # one list per micro-batch, slot by slot
-    return fills, ends, total
-
-
-def _water_fill(fillers: np.ndarray, at: int, cost: np.ndarray, ends: np.ndarray, held: np.ndarray,
-                total: np.ndarray, count: np.ndarray, slot_of: np.ndarray, batch_of: np.ndarray,
-                tokens: np.ndarray, marg: np.ndarray, fixed: float, cap: float) -> None:
-    """`_lpt`'s short rest, fillers[at:] (longest first), at once: the level L at which the
-    slots' room below it holds their estimated cost, and each slot a run of them (in order)
-    filling its room to within one filler; then each run appended to its slot's micro-batches
-    (a new one past `cap`), its exact time added. Updates the arrays in place."""
-    rest = fillers[at:]
-    place = water_fill(ends, cost[at:])
-    t = tokens[rest].astype(np.float64)
-    slot_of[at:] = place
-    # Each slot's run, in order, next fit: a filler joins the open micro-batch while its tokens
-    # stay within `cap`, else opens a new one (one that alone exceeds `cap` still gets its own).
-    # One pass over the fillers (docs/tuning-log.md).
-    order = np.argsort(place, kind="stable")
+    if not m_slots or not len(fillers):
+        return fills, ready.astype(np.float64).copy(), np.zeros(m_slots)
+    place = lpt(marg[fillers] + fixed * tokens[fillers] / cap, m_slots, ready.astype(np.float64).copy(),
+                knobs.BACKFILL_WATER_FROM, (tokens[fillers].astype(np.float64), marg[fillers], fixed, cap))
     limit = cap * (1 + 1e-12)
-    open_t = held.tolist()  # tokens of each slot's open micro-batch (0: none open)
-    opens = []  # per filler in `order`: whether it opens a micro-batch
-    for s, x in zip(place[order].tolist(), t[order].tolist(), strict=True):
-        used = open_t[s]
-        joins = used > 0 and used + x <= limit
-        open_t[s] = used + x if joins else x
-        opens.append(not joins)
-    fresh = np.empty(len(rest), dtype=bool)
-    fresh[order] = opens
-    new = np.bincount(place, weights=fresh, minlength=len(ends)).astype(np.int64)  # micro-batches opened
-    # A filler's micro-batch: its slot's count before the run plus those opened up to it.
-    seen = np.cumsum(fresh[order])
-    first = np.concatenate([[0], np.cumsum(np.bincount(place, minlength=len(ends)))])[place[order]]
-    opened = np.empty(len(rest), dtype=np.int64)
-    opened[order] = seen - np.where(first > 0, seen[np.maximum(first - 1, 0)], 0)
-    batch_of[at:] = count[place] - 1 + opened
-    count += new
-    ends += np.bincount(place, weights=marg[rest], minlength=len(ends)) + fixed * new
-    total += np.bincount(place, weights=t, minlength=len(ends))
-    held[:] = open_t
+    open_t = [0.0] * m_slots  # tokens of each slot's open micro-batch (0: none open)
+    for i, s, x in zip(fillers.tolist(), place.tolist(), tokens[fillers].tolist(), strict=True):
+        if open_t[s] > 0 and open_t[s] + x <= limit:
+            fills[s][-1].append(i)
+            open_t[s] += x
+        else:
+            fills[s].append([i])
+            open_t[s] = x
+    ends = ready + np.bincount(place, weights=marg[fillers], minlength=m_slots) \
+        + fixed * np.array([len(f) for f in fills])
+    return fills, ends, np.bincount(place, weights=tokens[fillers], minlength=m_slots)
 
 
 def _unexposed(fills: list[list[list[int]]], ends: np.ndarray, size: np.ndarray, tokens: np.ndarray, marg: np.ndarray,

@@ -379,7 +379,7 @@ def _fewer_slots(parts: list[list[int]], tokens: np.ndarray, pairs: np.ndarray, 
         (ta, a), (tb, b) = heapq.heappop(heap), heapq.heappop(heap)
         t_sum, a_sum = held[a][0] + held[b][0], held[a][1] + held[b][1]
         together = float(pricer.times(p, np.array([t_sum]), np.array([a_sum]), ckpt)[0])
-        if not together < max(ta, slot_s) + max(tb, slot_s):  # inf where it does not fit
+        if not together < slots_estimate(np.array([[ta, tb]]), slot_s)[0]:  # inf where it does not fit
             heap += [(ta, a), (tb, b)]
             break
         new = len(held)

@@ -123,9 +123,9 @@ REBALANCE_SMALL_SHARE = 1 / 4
 REBALANCE_MAX = 6000
 """...the largest this many of them (each a heap step in Python)."""
 LPT_HEAD = 4
-"""`lpt_fast` runs LPT proper on the longest n_groups * this samples, the rest vectorized (exact against fast)."""
+"""`lpt.lpt` runs LPT proper on the longest n_groups * this jobs, the rest vectorized (exact against fast)..."""
 LPT_SHARE = 1 / 64
-"""...and on every sample above this share of the mean load per group."""
+"""...and on every job above this share of the mean load per group (the backfill's rounds too)."""
 
 # -- neighbourhood search (`ilp.lns`) ------------------------------------------------------------
 LNS_NEIGHBOURS = 6
@@ -275,9 +275,7 @@ BACKFILL_FEW_COST_SHARE = 0.25
 BACKFILL_MIN_PER_GPU = 2
 """Backfill plans are built from this many samples per GPU (the nested plan below)."""
 BACKFILL_WATER_FROM = 256
-"""`_lpt` places fillers a round at a time until fewer than this many per slot remain, then by water filling (fast, looser)."""
-BACKFILL_LPT_SHARE = 1 / 64
-"""...only fillers below this share of the mean load per slot go by water filling (a larger one crosses a capacity)."""
+"""`_lpt` water fills the fillers below `LPT_SHARE` of the mean load only past this many per slot (fast, looser)."""
 
 # -- nested plans (`nested`) ---------------------------------------------------------------------
 NESTED_LEVELS = (1.0, 1.005, 1.01)

@@ -1,7 +1,9 @@
-"""Longest processing time first, a round of jobs at a time.
+"""Longest processing time first, a round of jobs at a time: the planner's one LPT.
 
-LPT (`baselines.lpt_assign`: dcp-greedy's classes, bucket's and packing's groups) gives each job,
-in order, to the group that holds least, ties by the lower group. A heap step per job is a
+`lpt` gives each job, in order, to the group that holds least, ties by the lower group: for the
+baselines (`baselines.lpt_assign`: dcp-greedy's classes, bucket's and packing's groups; its
+exact head, `least_loaded`, alone), the ILP's spread (`pack.lpt_fast`) and the backfill's
+fillers onto ranks that free up at different times, in micro-batches (`backfill._lpt`). A heap step per job is a
 Python step per job (docs/tuning-log.md, `LPT_SHORT_ROUND`).
 `least_loaded` takes the same decisions a round at a time: with the groups sorted by load (then
 index), the next r jobs go to the r least-loaded groups in that order, one each, as long as every
@@ -21,12 +23,80 @@ import numpy as np
 import dcp.planner.knobs as knobs
 
 
-def least_loaded(times: np.ndarray, groups: int) -> np.ndarray:
+def lpt(times: np.ndarray, groups: int, loads: np.ndarray | None = None, water_from: int = 0,
+        batches: tuple[np.ndarray, np.ndarray, float, float] | None = None) -> np.ndarray:
+    """The group of every job (`times` longest first), LPT onto `groups` holding `loads` (default
+    empty; updated in place): job by job the first `knobs.LPT_HEAD` per group and every job above
+    `knobs.LPT_SHARE` of the mean level per group (loads and jobs), the shorter rest by water
+    filling (`water_fill`: within one of them of LPT's balance, at one numpy pass instead of a
+    step each), but only where more than `water_from` per group are left to it.
+
+    Two variants, as job times are of two kinds. The baselines' and the ILP's are whole: each
+    job adds its time to its group, the head is LPT proper (`least_loaded`) and the level stays
+    put. The backfill's (`batches`: each job's tokens and marginal time, a micro-batch's fixed
+    time and token capacity) are not: a job opens a micro-batch on its group, paying the whole
+    fixed time, when the group's open one cannot hold it, so its time depends on the group and
+    `times` are estimates (the marginal time plus the tokens' share of the fixed time). Its head
+    goes in rounds that see that (`_rounds`), and water fills only a long tail (`water_from`): a
+    run that crosses a capacity pays a fixed time the level did not see (docs/tuning-log.md,
+    `BACKFILL_WATER_FROM`)."""
+    times = np.asarray(times, dtype=np.float64)
+    loads = np.zeros(groups) if loads is None else loads
+    owner = np.empty(len(times), dtype=np.int64)
+    if batches is None:  # the level (loads and jobs left) stays put: the first short job, at once
+        big = int((times > knobs.LPT_SHARE * (float(loads.sum()) + float(times.sum())) / groups).sum())
+        head = max(knobs.LPT_HEAD * groups, big)
+        head = len(times) if len(times) - head <= water_from * groups else head
+        owner[:head] = least_loaded(times[:head], groups, loads)
+    else:
+        head = _rounds(times, loads, *batches, owner, water_from)
+    if head < len(times):
+        owner[head:] = water_fill(loads, times[head:])
+        loads += np.bincount(owner[head:], weights=times[head:], minlength=groups)
+    return owner
+
+
+def _rounds(times: np.ndarray, loads: np.ndarray, tokens: np.ndarray, marg: np.ndarray, fixed: float, cap: float,
+            owner: np.ndarray, water_from: int) -> int:
+    """`lpt`'s head with micro-batches (`lpt`'s `batches`): each round gives its next m jobs to
+    the m groups that end first below the water level (the mean level per group), the longest to
+    the first: those within the round's longest job of the first, a group whose open micro-batch
+    that job would overflow counting as ending `fixed` later. Each group's micro-batches fill in
+    arrival order up to `cap` tokens; `loads` take each job's marginal time and `fixed` per
+    micro-batch opened. A round of many groups is one numpy step, where LPT proper is a heap step
+    per job (thousands of fillers per rank). Fills `owner` until a round would start at a job
+    `lpt` water fills (checked every round: the level moves as exact times replace the
+    estimates) and returns where it stopped."""
+    groups = len(loads)
+    held = np.zeros(groups)  # tokens of each group's open micro-batch (0: none)
+    left = float(times.sum())
+    at = 0
+    while at < len(times):
+        if len(times) - at > water_from * groups \
+                and times[at] <= knobs.LPT_SHARE * (float(loads.sum()) + left) / groups:
+            break
+        key = loads + np.where((held > 0) & (held + tokens[at] <= cap), 0.0, fixed)
+        water = min((float(loads.sum()) + left) / groups, float(key.min()) + float(times[at]))
+        m = max(1, min(int((key < water).sum()), len(times) - at))
+        pick = np.argpartition(key, m - 1)[:m] if m < groups else np.arange(groups)
+        pick = pick[np.argsort(key[pick], kind="stable")]
+        t = tokens[at:at + m]
+        new = (held[pick] == 0) | (held[pick] + t > cap)
+        loads[pick] += marg[at:at + m] + np.where(new, fixed, 0.0)
+        held[pick] = np.where(new, t, held[pick] + t)
+        owner[at:at + m] = pick
+        left -= float(times[at:at + m].sum())
+        at += m
+    return at
+
+
+def least_loaded(times: np.ndarray, groups: int, loads: np.ndarray | None = None) -> np.ndarray:
     """The group of every job, jobs taken in the order of `times`, each to the group with the
-    least load so far (ties by the lower index); all `groups` start empty."""
+    least load so far (ties by the lower index); the `groups` start at `loads` (default empty;
+    updated in place, each load summed in the order its jobs came, as a heap sums it)."""
     times = np.asarray(times, dtype=np.float64)
     owner = np.empty(len(times), dtype=np.int64)
-    loads = np.zeros(groups)
+    loads = np.zeros(groups) if loads is None else loads
     if groups < knobs.LPT_SHORT_ROUND:
         _heap_steps(times, 0, len(times), loads, owner)
         return owner

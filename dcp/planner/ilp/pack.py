@@ -26,7 +26,7 @@ from dcp.planner.common import aligned_layout
 from dcp.planner.ilp.budget import Deadline
 from dcp.planner.ilp.costs import CostTable, form_microbatches
 from dcp.planner.levels import narrow
-from dcp.planner.lpt import by_group, least_loaded, water_fill
+from dcp.planner.lpt import by_group, lpt
 from dcp.planner.pricing import Layout
 
 Groups = list[tuple[int, list[int]]]
@@ -223,16 +223,11 @@ def rebalance(groups: Groups, table: CostTable, deadline: float | Deadline = mat
     n = len(groups)
     base = (st.base - np.bincount(g_of, weights=st.marg[fill, j_of], minlength=n)).tolist()
     tok = (st.tok - np.bincount(g_of, weights=st.short_tok[fill, j_of], minlength=n)).tolist()
-    fixed0, cap = table.fixed0.tolist(), np.maximum(table.cap0, 1).astype(np.float64).tolist()
-
-    def est(j: int, b: float, t: float) -> float:
-        """`_Loads.est` of one group without a ring, in plain floats (a heap step per sample)."""
-        return b + fixed0[j] * math.ceil(t / cap[j] - 1e-12)
 
     heaps: dict[int, list[tuple[float, int]]] = {}
     for g in np.flatnonzero(ringless).tolist():
         j = int(st.gj[g])
-        heaps.setdefault(j, []).append((est(j, base[g], tok[g]), g))
+        heaps.setdefault(j, []).append((group_estimate(table, base[g], tok[g], 0.0, j, scalar=True), g))
     for h in heaps.values():
         heapq.heapify(h)
     sizes = sorted(heaps)
@@ -251,7 +246,7 @@ def rebalance(groups: Groups, table: CostTable, deadline: float | Deadline = mat
             if not shares[k, c]:
                 continue
             top = heaps[j][0][1]
-            e = est(j, base[top] + marg[k][c], tok[top] + short_tok[k][c])
+            e = group_estimate(table, base[top] + marg[k][c], tok[top] + short_tok[k][c], 0.0, j, scalar=True)
             if e < best or (e == best and top < g):
                 best, pick, g = e, c, top
         j = sizes[pick]
@@ -406,21 +401,11 @@ def spread(ids: Sequence[int], n_groups: int, j: int, table: CostTable) -> list[
 
 
 def lpt_fast(sizes: np.ndarray, ids: np.ndarray, n_groups: int) -> list[list[int]]:
-    """Longest processing time first on the longest samples (`knobs.LPT_HEAD`, `knobs.LPT_SHARE`; each to
-    the least-loaded group, ties by index); the shorter rest by water filling: the level L at
-    which the groups' room below it holds them, and each group a run of them (longest first)
-    that fills its room to within one sample. Within one short sample of LPT's balance, at one
-    numpy pass for the rest instead of a heap step each."""
+    """`lpt.lpt` of the samples `ids` (their `sizes`, longest first, ties by id) on `n_groups`
+    empty groups: each group's samples."""
     order = np.lexsort((ids, -sizes))
     owner = np.empty(len(ids), dtype=np.int64)
-    big = int((sizes > knobs.LPT_SHARE * float(sizes.sum()) / n_groups).sum())
-    head = order[:max(knobs.LPT_HEAD * n_groups, big)]
-    owner[head] = least_loaded(sizes[head], n_groups)  # `lpt`: the heap's decisions, a round at a time
-    # Each group's load summed in the order its samples came, as the heap summed it.
-    loads = np.bincount(owner[head], weights=sizes[head], minlength=n_groups).astype(np.float64)
-    tail = order[len(head):]
-    if len(tail):
-        owner[tail] = water_fill(loads, sizes[tail])
+    owner[order] = lpt(sizes[order], n_groups)
     return [ids[members].tolist() for members in by_group(owner, n_groups)]
 
 
