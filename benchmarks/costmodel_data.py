@@ -636,8 +636,8 @@ ATTENTION_FWD_BWD = (
         "pytorch": [93, 120, 145, 160, 167, None]})
 )
 """Read off the bar labels. None: no label (the A100 no-mask 512 FA2 label is under the legend;
-PyTorch is OOM at 16K). Two labels sit partly under the legend and were read as 173 (A100,
-no mask, hd 128, 1K) and 153 (A100, no mask, hd 64, 1K). 'triton-fa' is the figure's
+PyTorch is OOM at 16K). Three labels sit partly under the legend and were read as 173 (A100,
+no mask, hd 128, 1K), 153 (A100, no mask, hd 64, 1K) and 294 (H100, no mask, hd 128, 1K). 'triton-fa' is the figure's
 'FlashAttention Triton': the repo's benchmark script of 2023-07-28 (60499abc) times
 triton.ops.flash_attention (OpenAI Triton's op) as 'Triton', so that is the kernel, inferred.
 llm-foundry's attn_impl 'triton' is a different file (llmfoundry/models/layers/flash_attn_triton.py,
