@@ -105,3 +105,22 @@ def test_a_slow_clock_inside_a_block_reaches_the_planner_and_goes_away_after() -
         b1, f1, c1 = before(), inner(), before()
         assert 0.01 * (b1 - c0) <= f1 - f0 <= 0.01 * (c1 - b0)
     assert time.perf_counter is before and factory() is held
+
+
+def test_a_stepping_clock_gives_each_reference_back_its_own_clock() -> None:
+    """Inside `stepping` perf_counter and monotonic read one clock; after it each reference held
+    by the planner is the clock it held before (the dataclass factory of `Budget` included), not
+    the last name's: a perf_counter reference left on monotonic reads another time base."""
+    from dcp.planner.ilp import budget
+
+    def held() -> list[object]:
+        return [c.cell_contents for c in budget.Budget.__init__.__closure__ or ()]
+
+    before = {name: getattr(time, name) for name in fakeclock.REAL}
+    cells = held()
+    with fakeclock.stepping(1e-3) as clock:
+        assert time.perf_counter() == pytest.approx(clock.now) and time.monotonic() == pytest.approx(clock.now)
+        assert any(getattr(c, "__name__", "") == "perf_counter" and c() == pytest.approx(clock.now)
+                   for c in held())
+    assert {name: getattr(time, name) for name in fakeclock.REAL} == before
+    assert held() == cells and before["perf_counter"] in cells

@@ -212,9 +212,9 @@ def stepping(tick: float) -> Iterator[Stepping]:
         raise ValueError(f"clock tick must be positive, got {tick}")
     clock = Stepping(tick)
     before = {name: getattr(time, name) for name in REAL}
-    inner: dict[str, Callable] = {}
-    for name in NAMES:
-        inner[name], inner[f"{name}_ns"] = clock, clock.ns
+    # One function per clock name, though all read `clock`: leaving swaps each reference back by
+    # the id of what replaced it, and a shared object would bring every one back as the last name.
+    inner = {name: _named(clock.ns if name.endswith("_ns") else clock, name) for name in REAL}
     modules = _sweepable()
     for name, fn in inner.items():
         setattr(time, name, fn)
@@ -225,6 +225,16 @@ def stepping(tick: float) -> Iterator[Stepping]:
         for name, fn in before.items():
             setattr(time, name, fn)
         replace_references(_sweepable(), {id(inner[name]): before[name] for name in REAL})
+
+
+def _named(read: Callable[[], float], name: str) -> Callable[[], float]:
+    """A function of its own that calls `read`, named `name`."""
+
+    def clock() -> float:
+        return read()
+
+    clock.__name__ = clock.__qualname__ = name
+    return clock
 
 
 def install_from_env() -> None:
