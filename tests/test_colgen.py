@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy.optimize import linprog
 
-from dcp.planner.colgen import Master, fill, generate, integer_copies, knapsack
+from dcp.planner.colgen import Master, fill, generate, integer_copies, knapsack, solve_integer
 from dcp.planner.ilp.budget import Deadline
 
 WIDTH = 100
@@ -102,3 +102,24 @@ def test_integer_copies_and_fill_place_every_piece_once() -> None:
     assert not any(left)
     assert sorted(i for _, ids in groups for i in ids) == list(range(int(DEMAND.sum())))
     assert all((np.bincount(shape[ids], minlength=len(DEMAND)) <= a).all() for a, ids in groups)
+
+
+def test_a_program_of_known_columns_solves_whole_to_the_enumerated_optimum() -> None:
+    """The master as `ilp.patterns` poses it: a row bounded on both sides (x1 + x2 + x3 = 5), one
+    bounded above only (2 x1 + x3 <= 6), columns of their own cost (1, 3, 2) and bound (x1 <= 2,
+    x2 <= 10, x3 <= 1.5), x1 and x2 integer. `solve_integer` reaches the optimum found by
+    enumerating x1 and x2 (x3 follows from the equality); infeasible when the equality asks 20."""
+    def program(total: float) -> Master:
+        master = Master(np.array([total, -np.inf]), [1], np.array([total, 6.0]))
+        for j, (column, cost, most) in enumerate([((1, 2), 1.0, 2), ((1, 0), 3.0, 10), ((1, 1), 2.0, 1.5)]):
+            assert master.add(j, np.array(column, dtype=np.float64), cost, most)
+        return master
+
+    best = min((x1 + 3 * x2 + 2 * (5 - x1 - x2), (x1, x2, 5 - x1 - x2))
+               for x1 in range(3) for x2 in range(11) if 0 <= 5 - x1 - x2 <= 1.5 and 2 * x1 + (5 - x1 - x2) <= 6)
+    values, status = solve_integer(program(5.0), np.array([0, 1]), 10.0, 1000)
+    assert status == "optimal" and values is not None
+    assert values == pytest.approx(best[1], abs=1e-6)
+    assert float(values @ program(5.0).costs()) == pytest.approx(best[0])
+    values, status = solve_integer(program(20.0), np.array([0, 1]), 10.0, 1000)
+    assert values is None and status == "infeasible"

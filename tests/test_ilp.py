@@ -67,11 +67,11 @@ def test_configuration_program_never_cuts_off_the_optimum(lengths: list[int], gp
     sizes = allowed_sp_sizes(cm)
     table = cost_table(BatchArrays.of(batch), cm, sizes)
     for scale in (1 + 1e-7, 1.05):
-        res = solve_patterns(table, gpus, busy * scale, busy * scale, "highs", time.perf_counter() + 10)
+        res = solve_patterns(table, gpus, busy * scale, busy * scale, time.perf_counter() + 10)
         assert res is not None and not res.infeasible and res.groups is not None
         assert sorted(i for _, ids in res.groups for i in ids) == list(range(len(lengths)))
     floor = (capacity_bound(batch, cm, sizes) - cm.grad_sync_s()) * 0.9
-    res = solve_patterns(table, gpus, busy, floor, "highs", time.perf_counter() + 10)
+    res = solve_patterns(table, gpus, busy, floor, time.perf_counter() + 10)
     assert res is not None and res.infeasible
 
 
@@ -99,17 +99,21 @@ lengths_st = st.lists(st.integers(min_value=16, max_value=40_000), min_size=1, m
 @settings(max_examples=12)
 @given(lengths=lengths_st, gpus=st.sampled_from([1, 2, 4, 8, 16]))
 def test_plans_are_valid_and_never_worse_than_the_baselines(lengths: list[int], gpus: int) -> None:
+    """Under a clock 16 times fast (a machine 16 times slower or loaded; 256 times under
+    `--clock-speed 16`), where the time limit cuts most of the search: the plan's step is still
+    no slower than any baseline's (the baselines run outside the budget, `dcp.planner.ilp.warm`;
+    its busy time may be higher where a busier plan hides more of the reductions and steps
+    faster, `Incumbent.fastest_step`), and its bound and gap hold."""
     cm = cost_model(gpus=gpus, gpus_per_node=min(gpus, 8))
     batch = make_batch(lengths)
     if any(cm.min_ckpt_layers(t, max(allowed_sp_sizes(cm))) is None for t in lengths):
         return  # a sample that fits nowhere (e.g. 22925 tokens on one GPU): test_baselines' business
-    plan = solve(batch, cm.cluster, cm, IlpOptions(time_limit_s=0.5))
+    with fakeclock.running(16):
+        plan = solve(batch, cm.cluster, cm, IlpOptions(time_limit_s=0.5))
     plan.validate()
     assert sorted(i for g in plan.groups for mb in g.microbatches for i in mb.samples) == list(range(len(lengths)))
-    # The ILP minimizes the slowest group's busy time; the sync its schedule adds beyond the least
-    # (the last backward's unhidden reductions) differs between plans by milliseconds.
     for other in baseline_plans(batch, cm, allowed_sp_sizes(cm)):
-        assert plan.busy_s() <= other.busy_s() * (1 + 1e-9)
+        assert plan.step_time_s <= other.step_time_s * (1 + 1e-9), (other.strategy, other.notes, plan.notes)
     assert lower_bound(batch, cm) * (1 - 1e-9) <= plan.lower_bound_s <= plan.step_time_s
     assert plan.gap == pytest.approx((plan.step_time_s - plan.lower_bound_s) / plan.step_time_s)
 
@@ -350,7 +354,7 @@ def test_local_search_carves_room_for_a_large_samples_group(monkeypatch: pytest.
     arrays = BatchArrays.of(batch)
     table = cost_table(arrays, cm, sizes, Pricer(cm, sizes))
     floor = capacity_busy(batch, cm)  # the busy-time floor the search runs on
-    res = solve_patterns(table, 1024, 2 * floor, floor, "highs", time.perf_counter() + 10)
+    res = solve_patterns(table, 1024, 2 * floor, floor, time.perf_counter() + 10)
     assert res.groups is not None
     monkeypatch.setattr(pack, "_grow", lambda *args: None)
     stuck = improve(res.groups, table, time.perf_counter() + 10, 300, 1024)

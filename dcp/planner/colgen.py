@@ -1,5 +1,6 @@
-"""Column generation: the one loop of every column program of the planner (the single layout's
-configuration program, `ilp.columns`, and the nested one, `nested_columns`).
+"""Column generation: the one engine of every column program of the planner (the single layout's
+configuration program, `ilp.columns`, the nested one, `nested_columns`, and the configuration
+program at a level, `ilp.patterns`).
 
 Column c places a[t,c] samples of shape t on g_c GPUs. The restricted master (`Master`: HiGHS
 through highspy, the planner's one LP back end, columns added in place) is
@@ -8,8 +9,11 @@ through highspy, the planner's one LP back end, columns added in place) is
 
 over the columns found so far. `generate` alternates solving it with the program's own pricing
 (columns and their value at the row duals y), adds the columns worth more than their GPUs and
-holds the stopping rule. `knapsack` is the pricing both programs share, `integer_copies` the
-integer program over the columns found, `fill` its groups. Never imports torch.
+holds the stopping rule. `knapsack` is the pricing both generated programs share,
+`integer_copies` the integer program over the columns found, `fill` its groups. A program whose
+columns are all known up front (`ilp.patterns`) poses them on the same master, with rows bounded
+on both sides and columns of their own cost and bound, and solves it whole (`solve_integer`).
+Never imports torch.
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ Column = tuple[int, np.ndarray]
 class Master:
     """The linear program over the columns found so far (HiGHS, columns added in place)."""
 
-    def __init__(self, counts: np.ndarray, sizes: Sequence[int]) -> None:
+    def __init__(self, counts: np.ndarray, sizes: Sequence[int], upper: np.ndarray | None = None) -> None:
+        """Rows `counts` <= a z <= `upper` (default: no upper bound); a column's cost is the
+        GPUs of its size in `sizes` unless `add` gives it one."""
         import highspy
 
         from dcp.planner.ilp.solvers import _silence_highs_banner
@@ -40,27 +46,33 @@ class Master:
         self.h.setOptionValue("threads", 1)
         self.inf = highspy.kHighsInf
         self.sizes = list(sizes)
-        self.h.addRows(len(counts), counts.astype(np.float64), np.full(len(counts), self.inf), 0,
+        high = np.full(len(counts), self.inf) if upper is None else np.asarray(upper, dtype=np.float64)
+        self.h.addRows(len(counts), np.asarray(counts, dtype=np.float64), high, 0,
                        np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0))
         self.cols: list[Column] = []
+        self.cost: list[float] = []
         self.seen: set[tuple[int, bytes]] = set()
         self.last: tuple[float, np.ndarray] | None = None
         """The last optimum: its GPUs and column values (columns added since hold 0)."""
 
-    def add(self, j: int, a: np.ndarray) -> bool:
-        """Column (j, a) added; False when the program has it already."""
+    def add(self, j: int, a: np.ndarray, cost: float | None = None, most: float | None = None) -> bool:
+        """Column (j, a) added, at `cost` (default: its size's GPUs) and at most `most` copies
+        (default: no bound); False when the program has it already."""
         key = (j, a.tobytes())
         if key in self.seen:
             return False
         self.seen.add(key)
         idx = np.flatnonzero(a).astype(np.int32)
-        self.h.addCol(float(self.sizes[j]), 0.0, self.inf, len(idx), idx, a[idx].astype(np.float64))
+        cost = float(self.sizes[j]) if cost is None else float(cost)
+        self.h.addCol(cost, 0.0, self.inf if most is None else float(most), len(idx), idx,
+                      a[idx].astype(np.float64))
         self.cols.append((j, a))
+        self.cost.append(cost)
         return True
 
-    def gpus(self) -> np.ndarray:
-        """Each column's GPUs (its cost)."""
-        return np.array([self.sizes[j] for j, _ in self.cols])
+    def costs(self) -> np.ndarray:
+        """Each column's cost (its GPUs, unless `add` gave another)."""
+        return np.array(self.cost)
 
     def solve(self, deadline: Deadline) -> tuple[float, np.ndarray] | None:
         """The program's value (GPUs) and row duals; None if HiGHS gave no optimum in time."""
@@ -95,7 +107,7 @@ class Master:
         self.h.run()
         ok = self.h.getModelStatus() == highspy.HighsModelStatus.kOptimal
         values = np.array(self.h.getSolution().col_value) if ok else None
-        self.h.changeColsCost(n, index, self.gpus().astype(np.float64))
+        self.h.changeColsCost(n, index, self.costs().astype(np.float64))
         return values
 
 
@@ -194,24 +206,49 @@ def integer_copies(cols: list[Column], counts: np.ndarray, sizes: Sequence[int],
                    share: float, nodes: int) -> np.ndarray | None:
     """Whole copies of each column covering `counts` within `num_gpus` (HiGHS, the first solution
     found within `nodes` nodes and `share` of the time left); None if it found none."""
-    import highspy
-
     ip = Master(counts, sizes)
     for j, a in cols:
         ip.add(j, a)
-    h, n, gpus = ip.h, len(ip.cols), ip.gpus()
-    h.addRow(0.0, float(num_gpus), n, np.arange(n, dtype=np.int32), gpus.astype(np.float64))
-    h.changeColsIntegrality(n, np.arange(n, dtype=np.int32), np.full(n, highspy.HighsVarType.kInteger))
-    h.setOptionValue("mip_max_nodes", nodes)
-    h.setOptionValue("mip_max_improving_sols", 1)
-    h.setOptionValue("time_limit", max(share * deadline.left(), 0.001))
-    h.run()
-    if h.getInfo().primal_solution_status != 2:
-        if deadline.left() <= 0 or h.getModelStatus() == highspy.HighsModelStatus.kTimeLimit:
+    n, gpus = len(ip.cols), ip.costs()
+    ip.h.addRow(0.0, float(num_gpus), n, np.arange(n, dtype=np.int32), gpus.astype(np.float64))
+    values, status = solve_integer(ip, np.arange(n), share * deadline.left(), nodes, mip_max_improving_sols=1)
+    if values is None:
+        if deadline.left() <= 0 or status == TIME_LIMIT:
             deadline.record()  # its share of the time ran out: with more, it may have found copies
         return None
-    z = np.rint(np.array(h.getSolution().col_value)).astype(np.int64)
+    z = np.rint(values).astype(np.int64)
     return z if float(z @ gpus) <= num_gpus else None
+
+
+TIME_LIMIT = "time limit reached"
+"""`solve_integer`'s status when the time stopped it (HiGHS's own words for its time limit)."""
+
+
+def solve_integer(master: Master, whole: np.ndarray, seconds: float, nodes: int, stop_at: float | None = None,
+                  **options: float | int | bool) -> tuple[np.ndarray | None, str]:
+    """The master's program with the columns `whole` (indices) integer, by HiGHS's branch and
+    bound within `seconds` and `nodes` nodes, and stopped at `stop_at` (perf_counter) from its
+    interrupt callbacks where given (its time limit is checked between nodes only); `options`
+    are HiGHS's. The values of the best solution found (None if none) and HiGHS's status in
+    lower case (`TIME_LIMIT` when the time stopped it)."""
+    import highspy
+
+    from dcp.planner.ilp.solvers import _interrupt_at
+
+    h = master.h
+    h.changeColsIntegrality(len(whole), np.asarray(whole, dtype=np.int32),
+                            np.full(len(whole), highspy.HighsVarType.kInteger))
+    h.setOptionValue("mip_max_nodes", nodes)
+    h.setOptionValue("time_limit", max(seconds, 0.001))
+    for key, value in options.items():
+        h.setOptionValue(key, value)
+    if stop_at is not None:
+        _interrupt_at(h, stop_at)
+    h.run()
+    status = h.modelStatusToString(h.getModelStatus()).lower()
+    status = TIME_LIMIT if status == "interrupted by user" else status  # only the interrupt at `stop_at`
+    found = h.getInfo().primal_solution_status == 2  # kSolutionStatusFeasible
+    return (np.array(h.getSolution().col_value) if found else None), status
 
 
 def fill(members: Sequence[np.ndarray], columns: Sequence, copies: Sequence[int],

@@ -169,7 +169,7 @@ def _integer(master: Master, shapes: Shapes, num_gpus: int, deadline: Deadline) 
     found. Near the least level with a plan the integer program over the whole batch takes
     several times as long (docs/tuning-log.md); where this finds nothing, the next level is tried."""
     a = np.stack([col for _, col in master.cols]).astype(np.int64)
-    gpus = master.gpus()
+    gpus = master.costs()
     rng = np.random.default_rng(0)  # the same optima every run
     values: np.ndarray | None = master.last_values()
     for attempt in range(knobs.NESTED_ATTEMPTS):

@@ -16,26 +16,35 @@ with a[q,t] the copies of type t in pattern q and g_q its load. A plan whose eve
 within theta gives a solution (each group's large samples form one of its class's patterns, its
 other samples fit the rest), so an infeasible program proves busy time > theta, and a feasible
 one is a packable class assignment to turn into groups.
+
+Every pattern is a column from the start (enumerated, not generated: an infeasible program must
+prove theta too low, which a program over the columns generated so far cannot), posed on the
+column master of `dcp.planner.colgen` (HiGHS, the planner's one LP back end) and solved whole
+(`colgen.solve_integer`) with HiGHS whichever MILP solver the options name.
 """
 
 from __future__ import annotations
 
 import heapq
+import time
 from dataclasses import dataclass
 
-import pulp
+import numpy as np
 
 import dcp.planner.knobs as knobs
+from dcp.planner.colgen import TIME_LIMIT, Master, solve_integer
 from dcp.planner.ilp.budget import Deadline
 from dcp.planner.ilp.classes import Item, program_items, split_fluid
 from dcp.planner.ilp.costs import CostTable
 from dcp.planner.ilp.pack import Groups
-from dcp.planner.ilp.solvers import new_var, run_solver, stopped_on_time
+from dcp.planner.ilp.solvers import stopped_on_time
 
-_HIGHS_OPTIONS: dict[str, float | int] = {
+_HIGHS_OPTIONS: dict[str, float | int | str | bool] = {
+    "mip_rel_gap": 0.01, "mip_feasibility_tolerance": 1e-7,
     "presolve": "off", "mip_heuristic_run_rins": False, "mip_heuristic_run_rens": False}
-"""Measured on the 64-GPU video batches: presolve and the sub-MIP heuristics cost more than they
-find on these programs (a few dozen rows, a thousand columns); the bound is unaffected."""
+"""A solution within 1% of the optimum will do (the local search takes it on). Measured on the
+64-GPU video batches: presolve and the sub-MIP heuristics cost more than they find on these
+programs (a few dozen rows, a thousand columns); the bound is unaffected."""
 
 
 @dataclass
@@ -75,7 +84,7 @@ def _patterns(items: list[Item], big: list[int], j: int, theta: float, most: int
     return out if grow(0, 0.0) else None
 
 
-def solve_patterns(table: CostTable, num_gpus: int, upper: float, theta: float, solver: str,
+def solve_patterns(table: CostTable, num_gpus: int, upper: float, theta: float,
                    deadline: float | Deadline) -> PatternResult | None:
     """The program at level `theta` (at most `upper`, the incumbent's busy time, at which the
     items are built); None when it is too large to pose. An exact type may only go where it runs
@@ -110,48 +119,47 @@ def solve_patterns(table: CostTable, num_gpus: int, upper: float, theta: float, 
         if parts <= 2:
             return None
         parts //= 2
-    prob = pulp.LpProblem("dcp_ilp_patterns", pulp.LpMinimize)
-    z: dict[tuple[int, int], pulp.LpVariable] = {}
-    for j, p in enumerate(sizes):
-        for q in range(len(pats[j])):
-            z[j, q] = new_var(prob, f"z_{j}_{q}", 0, num_gpus // p, pulp.LpInteger)
-    small: dict[tuple[int, int], pulp.LpVariable] = {}
-    for t, it in enumerate(items):
-        for j in it.options:
-            if (t, j) in usable and t not in big[j]:
-                small[t, j] = (new_var(prob, f"c_{t}_{j}", 0, len(it.members), pulp.LpInteger) if it.exact
-                               else new_var(prob, f"y_{t}_{j}", 0, 1))
-    work = []
-    for j, p in enumerate(sizes):
-        work += [(z[j, q], p * sum(items[t].coef[j] * k for t, k in pat.items())) for q, pat in enumerate(pats[j])]
-        work += [(v, p * items[t].coef[j]) for (t, jj), v in small.items() if jj == j]
-    prob += pulp.LpAffineExpression(work)  # least GPU-seconds: the most room left to balance
-    for t, it in enumerate(items):
-        terms = [(z[j, q], float(pat[t])) for j in range(len(sizes)) for q, pat in enumerate(pats[j]) if t in pat]
-        terms += [(v, 1.0) for (tt, _), v in small.items() if tt == t]
-        # (P1) every sample placed: in a pattern or among its class's smaller samples
-        prob += pulp.LpAffineExpression(terms) == (len(it.members) if it.exact else 1), f"P1_{t}"
-    for j in range(len(sizes)):
-        room = [(z[j, q], theta - sum(items[t].coef[j] * k for t, k in pat.items())) for q, pat in enumerate(pats[j])]
-        fill = [(v, -items[t].coef[j]) for (t, jj), v in small.items() if jj == j]
-        # (P2) a class's smaller samples fit the room its patterns leave below theta
-        prob += pulp.LpAffineExpression(room + fill) >= 0, f"P2_{j}"
-    # (P3) groups cover at most N GPUs
-    prob += pulp.lpSum(p * z[j, q] for j, p in enumerate(sizes) for q in range(len(pats[j]))) <= num_gpus, "P3"
+    # The program on the column master (`colgen`): a column per pattern and per smaller class's
+    # count or fraction; rows P1 (one per item), P2 (one per size), P3. HiGHS's pick among
+    # solutions of equal cost follows the column order: this one (by name: counts c, fractions y,
+    # patterns z) is the order the planner's benchmarks measured.
+    rows, room = len(items) + len(sizes) + 1, len(items)
+    need = np.array([len(it.members) if it.exact else 1 for it in items], dtype=np.float64)
+    program = Master(np.concatenate([need, np.zeros(len(sizes)), [-np.inf]]), sizes,
+                     np.concatenate([need, np.full(len(sizes), np.inf), [num_gpus]]))
+    columns = [(f"z_{j}_{q}", (j, q), j, pat, theta - load, p, p * load, num_gpus // p)
+               for j, p in enumerate(sizes) for q, pat in enumerate(pats[j])
+               for load in [sum(items[t].coef[j] * k for t, k in pat.items())]]
+    columns += [(f"{'c' if it.exact else 'y'}_{t}_{j}", (t, j), j, {t: 1}, -it.coef[j], 0, sizes[j] * it.coef[j],
+                 len(it.members) if it.exact else 1)
+                for t, it in enumerate(items) for j in it.options if (t, j) in usable and t not in big[j]]
+    z: dict[tuple[int, int], int] = {}
+    small: dict[tuple[int, int], int] = {}
+    for name, key, j, counts, room_left, gpus, cost, copies in sorted(columns, key=lambda c: c[0]):
+        a = np.zeros(rows)
+        for t, k in counts.items():
+            a[t] = k  # (P1) every sample placed: in a pattern or among its class's smaller samples
+        a[room + j] = room_left  # (P2) a class's smaller samples fit the room its patterns leave below theta
+        a[-1] = gpus  # (P3) groups cover at most N GPUs
+        program.add(j, a, cost, copies)  # cost: GPU-seconds, the least leaves the most room to balance
+        (z if name[0] == "z" else small)[key] = len(program.cols) - 1
+    z = dict(sorted(z.items()))  # the groups (`_groups`) by size, then pattern
     if knobs.ROOT_S_PER_COLUMN * len(z) > deadline.left():
         deadline.record()
-        return PatternResult(None, False, "time limit reached")  # its root node alone would run past it
-    res = run_solver(prob, solver, deadline.left(), 0.01, None, max_nodes=knobs.PATTERN_NODES,
-                     highs_options=_HIGHS_OPTIONS)
-    if stopped_on_time(res.status):
+        return PatternResult(None, False, TIME_LIMIT)  # its root node alone would run past it
+    whole = [*z.values(), *(c for (t, _), c in small.items() if items[t].exact)]
+    seconds = max(deadline.left(), 0.01)
+    values, status = solve_integer(program, np.array(whole), seconds, knobs.PATTERN_NODES,
+                                   time.perf_counter() + seconds, **_HIGHS_OPTIONS)
+    if stopped_on_time(status):
         deadline.record()
-    if res.values is None:
-        return PatternResult(None, res.status == "infeasible", res.status)
-    return PatternResult(_groups(items, table, pats, z, small, res.values), False, res.status)
+    if values is None:
+        return PatternResult(None, status == "infeasible", status)
+    return PatternResult(_groups(items, table, pats, z, small, values), False, status)
 
 
-def _groups(items: list[Item], table: CostTable, pats: dict[int, list[dict[int, int]]], z: dict,
-            small: dict, val: dict) -> Groups:
+def _groups(items: list[Item], table: CostTable, pats: dict[int, list[dict[int, int]]], z: dict[tuple[int, int], int],
+            small: dict[tuple[int, int], int], val: np.ndarray) -> Groups:
     """Groups from a solution: one per pattern copy with its large samples, then each class's
     smaller samples, largest first, to its least-loaded group (by the additive estimate)."""
     pool = {t: list(it.members) for t, it in enumerate(items)}

@@ -215,7 +215,7 @@ class Search:
             cap = min(self.budget.search_deadline, time.perf_counter() + knobs.PATTERN_SOLVE_SHARE * self.options.time_limit_s)
             try:
                 res = solve_patterns(self.table, self.cm.cluster.num_gpus, self.incumbent.busy_s, theta,
-                                     self.options.solver, self.budget.deadline_for("the configuration program", cap))
+                                     self.budget.deadline_for("the configuration program", cap))
             except Exception as e:  # the solver must never take the planner down
                 self.notes.append(f"configuration program failed ({type(e).__name__}: {e})")
                 res = None
