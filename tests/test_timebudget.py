@@ -13,7 +13,7 @@ from dcp.data.batches import make_batches
 from dcp.planner import IlpOptions, knobs, phases, solve
 from dcp.planner.ilp.budget import final_pricing_s
 from dcp.planner.timebudget import TimeBudget, explain_budget
-from tests.conftest import cost_model
+from tests.conftest import cost_model, make_batch
 
 
 @pytest.mark.parametrize("limit_s,samples", [(0.2, 512), (1.0, 512), (1.0, 32_768), (5.0, 2048), (0.05, 100_000)])
@@ -81,6 +81,45 @@ def test_each_stage_stops_at_its_deadline_under_a_virtual_clock(monkeypatch: pyt
     assert single_end <= single_s + 0.1  # the issue's "limit + 0.1 s", in readings: 25
     assert clock.now - started <= 0.5 + 0.1
     assert "time limit reached" in plan.solver_status  # the virtual time ran out: it says so
+
+
+def _example() -> tuple:
+    """The second batch of `dcp plan --gpus 32 --steps 2`: one sample needs all 32 GPUs, so the
+    phase search plans a split."""
+    cm = cost_model(gpus=32)
+    return cm, make_batches("wikipedia", cm, global_batch=512, steps=2, seed=0, full_only=True)[1]
+
+
+def _long_tail() -> tuple:
+    """60 samples of 300-6,900 tokens and two of 60,000 and 30,000 on 16 GPUs: fewer than four a
+    GPU, of few shapes, so the nested column plans run after the single layout."""
+    cm = cost_model(gpus=16)
+    return cm, make_batch([300 * (1 + (7 * i) % 23) for i in range(60)] + [60_000, 30_000])
+
+
+@pytest.mark.parametrize("stage,batch", [("_search", _example), ("nested_column_plan", _long_tail)])
+def test_the_phase_search_and_nested_columns_stop_at_the_search_deadline(stage: str, batch,  # noqa: ANN001
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stages after the single layout (the phase search, the nested column plans) end by the
+    search deadline (`TimeBudget.search_deadline_s`, the limit less the report's margin), and the
+    solve by the limit, each within 0.1 s: 25 readings of the virtual clock (as above)."""
+    cm, samples = batch()
+    ends: list[float] = []
+    real = getattr(phases, stage)
+
+    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        out = real(*args, **kwargs)
+        ends.append(clock.now - started)
+        return out
+
+    monkeypatch.setattr(phases, stage, spy)
+    with fakeclock.stepping(4e-3) as clock:
+        started = clock.now
+        plan = solve(samples, cm.cluster, cm, IlpOptions(time_limit_s=1.0))
+    deadline_s = TimeBudget.divide(1.0, final_pricing_s(len(samples))).search_deadline_s
+    assert len(ends) == 1 and ends[0] <= deadline_s + 0.1  # the stage ran, and ended by its deadline
+    assert clock.now - started <= 1.0 + 0.1
+    assert plan.num_phases == 2
 
 
 def test_dcp_plan_explain_budget_prints_the_division_and_plans_nothing() -> None:
