@@ -58,11 +58,10 @@ from dcp.planner.bounds import (
     distinct_samples,
     multi_phase_bound,
     multi_phase_busy,
-    round_down,
     sample_arrays,
-    size_levels,
     step_floor,
 )
+from dcp.planner.bounds.work import round_down, size_levels
 from dcp.planner.colgen import Master, knapsack
 from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.ilp.budget import Deadline

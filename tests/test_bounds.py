@@ -14,14 +14,9 @@ import dcp.planner.knobs as knobs
 from dcp.costmodel.schedule import least_step_s
 from dcp.data.batches import make_batches
 from dcp.planner import IlpOptions, bounds, lower_bound, solve
-from dcp.planner.bound_group import _exposure, _Own
 from dcp.planner.bounds import (
     _MEMO,
     _bounds,
-    _front,
-    _link_bound,
-    _makespan_bound,
-    _Work,
     capacity_bound,
     distinct_samples,
     multi_phase_bound,
@@ -29,6 +24,9 @@ from dcp.planner.bounds import (
     sample_arrays,
     single_layout_bound,
 )
+from dcp.planner.bounds.group import _exposure, _Own
+from dcp.planner.bounds.release import _link_bound
+from dcp.planner.bounds.work import _front, _makespan_bound, _Work
 from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.ilp.warm import baseline_plans
 from dcp.planner.pricing import Pricer, exact_times
@@ -277,8 +275,8 @@ def test_coarse_classes_keep_the_bounds_valid_and_close() -> None:
     """Thousands of distinct lengths: the group and spread bounds run on at most 2,048 classes,
     the 16 longest samples as they are and the rest rounded down, so the group bound can only
     fall, and here by less than 0.1%; every sample is still counted once."""
-    from dcp.planner.bound_group import group_bound
-    from dcp.planner.bounds import _coarse
+    from dcp.planner.bounds.group import group_bound
+    from dcp.planner.bounds.work import _coarse
 
     cm = cost_model(gpus=256)
     batch = make_batches("lognormal:scale=16", cm, global_batch=8192, steps=1, seed=0)[0]

@@ -62,7 +62,7 @@ LAYERS = {
     "kit": ("knobs", "levels", "lpt", "colgen", "timebudget", "ilp.budget", "ilp.solvers"),
     "core": ("sample", "plan", "options", "inputs", "feasibility", "status", "pricing", "ilp.costs", "sync",
              "slots", "common", "simulate"),
-    "bounds": ("bounds", "bound_group"),
+    "bounds": ("bounds", "bounds.work", "bounds.release", "bounds.group"),
     "baselines": ("baselines", "greedy"),
     "search": ("ilp", "ilp.search", "ilp.warm", "ilp.incumbent", "ilp.heuristic", "ilp.bestfit", "ilp.fill",
                "ilp.pack", "ilp.lns", "ilp.classes", "ilp.cuts", "ilp.model", "ilp.exact", "ilp.columns",

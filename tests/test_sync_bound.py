@@ -11,16 +11,9 @@ import pytest
 from dcp.costmodel.schedule import least_step_s, reduction_chain_s
 from dcp.data.batches import make_batches
 from dcp.planner import IlpOptions, lower_bound, solve
-from dcp.planner.bounds import (
-    _bounds,
-    _makespan_bound,
-    _released,
-    _Spread,
-    _Work,
-    distinct_samples,
-    multi_phase_bound,
-    sample_arrays,
-)
+from dcp.planner.bounds import _bounds, distinct_samples, multi_phase_bound, sample_arrays
+from dcp.planner.bounds.release import _released, _Spread
+from dcp.planner.bounds.work import _makespan_bound, _Work
 from dcp.planner.common import chain
 from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.pricing import BatchArrays, Pricer, group_layout, price_layout

@@ -347,7 +347,7 @@ BOUND_CAPPED_CHAIN_SHARE = 0.5
 BOUND_WEIGH_PASSES = 3
 """Passes weighing the sizes: tighter bounds against time (three match eight on the grid)."""
 
-# -- the longest sample's group bound (`bound_group`) --------------------------------------------
+# -- the longest sample's group bound (`bounds.group`) --------------------------------------------
 GROUP_BOUND_STEPS = 24
 """Bisection steps at most."""
 

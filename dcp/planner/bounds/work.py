@@ -1,293 +1,28 @@
-"""Lower bounds on a global batch's step time, valid for every plan the cost model can price.
-
-Both bounds are sums over samples of a per-sample cost, so identical samples are counted once
-with a weight, and tens of thousands of samples cost a few array operations.
-"""
+"""The work bound (`bounds.lower_bound`'s argument): work(M), the GPU-seconds a batch needs when
+no group runs longer than M (`_Work`), per SP size's levels (`SizeLevels`), raised to the largest
+M where it does not fit N GPUs (`_makespan_bound`), and its variant charged against the gradient
+reductions (`_exposure_bound`); the rounding of many samples into few classes (`round_down`)."""
 
 from __future__ import annotations
 
-import hashlib
 import math
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 import dcp.planner.knobs as knobs
 from dcp.costmodel import CostModel
-from dcp.costmodel.schedule import least_exposed_s, least_link_s, least_step_s, reduction_chain_s
-from dcp.planner.bound_group import group_bound, longest_group, step_group_bound
-from dcp.planner.feasibility import allowed_sp_sizes
+from dcp.costmodel.schedule import least_exposed_s
 from dcp.planner.levels import climb, geometric, narrow
 from dcp.planner.pricing import exact_times
-from dcp.planner.sample import Sample
 
 _MEMORY_RTOL = 1e-9
 """`Plan.validate` lets a micro-batch exceed the memory limit by this fraction; capacities here do too."""
 _RTOL = 1e-5
-_MEMO: weakref.WeakKeyDictionary[CostModel, dict[tuple, _Floors]] = weakref.WeakKeyDictionary()
-"""Recent bounds per cost model: every baseline plan of a batch reports the same bound."""
 _LEVELS: weakref.WeakKeyDictionary[CostModel, dict[tuple[int, bool], SizeLevels]] = weakref.WeakKeyDictionary()
 """Each cost model's `SizeLevels` per (SP size, charged below): a pure function of them, which
 every batch's bounds read."""
-
-
-def sample_arrays(batch: Sequence[Sample]) -> tuple[np.ndarray, np.ndarray]:
-    """Tokens and attention pairs of the batch's samples (float64)."""
-    n = len(batch)
-    return (np.fromiter((s.tokens for s in batch), dtype=np.float64, count=n),
-            np.fromiter((s.attn_pairs for s in batch), dtype=np.float64, count=n))
-
-
-def distinct_samples(tokens: np.ndarray, pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The distinct (tokens, pairs) of a batch and how many samples share each."""
-    if not len(tokens):
-        return tokens, pairs, np.zeros(0)
-    order = np.lexsort((pairs, tokens))
-    t, a = tokens[order], pairs[order]
-    first = np.flatnonzero(np.concatenate([[True], (t[1:] != t[:-1]) | (a[1:] != a[:-1])]))
-    return t[first], a[first], np.diff(np.append(first, len(t))).astype(np.float64)
-
-
-def lower_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | None = None,
-                arrays: tuple[np.ndarray, np.ndarray] | None = None) -> float:
-    """The busy time no plan can beat, plus the gradient sync: at least the longest sample's best
-    time alone, and at least every makespan M at which the batch's work does not fit N GPUs.
-
-    Why the work argument holds: a micro-batch at SP size p with r checkpointed layers, T tokens
-    and A pairs costs p * (fixed(p, r) + per_token(p, r) T + per_pair(p, r) A) GPU-seconds, the
-    sum over its samples of p * ((fixed / T + per_token) t_i + per_pair a_i). T is at most what
-    fits memory at (p, r) and, in a plan whose slowest group runs M, at most
-    (M - fixed - per_pair a_i) / per_token for each sample i it holds; so i carries at least its
-    share at that capacity (or, at the sizes `_Work.weigh` picks, its weight of `_weigh`, which
-    also sum to at most 1 over a micro-batch), at a level (p, r) where it fits and runs alone
-    within M. The cheapest
-    such level per sample, summed, is work(M) <= N * M for a plan of busy time M; work only falls
-    as M grows, so every M with work(M) > N * M is below the optimum (at M = inf it is the plain
-    GPU-seconds bound). The synchronization added is the least any plan's schedule adds to a
-    busy time of at least M (`schedule.least_step_s`: at least `CostModel.grad_sync_s`, and the
-    whole chain of gradient reductions the last backward passes cannot hide, with `_released`
-    from the longest samples); under ZeRO-3 the bound is also at least the fewest slots' collectives
-    (`_link_bound`), since every slot gathers every layer.
-
-    It holds for every plan the executor can run, multi-phase plans included (see
-    `multi_phase_bound`). `arrays` (tokens, pairs), when given, saves reading them from the
-    samples again.
-    """
-    return _bounds(batch, cm, sp_sizes, arrays).lower
-
-
-def _bounds(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | None,
-            arrays: tuple[np.ndarray, np.ndarray] | None) -> _Floors:
-    """The batch's bounds, memoized per cost model and batch."""
-    sizes = tuple(allowed_sp_sizes(cm, sp_sizes))
-    tokens, pairs = arrays if arrays is not None else sample_arrays(batch)
-    digest = hashlib.blake2b(tokens.tobytes() + pairs.tobytes(), digest_size=16).digest()
-    key = (sizes, len(tokens), digest)  # all of a sample that the bound reads
-    memo = _MEMO.setdefault(cm, {})
-    if key not in memo:
-        if len(memo) >= knobs.BOUND_MEMO_SIZE:
-            del memo[next(iter(memo))]
-        d_tokens, d_pairs, weight = distinct_samples(tokens, pairs)  # each distinct sample once, weighted
-        work = _Work(d_tokens, d_pairs, weight, cm, sizes)
-        # The longest sample's group and the spread release on at most knobs.BOUND_COARSE classes of samples,
-        # each rounded down (`round_down`: a bound can only fall): they evaluate every sample at
-        # many busy times (docs/tuning-log.md, `BOUND_COARSE`).
-        coarse = work if len(work.tokens) <= knobs.BOUND_COARSE else _Work(*_coarse(work), cm, sizes)
-        # The pooled bound with token shares, then, from it up, with each size's fixed costs
-        # weighed as `_Work.weigh` chooses there, on the coarse classes (docs/tuning-log.md).
-        pooled = _makespan_bound(work, cm.cluster.num_gpus)
-        if coarse.weigh(pooled):
-            pooled = _makespan_bound(coarse, cm.cluster.num_gpus, pooled)
-        group = longest_group(coarse, cm, sizes) if len(coarse.tokens) >= 2 else None  # read by all three below
-        makespan = group_bound(coarse, cm, sizes, pooled, coarse.fixed_floor, group)
-        released = _released(cm, sizes, tokens, pairs)
-        spread = _Spread(cm, sizes, coarse.tokens, coarse.pairs, coarse.weight) if released is not None else None
-        link = _link_bound(float(tokens.sum()), cm, sizes)
-        single = group_bound(coarse, cm, sizes, makespan, group=group)
-        lower = max(_least_step(cm, makespan, sizes, released, spread), link)
-        chain = reduction_chain_s(cm)
-        if chain is not None:  # stages 0-2: the longest sample's group against the reduction chain
-            lower = step_group_bound(coarse, cm, sizes, lower, coarse.fixed_floor, least_exposed_s(cm),
-                                     float(chain[-1]), group)
-            lower = _exposure_bound(coarse, cm, sizes, lower, chain)
-        floor_work, solo = sample_floors(d_tokens, d_pairs, cm, sizes)
-        capacity = max(float(floor_work @ weight) / cm.cluster.num_gpus, float(solo.max()))
-        memo[key] = _Floors(lower, max(_least_step(cm, single, sizes, released, spread), link, lower),
-                            None if spread is None else np.maximum(released, spread.at(math.inf)), makespan,
-                            capacity)
-    return memo[key]
-
-
-@dataclass(frozen=True)
-class _Floors:
-    lower: float
-    """`lower_bound`."""
-    single_layout: float
-    """`single_layout_bound`."""
-    released: np.ndarray | None
-    """Per layer, a time before which no plan issues its reduction: `_released` and the spread
-    release of any busy time (`_Spread.at(inf)`)."""
-    makespan: float
-    """The makespan bound on every plan's busy time (`_makespan_bound`)."""
-    capacity: float
-    """`capacity_busy`, which a solve reads three times."""
-
-
-def _released(cm: CostModel, sizes: Sequence[int], tokens: np.ndarray, pairs: np.ndarray) -> np.ndarray | None:
-    """Stages 0-2, per layer u: a time before which no plan issues layer u's gradient reduction
-    (None at stage 3, on one GPU, or for an empty batch), from the batch's `knobs.BOUND_RELEASE_SAMPLES`
-    longest samples: the most, over them, of the least over the layouts where the sample fits
-    of its time alone outside layers u-1..0's backward: K forwards, the head and K - u
-    backwards (`schedule.least_step_s` adds the reductions after).
-
-    Why it holds: the group holding sample i issues layer u's reduction no sooner than its busy
-    time minus its last micro-batch's backward (and recompute) of layers u-1..0. If i's
-    micro-batch is that last one, this is at least the forwards, the head and the backwards of
-    layers K-1..u of that micro-batch, and each only grows when samples join it: compute,
-    all-to-alls and the head grow with tokens and pairs, and a ring's exposed transfers shrink
-    by at most the step compute the joining sample adds, (c - 1) / c of its attention and the
-    c - 1 extra calls' per-token cost, which the forward and backward compute count in full.
-    So i alone in the micro-batch's layout is below it. If it is not the last, the group runs
-    i's micro-batch before the last, so issues no sooner than that micro-batch's whole time;
-    and in a multi-phase plan, the ranks' last groups start after i's group ends."""
-    if cm.training.zero_stage >= 3 or cm.cluster.num_gpus == 1 or not len(tokens) or not cm.model.num_layers:
-        return None
-    k = cm.model.num_layers
-    u = np.arange(k, dtype=np.float64)
-    memory = cm.cluster.memory_bytes * (1 + _MEMORY_RTOL)
-    out = np.zeros(k)
-    for i in np.argsort(-tokens, kind="stable")[:knobs.BOUND_RELEASE_SAMPLES]:
-        t, a = float(tokens[i]), float(pairs[i])
-        least = np.full(k, math.inf)
-        for p in sizes:
-            if t > cm.priceable_tokens(p):
-                continue
-            for layout in cm.layouts(p):
-                if cm.memory_bytes(t, p, k, layout) > memory:  # not even with every layer checkpointed
-                    continue
-                lt = cm.layer_times(t, a, p, layout)
-                least = np.minimum(least, k * lt.forward_s + cm.head_s(t, p) + (k - u) * lt.backward_s)
-        out = np.maximum(out, np.where(np.isfinite(least), least, 0.0))
-    return out
-
-
-class _Spread:
-    """Stages 0-2, per layer u and busy time M: a time before which not every rank has issued
-    layer u's gradient reduction in a plan whose busy time is at most M, from the whole batch's
-    work: the average over the N ranks of what each must run before it issues u, plus one
-    micro-batch's fixed part (`at`).
-
-    Why it holds: rank c issues u when its last micro-batch has run K forwards, the head and
-    the backwards of layers K-1..u, after all its earlier micro-batches (`schedule`), so its
-    release is at least the sum of its micro-batches' times less the last one's backward and
-    recompute of layers u-1..0. That leaves, of every micro-batch, at least its forwards, head
-    and K - u backwards (compute, all-to-alls and the ring's extra steps: the linear form of
-    `CostModel.layer_linear`, unhidden transfers and recomputes dropped), whose per-token and
-    per-pair parts are sums over its samples. Summed over the ranks, a micro-batch of p ranks
-    counts p times: so the releases sum to at least the batch's samples' parts, each at the
-    fewest GPU-seconds over the layouts where it fits memory and, alone, runs within M (its
-    layout's linear time without checkpointing is below its micro-batch's), and the last rank's
-    release is at least their average over N, plus the fixed part of its own last micro-batch
-    (the average over ranks that run micro-batches is at least that over N). A rank may change
-    groups between micro-batches without changing this: it holds for multi-phase plans too."""
-
-    def __init__(self, cm: CostModel, sizes: Sequence[int], tokens: np.ndarray, pairs: np.ndarray,
-                 weight: np.ndarray) -> None:
-        k = self.k = cm.model.num_layers
-        self.us = sorted({max(k - 2 ** j, 0) for j in range(knobs.BOUND_SPREAD_LAYERS)} | {k - 1}, reverse=True)
-        u = np.array(self.us, dtype=np.float64)[:, None]
-        self.weight, self.gpus = weight, cm.cluster.num_gpus
-        self.fixed = np.full(len(self.us), math.inf)
-        self.parts, self.solo = [], []  # per layout: (us, samples) parts where it fits; its samples' solo times
-        memory = cm.cluster.memory_bytes * (1 + _MEMORY_RTOL)
-        for p in sizes:
-            for layout in cm.layouts(p):
-                f, b, _ = cm.layer_linear(layout)
-                self.fixed = np.minimum(self.fixed, k * f.fixed + cm.fit.microbatch_fixed_s + (k - u[:, 0]) * b.fixed)
-                per_token = p * (k * f.per_token + (k - u) * b.per_token) + cm.fit.head_per_token_s
-                per_pair = p * (k * f.per_pair + (k - u) * b.per_pair)
-                fits = tokens <= cm.max_tokens(p, k, memory, layout)  # with every layer checkpointed
-                self.parts.append(np.where(fits, per_token * tokens + per_pair * pairs, math.inf))
-                line = cm.layout_linear_time(layout, 0)
-                self.solo.append(line.fixed + line.per_token * tokens + line.per_pair * pairs)
-
-    def at(self, busy_s: float) -> np.ndarray:
-        """Per layer, the release bound of plans of busy time at most `busy_s` (inf: any)."""
-        least = np.full(self.parts[0].shape, math.inf)
-        for part, solo in zip(self.parts, self.solo, strict=True):
-            least = np.minimum(least, part if not math.isfinite(busy_s) else np.where(solo <= busy_s, part, math.inf))
-        spread = np.where(np.isfinite(least), least, 0.0) @ self.weight / self.gpus + self.fixed
-        out = np.zeros(self.k)
-        for v, value in zip(self.us, spread, strict=True):  # us descending: each fills down to the next
-            out[:v + 1] = value
-        return out
-
-
-def _least_step(cm: CostModel, busy_s: float, sizes: Sequence[int], released: np.ndarray | None,
-                spread: _Spread | None) -> float:
-    """The least step of any plan of busy time at least `busy_s`: `schedule.least_step_s` with
-    `released` and, on each interval [M_i, M_i+1) of busy times, the spread release of plans of
-    busy time at most M_i+1 (it only falls as M grows, and the step only grows with the busy
-    time and the releases), the least over the intervals."""
-    if spread is None or not math.isfinite(busy_s):  # spread is None exactly where released is
-        return least_step_s(cm, busy_s, sizes, released)
-    grid = [busy_s * (1 + knobs.BOUND_GRID_STEP * i) for i in range(knobs.BOUND_GRID)] + [math.inf]
-    return min(least_step_s(cm, lo, sizes, np.maximum(released, spread.at(hi)))
-               for lo, hi in zip(grid[:-1], grid[1:], strict=True))
-
-
-def single_layout_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | None = None,
-                        arrays: tuple[np.ndarray, np.ndarray] | None = None) -> float:
-    """`lower_bound` raised by charging the longest sample's group (`bound_group.group_bound`):
-    valid for single-layout plans only, where that group keeps its size for the whole step. A
-    multi-phase plan dissolves it once its sample is done, so this bound does not hold there."""
-    return _bounds(batch, cm, sp_sizes, arrays).single_layout
-
-
-def _link_bound(total_tokens: float, cm: CostModel, sizes: Sequence[int]) -> float:
-    """ZeRO-3 (lockstep slots): the link is busy at least the fewest slots' collectives. A slot
-    runs at most one micro-batch per group, each of at most max_tokens(p, K) tokens, and the
-    groups' p sum to at most N, so a slot holds at most N * max_p max_tokens(p, K) / p tokens."""
-    if cm.training.zero_stage < 3:
-        return 0.0
-    k = cm.model.num_layers
-    per_gpu = max(cm.max_tokens(p, k) / p for p in sizes)
-    if per_gpu <= 0:
-        return 0.0
-    slots = math.ceil(total_tokens / (cm.cluster.num_gpus * per_gpu) - 1e-9)
-    return least_link_s(cm, max(slots, 1))
-
-
-def step_floor(batch: Sequence[Sample], cm: CostModel, busy_s: float, sp_sizes: Sequence[int] | None = None,
-               arrays: tuple[np.ndarray, np.ndarray] | None = None) -> float:
-    """The least step of any plan of this batch whose busy time is at least `busy_s` (a proven
-    busy bound: the ILP's dual bound, say), `schedule.least_step_s` with `_released`."""
-    sizes = allowed_sp_sizes(cm, sp_sizes)
-    return least_step_s(cm, busy_s, sizes, _bounds(batch, cm, sizes, arrays).released)
-
-
-def capacity_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | None = None,
-                   arrays: tuple[np.ndarray, np.ndarray] | None = None) -> float:
-    """`capacity_busy` + the least the step adds to it (`schedule.least_step_s`)."""
-    return step_floor(batch, cm, capacity_busy(batch, cm, sp_sizes, arrays), sp_sizes, arrays)
-
-
-def capacity_busy(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | None = None,
-                  arrays: tuple[np.ndarray, np.ndarray] | None = None) -> float:
-    """max(total minimal GPU-seconds / N, the longest sample's best time alone): a bound on every
-    plan's busy time, each micro-batch's fixed cost spread over the most tokens that fit memory;
-    weaker than `lower_bound`'s makespan when fixed costs are heavy (ZeRO-3), and the floor the
-    ILP's search is tuned on.
-
-    Why it holds: a micro-batch holding a sample has at least its tokens, so needs at least the
-    sample's own fewest checkpointed layers r_i(p), and every cost coefficient grows with r; its
-    time is at least the sample's solo time, and the GPU-seconds it adds are at least p times its
-    marginal cost at r_i(p), plus its tokens' share p * fixed(p, 0) / max_tokens(p, K) of the
-    micro-batch's fixed cost (it holds at most max_tokens(p, K) tokens).
-    """
-    return _bounds(batch, cm, sp_sizes, arrays).capacity
 
 
 class SizeLevels:
@@ -627,8 +362,6 @@ class _Work:
         if choice.any():
             self.weighting = choice[row_size]
         return {int(p): int(k) for p, k in zip(sizes, choice, strict=True) if k}
-
-
 _WEIGHTINGS = ("time share", "over half the time", "over half the memory")
 """The fixed-cost weightings `_weigh` computes, numbered from 1 (0: the token shares)."""
 
@@ -648,49 +381,3 @@ def _weigh(k: int, var_s: np.ndarray, room_s: np.ndarray, memory_used: np.ndarra
         return np.where(memory_used > 0.5, 1.0, 0.0)
     x = np.minimum(np.divide(var_s, room_s, out=np.ones_like(var_s), where=room_s > 0), 1.0)
     return x if k == 1 else np.where(x > 0.5, 1.0, 0.0)
-
-
-def sample_floors(tokens: np.ndarray, pairs: np.ndarray, cm: CostModel,
-                  sizes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """Per sample (arrays indexed like `tokens`): the fewest GPU-seconds any micro-batch holding
-    it spends on it, and its best time alone, over the allowed sizes where it fits (inf where it
-    fits none). The terms of `capacity_bound`, sample by sample, so that the bound of any subset
-    of a batch is a sum and a max over it (the phase search prices thousands of splits so)."""
-    k = cm.model.num_layers
-    work, solo = np.full(len(tokens), math.inf), np.full(len(tokens), math.inf)
-    for p in sizes:
-        levels = size_levels(cm, p)
-        r = np.searchsorted(levels.memory_cap, tokens, side="left")
-        fits = r <= k
-        r = np.minimum(r, k)
-        marginal = p * (levels.per_token[r] * tokens + levels.per_pair[r] * pairs)
-        capacity = cm.max_tokens(p, k)
-        share = p * levels.fixed[0] / capacity * tokens if capacity > 0 else np.zeros_like(tokens)
-        work = np.where(fits, np.minimum(work, marginal + share), work)
-        solo = np.where(fits, np.minimum(solo, exact_times(cm, p, tokens, pairs, r)), solo)  # see _Work.longest
-    return work, solo
-
-
-def multi_phase_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | None = None,
-                      arrays: tuple[np.ndarray, np.ndarray] | None = None) -> float:
-    """A lower bound on the step time of every plan the executor can run, with any number of
-    phases: max(`lower_bound`, `capacity_bound`). What the planner reports as a plan's bound.
-
-    Why both hold for a multi-phase plan of busy time M (the last rank's end): their arguments
-    use only that every micro-batch runs on one group of p ranks for its whole time, within
-    [0, M] (so its time is at most M, and its GPU-seconds p * time), that a rank runs one
-    micro-batch at a time (so all of them together take at most N * M GPU-seconds), that each
-    micro-batch fits memory, and that the step ends with one gradient sync; a rank may change
-    groups between micro-batches without changing any of that. What they do not cover are the
-    single-layout arguments of the ILP: its program's dual bound and the configuration program's
-    infeasibility proofs assume one group per rank for the whole step (a plan says so in its
-    notes when they are higher). tests/test_phases.py checks it against the brute-force optimum
-    over every multi-phase plan of tiny batches."""
-    return max(lower_bound(batch, cm, sp_sizes, arrays), capacity_bound(batch, cm, sp_sizes, arrays))
-
-
-def multi_phase_busy(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | None = None,
-                     arrays: tuple[np.ndarray, np.ndarray] | None = None) -> float:
-    """The busy time no plan the executor can run beats (multi-phase plans included): the larger
-    of `lower_bound`'s makespan and `capacity_busy`; `multi_phase_bound` is the step above it."""
-    return max(_bounds(batch, cm, sp_sizes, arrays).makespan, capacity_busy(batch, cm, sp_sizes, arrays))

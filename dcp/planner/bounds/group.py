@@ -1,4 +1,4 @@
-"""A lower bound that charges the longest sample's group: the pooled work bound (`bounds`) lets
+"""A lower bound that charges the longest sample's group: the pooled work bound (`work`) lets
 the GPUs of the group that runs the longest sample spend their idle time at the price of a single
 GPU, which they cannot.
 
@@ -9,7 +9,7 @@ joins, at the least over the levels where it fits; lin is the linear form, a low
 exact time with rings). With rings a second form counts their transfers as never hidden behind
 the attention (the exact time adds (c - 1) max(0, y - x) per layer and direction, at least
 (c - 1) (y - x)): linear too, so the same argument holds with it, and the split must fit both. The other N - p GPUs offer (N - p) M. Each
-other sample costs at least its cheapest GPU-seconds within M outside the group (`bounds._Work`)
+other sample costs at least its cheapest GPU-seconds within M outside the group (`work._Work`)
 and at least its marginal cost at p inside; whether any split of them fits both is a fractional
 knapsack, so M is below every plan's busy time when no size p where i runs within M admits one.
 Feasibility only grows with M, so bisection finds the bound. It matters where one sample needs
@@ -71,7 +71,7 @@ class _GroupOf:
             self.solo.append(float(exact_times(cm, p, np.array([t0]), np.array([a0]), np.array([r0]))[0]))
             self.forms.append(forms)
             # What its micro-batch runs outside the backward of layers K-2..0 (K forwards, the
-            # head, the top layer's backward), at the least over the layouts: `step_group_bound`.
+            # head, the top layer's backward), at the least over the layouts: `group_bound`'s `chain`.
             self.top.append(min(k * lt.forward_s + cm.head_s(t0, p) + lt.backward_s
                                 for lt in (cm.layer_times(t0, a0, p, o) for o in cm.layouts(p))))
 
@@ -142,11 +142,11 @@ class _Own:
 
     Why: a micro-batch of q ranks at level (q, r) that runs tau seconds takes at least its
     linear form, fixed f >= F plus its samples' marginal times, so their marginal time is at
-    most tau - f. Each of its samples is charged (`bounds._Work.costs`) at most q times its
+    most tau - f. Each of its samples is charged (`work._Work.costs`) at most q times its
     marginal time plus its fixed-cost charge at that level, where it runs alone within M: a
     memory share t f / cap, whose sum is f T / cap <= (tau - f) f / (per_token cap) (the
     tokens' time is within the marginal time), a time share t f per_token / (M - f - per_pair
-    a), whose sum is at most f (tau - f) / (M - tau), or weighting 1 (`bounds._weigh`), f x with
+    a), whose sum is at most f (tau - f) / (M - tau), or weighting 1 (`work._weigh`), f x with
     x the marginal time over M - f, whose sum is at most f (tau - f) / (M - f); weightings 2
     and 3 charge only samples of over half of M - f or half of the memory, and none fits where
     own_s - F is below both halves. So the micro-batch's charges are at most q (tau - f) (1 + a
@@ -204,10 +204,11 @@ class _Own:
 
 
 def group_bound(work: object, cm: CostModel, sizes: Sequence[int], lo: float,
-                fixed_floor_s: float | None = None, group: LongestGroup | None = None) -> float:
+                fixed_floor_s: float | None = None, group: LongestGroup | None = None,
+                chain: tuple[float, float] | None = None) -> float:
     """The largest M (at least `lo`, a proven bound on the busy time) proven below every plan's
     busy time by the longest sample's group (see the module docstring). `work` is the pooled
-    bound's `bounds._Work` on the batch's distinct samples.
+    bound's `work._Work` on the batch's distinct samples.
 
     With `fixed_floor_s` (the least time any micro-batch takes, its fixed part), for every plan
     the executor can run, multi-phase ones included. There the longest sample i's p ranks may
@@ -218,66 +219,32 @@ def group_bound(work: object, cm: CostModel, sizes: Sequence[int], lo: float,
     micro-batch (`_room_or_saved`), and, as each micro-batch of their own pays a fixed part, at
     most `_Own.capped` where its conditions hold. (Each condition only weakens as M grows, and the
     second is weaker than the first, so feasibility still only grows with M.) It binds where the longest
-    sample alone nearly fills the step on a large group."""
+    sample alone nearly fills the step on a large group.
+
+    With `chain` = (`least_exposed_s`, `chain_s`) too, stages 0-2: the largest step S (`lo` a
+    proven bound on the step) proven below every plan's step by the same group and the gradient
+    reductions, multi-phase plans included. Every rank c issues layer K-1's reduction no sooner
+    than its last micro-batch L ends less that micro-batch's backward of layers K-2..0, and the
+    link then runs the whole chain (`chain_s`, `schedule.reduction_chain_s` at K-1), so S >=
+    end(L) - below(L) + chain_s. On the p ranks of the longest sample i's micro-batch X (time T
+    >= i's exact time alone): if X is a rank's last micro-batch, end(X) - below(X) is X's start
+    plus what X runs outside that backward, at least i's (`_GroupOf.top`: K forwards, the head,
+    the top backward, which only grow as samples join X), so X starts by S - chain_s - top and
+    the rank runs at most that before it. If some L runs after X, below(L) < time(L) <= end(L) -
+    end(X) gives S > end(X) + chain_s >= T + chain_s, so where S <= T + chain_s no rank runs
+    anything after X. The busy time is at most S - `least_exposed_s`, so each rank of the group
+    runs other micro-batches for at most min(M - T, S - chain_s - top) there, or M - T where S >
+    T + chain_s, and the knapsack (`_taken`, `_Own` included) holds with that room. It binds
+    where the reduction chain outlasts the longest sample's backward."""
     if len(work.tokens) < 2 or not math.isfinite(lo) or lo <= 0:
         return lo
     n = cm.cluster.num_gpus
     group, rest = group if group is not None else longest_group(work, cm, sizes)
     own = _Own.of(work, fixed_floor_s) if fixed_floor_s is not None else None
 
-    def feasible(m: float) -> bool:
+    def feasible(value: float) -> bool:
+        m = value if chain is None else value - chain[0]
         cost = work.costs(m)  # cheapest GPU-seconds of each sample within m, outside the group
-        total = float(np.dot(np.where(rest > 0, cost, 0.0), rest))
-        if not math.isfinite(total):
-            return False
-        for k, p in enumerate(group.sizes):
-            if group.solo[k] > m:
-                continue
-            outside = (n - p) * m + _FEAS_RTOL * total
-            if own is not None and m - max(a for a, _ in group.forms[k]) >= own.floor:
-                # Multi-phase plans whose p ranks have room for micro-batches of their own.
-                if all(total - own.capped(_room_or_saved(cost, marg, rest, p * (m - alone)), cost, marg, rest, p,
-                                          m, m - alone, m - alone) <= outside
-                       for alone, marg in group.forms[k]):
-                    return True
-                continue
-            # Every form bounds the group's time: the split must fit each of them.
-            if all(total - _saved(cost, marg, rest, p * (m - alone)) <= outside
-                   for alone, marg in group.forms[k]):
-                return True
-        return False
-
-    return _raised(feasible, lo)
-
-
-def step_group_bound(work: object, cm: CostModel, sizes: Sequence[int], lo: float, fixed_floor_s: float,
-                     least_exposed_s: float, chain_s: float, group: LongestGroup | None = None) -> float:
-    """The largest step S (at least `lo`, a proven bound on the step) proven below every plan's
-    step by the longest sample's group and the gradient reductions (stages 0-2): for every plan
-    the executor can run, multi-phase ones included.
-
-    Every rank c issues layer K-1's reduction no sooner than its last micro-batch L ends less
-    that micro-batch's backward of layers K-2..0, and the link then runs the whole chain
-    (`chain_s`, `schedule.reduction_chain_s` at K-1), so S >= end(L) - below(L) + chain_s. On
-    the p ranks of the longest sample i's micro-batch X (time T >= i's exact time alone): if X
-    is a rank's last micro-batch, end(X) - below(X) is X's start plus what X runs outside that
-    backward, at least i's (`_GroupOf.top`: K forwards, the head, the top backward, which only
-    grow as samples join X), so X starts by S - chain_s - top and the rank runs at most that
-    before it. If some L runs after X, below(L) < time(L) <= end(L) - end(X) gives S > end(X) +
-    chain_s >= T + chain_s, so where S <= T + chain_s no rank runs anything after X. The
-    busy time is at most S - `least_exposed_s`, so each rank of the group runs other
-    micro-batches for at most min(M - T, S - chain_s - top) there, or M - T where S > T + chain_s,
-    and the knapsack of `group_bound` (with `fixed_floor_s`, `_Own` included) holds with that
-    room. It binds where the reduction chain outlasts the longest sample's backward."""
-    if len(work.tokens) < 2 or not math.isfinite(lo) or lo <= 0:
-        return lo
-    n = cm.cluster.num_gpus
-    group, rest = group if group is not None else longest_group(work, cm, sizes)
-    own = _Own.of(work, fixed_floor_s)
-
-    def feasible(step: float) -> bool:
-        m = step - least_exposed_s
-        cost = work.costs(m)
         total = float(np.dot(np.where(rest > 0, cost, 0.0), rest))
         if not math.isfinite(total):
             return False
@@ -285,12 +252,20 @@ def step_group_bound(work: object, cm: CostModel, sizes: Sequence[int], lo: floa
             solo = group.solo[k]
             if solo > m:
                 continue
-            room = m - solo if step > solo + chain_s else min(m - solo, step - chain_s - group.top[k])
-            if room < 0:
-                continue  # no rank of the group can end X in time
             outside = (n - p) * m + _FEAS_RTOL * total
-            if all(total - _taken(own, cost, marg, rest, p, m, m - alone, room) <= outside
-                   for alone, marg in group.forms[k]):
+            forms = group.forms[k]
+            if chain is not None:  # the step: the group's ranks have `room` for their own
+                room = m - solo if value > solo + chain[1] else min(m - solo, value - chain[1] - group.top[k])
+                if room < 0:
+                    continue  # no rank of the group can end X in time
+                taken = (_taken(own, cost, marg, rest, p, m, m - alone, room) for alone, marg in forms)
+            elif own is not None and m - max(a for a, _ in forms) >= own.floor:  # room for their own
+                taken = (own.capped(_room_or_saved(cost, marg, rest, p * (m - alone)), cost, marg, rest, p, m,
+                                    m - alone, m - alone) for alone, marg in forms)
+            else:
+                taken = (_saved(cost, marg, rest, p * (m - alone)) for alone, marg in forms)
+            # Every form bounds the group's time: the split must fit each of them.
+            if all(total - t <= outside for t in taken):
                 return True
         return False
 
@@ -328,7 +303,7 @@ LongestGroup = tuple[_GroupOf, np.ndarray]
 def longest_group(work: object, cm: CostModel, sizes: Sequence[int]) -> LongestGroup:
     """The longest sample's costs per size (`_GroupOf`) and every distinct sample's count besides
     it (the longest sample itself taken off; its twins stay with the others): what `group_bound`
-    and `step_group_bound` read, built once for the bounds of one batch."""
+    reads, built once for the bounds of one batch."""
     longest = int(np.argmax(work.solo_best))
     group = _GroupOf(cm, sizes, work.tokens, work.pairs, longest, work.memory_caps, work.coefs)
     rest = work.weight.copy()
