@@ -143,11 +143,14 @@ def _layer_s(cm: CostModel, phase: str, tokens: int, pairs: int) -> float:
 
 def model_points(profile: HardwareProfile, model: str) -> Any:
     """Whole 1- and 2-layer models (embedding, head and loss included): measured beside
-    `CostModel.time_s` of a model that deep (pandas DataFrame, like `layer_points`)."""
+    `CostModel.time_s` of a model that deep (pandas DataFrame, like `layer_points`). The model
+    without layers, which the head is fitted on, is left out (a model spec has a layer)."""
     import pandas as pd
 
     rows = []
     for p in fit_meta(profile, model).get("model_points", []):
+        if p["layers"] == 0:
+            continue
         cms = cost_models(profile, model, num_layers=p["layers"])
         rows.append({"set": "model", "phase": f"{p['layers']}-layer model", "tokens": p["tokens"],
                      "attn_pairs": p["attn_pairs"], "measured_s": p["seconds"],

@@ -228,19 +228,23 @@ def pricing_line(hardware: str, hw: HardwareProfile, spec: ModelSpec) -> str:
 
 def step_summary(step: int, plan: Plan, stats: StepStats) -> str:
     """One log line: loss, loss tokens, the plan's groups (SP layout: micro-batches; phases apart
-    by " | "), predicted versus measured step time."""
+    by " | "), predicted versus measured step time, and the rank's CPU time over the step beside it
+    (a measured time well above the CPU time is contention or waiting, not compute)."""
     groups = " | ".join(" ".join(f"sp{g.layout}:{len(g.microbatches)}mb" for g in phase) for phase in plan.phases())
     return (f"step {step:3d} loss {stats.loss:.4f} tokens {stats.loss_tokens:5d} groups [{groups}] "
-            f"predicted {stats.predicted_step_s * 1e3:8.2f} ms measured {stats.measured_step_s * 1e3:8.2f} ms")
+            f"predicted {stats.predicted_step_s * 1e3:8.2f} ms measured {stats.measured_step_s * 1e3:8.2f} ms "
+            f"(cpu {stats.cpu_step_s * 1e3:.2f} ms)")
 
 
 def write_step_stats(path: str, step: int, stats: StepStats) -> None:
-    """Append one JSON line: the step's micro-batches as planned and as measured (time; memory:
-    the plan's prediction and torch.cuda.max_memory_allocated, None on a CPU)."""
+    """Append one JSON line: the step's micro-batches as planned and as measured (wall time and
+    the rank's CPU time beside it; memory: the plan's prediction and torch.cuda.max_memory_allocated,
+    None on a CPU)."""
     rows = [dataclasses.asdict(m) for m in stats.microbatches]
     with open(path, "a") as f:
         f.write(json.dumps({"step": step, "loss": stats.loss, "predicted_step_s": stats.predicted_step_s,
-                            "measured_step_s": stats.measured_step_s, "microbatches": rows}) + "\n")
+                            "measured_step_s": stats.measured_step_s, "cpu_step_s": stats.cpu_step_s,
+                            "microbatches": rows}) + "\n")
 def lead_rank() -> bool:
     """Whether this process speaks for the job: rank 0 under torchrun, or a process on its own."""
     return rank() == 0

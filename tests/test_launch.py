@@ -36,7 +36,7 @@ def test_planned_batches_are_planned_for_this_job() -> None:
     assert (plan.strategy, plan.memory_limit_bytes) == ("dcp-greedy", 50e6)
     assert sorted(planned.local_samples(0)) == sorted(planned.sample_ids)
     stats = StepStats(loss=1.5, loss_tokens=42, predicted_step_s=plan.step_time_s, measured_step_s=0.25,
-                      grad_sync_s=0.0)
+                      grad_sync_s=0.0, cpu_step_s=0.125)
     line = step_summary(7, plan, stats)
     assert line.startswith("step   7 loss 1.5000 tokens    42 groups [sp1:")
-    assert line.endswith("measured   250.00 ms")
+    assert line.endswith("measured   250.00 ms (cpu 125.00 ms)")

@@ -37,9 +37,9 @@ class LayerFit:
     act_ckpt_bytes_per_token: float
     """Bytes one token keeps per checkpointed layer (its input)."""
     head_per_token_s: float = 0.0
-    """Embedding + LM head + loss, forward and backward, per token (dual-layer profile)."""
+    """Embedding + LM head + loss, forward and backward, per token (the model without layers, profiled)."""
     microbatch_fixed_s: float = 0.0
-    """Per micro-batch fixed cost outside the layers (dual-layer profile)."""
+    """Per micro-batch fixed cost outside the layers (the intercept of the model without layers, profiled)."""
     head_bytes_per_token: float = 0.0
     """Peak bytes per token of embedding/head/loss (logits)."""
     max_fitted_tokens: int = 0

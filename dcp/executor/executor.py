@@ -76,6 +76,12 @@ class MicroBatchStats:
     """The plan's memory of the micro-batch (the cost model's, per GPU)."""
     peak_memory_bytes: int | None = None
     """torch.cuda.max_memory_allocated during the micro-batch on this rank; None on a CPU."""
+    cpu_s: float = 0.0
+    """This rank's process CPU time over the micro-batch (time.process_time, every thread of the
+    process), beside `measured_s`, its wall time. On a CPU with one torch thread it is the
+    micro-batch's own work: it leaves out the waits for peers and the time other processes held
+    the cores, so a `measured_s` well above it reads as contention, not as a slow micro-batch.
+    On CUDA it is the host's launch work."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,9 @@ class StepStats:
     under that micro-batch's backward, and the wait for slower groups)."""
     microbatches: list[MicroBatchStats] = field(default_factory=list)
     """This rank's groups' micro-batches, in phase order (every group's with gather_stats=True)."""
+    cpu_step_s: float = 0.0
+    """This rank's process CPU time over the same span as `measured_step_s` (see
+    `MicroBatchStats.cpu_s`)."""
 
 
 class Executor:
@@ -141,7 +150,7 @@ class Executor:
     def step(self, plan: Plan, samples: Mapping[int, SampleTensors], loss_fn: LossFn) -> StepStats:
         """Run this rank's part of `plan` on `samples` (sample id -> tensors; at least those of this
         rank's groups) and leave the reduced, normalized gradients in `.grad` (overwritten)."""
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         state = self.state
         # Every check before the first collective, and with check_agreement every rank learns of
         # any rank's failure in the same all-gather: one bad plan or missing sample anywhere stops
@@ -163,7 +172,8 @@ class Executor:
         self.model.zero_grad(set_to_none=True)  # the step's gradients overwrite, never add to, the last
         loss_sum = torch.zeros((), dtype=torch.float64, device=state.device)
         loss_tokens = torch.zeros((), dtype=torch.float64, device=state.device)
-        runs: list[tuple[int, int, MicroBatch, Mark, Mark, int | None]] = []  # (group, index, mb, begin, end, peak)
+        # (group, index, mb, begin, end, peak, CPU seconds)
+        runs: list[tuple[int, int, MicroBatch, Mark, Mark, int | None, float]] = []
         cuda = state.device.type == "cuda"
         # Phase by phase: this rank's group of each phase, its micro-batches one after another
         # (stage 3: every slot of the plan, empty passes past its own). No barrier between
@@ -180,7 +190,7 @@ class Executor:
                 self._enter_group(group)
                 if cuda:  # the allocator's own count, kept on the host: no sync needed
                     torch.cuda.reset_peak_memory_stats(state.device)
-                begin = _mark(state.device)
+                begin, cpu_begin = _mark(state.device), time.process_time()
                 batch = pack_microbatch(mb.samples, specs, samples, sp_size=group.sp,
                                         sp_rank=state.rank - group.ranks[0], device=state.device,
                                         per_sample_keys=self.per_sample_keys, pad_values=self.pad_values,
@@ -190,25 +200,25 @@ class Executor:
                     out = self.forward_fn(self.model, batch)
                     mb_loss, mb_tokens = loss_fn(out, batch)
                 mb_loss.backward()
-                end = _mark(state.device)
+                end, cpu_s = _mark(state.device), time.process_time() - cpu_begin
                 peak = torch.cuda.max_memory_allocated(state.device) if cuda else None
                 loss_sum += mb_loss.detach().double()
                 loss_tokens += mb_tokens.detach().double() if torch.is_tensor(mb_tokens) else float(mb_tokens)
-                runs.append((run.group_index, run.index, mb, begin, end, peak))
+                runs.append((run.group_index, run.index, mb, begin, end, peak, cpu_s))
         finally:
             self._enter_group(None)
         sync_start = time.perf_counter()
         total_loss, total_tokens = self._normalize(loss_sum, loss_tokens)
-        now = time.perf_counter()
+        now, cpu_now = time.perf_counter(), time.process_time()
         # Read the marks only now: on CUDA that waits for the events, which must not delay
         # launching the all-reduce.
         stats = [MicroBatchStats(gi, mi, plan.groups[gi].sp, len(mb.samples), sum(specs[i].tokens for i in mb.samples),
-                                 mb.ckpt_layers, mb.time_s, _seconds(begin, end), mb.memory_bytes, peak)
-                 for gi, mi, mb, begin, end, peak in runs]
+                                 mb.ckpt_layers, mb.time_s, _seconds(begin, end), mb.memory_bytes, peak, cpu_s)
+                 for gi, mi, mb, begin, end, peak, cpu_s in runs]
         if self.gather_stats and state.world_size > 1:
             stats = self._gather(stats)
         return StepStats(total_loss / total_tokens, round(total_tokens), plan.step_time_s, now - start,
-                         now - sync_start, stats)
+                         now - sync_start, stats, cpu_now - cpu_start)
 
     def _empty_pass(self, loss_fn: LossFn) -> None:
         """A pass without a micro-batch: one token through the whole model, its loss times zero,

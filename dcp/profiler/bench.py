@@ -1,9 +1,9 @@
 """What the profiler runs: a layer (and optionally a whole model) described by factories.
 
 `LayerBench` is the Python API for profiling any model, not only dcp's reference ones: give
-a layer factory and an input builder (and, for the dual-layer profile of the embedding/head,
-a model factory taking a layer count), and `dcp.profiler.profile_bench` measures it exactly
-as `dcp profile` measures the reference models.
+a layer factory and an input builder (and, for the embedding/head and the micro-batch's fixed
+cost, a model factory taking a layer count), and `dcp.profiler.profile_bench` measures it
+exactly as `dcp profile` measures the reference models.
 
 Also here: which micro-batches to measure. At each token count of a geometric grid we run
 several packings -- one long sample, and many short ones -- because at a fixed token count
@@ -58,7 +58,9 @@ class LayerBench:
     layer_inputs: Callable[[Sequence[SampleShape]], Call]
     """Packed input of one micro-batch for the layer."""
     build_model: Callable[[int], torch.nn.Module] | None = None
-    """The whole model with n layers; its forward returns the scalar loss (dual-layer profile)."""
+    """The whole model with n layers; its forward returns the scalar loss. n = 0 (embedding, head
+    and loss alone) times what a micro-batch runs besides its layers; n = 1 and 2 give the head's
+    memory and a check of the parts' sum."""
     model_inputs: Callable[[Sequence[SampleShape]], Call] | None = None
     """Arguments of the model's forward: model(call.hidden, *call.args, **call.kwargs), e.g.
     token ids as `hidden` with requires_grad=False."""
@@ -90,8 +92,9 @@ def split_tokens(total: int, length: int) -> list[int]:
 
 
 def packing_grid(bench: LayerBench, min_tokens: int, max_tokens: int, *,
-                 min_sample: int = 64) -> list[list[SampleShape]]:
-    """Micro-batches to fit on: a geometric grid of token counts x packings.
+                 min_sample: int = 64, factor: float = 2.0) -> list[list[SampleShape]]:
+    """Micro-batches to fit on: a geometric grid of token counts (each `factor` times the last)
+    x packings.
 
     Per token count T: one sample of T tokens (most attention), samples of T/8 and of T/64
     tokens (least attention, most samples), never shorter than `min_sample` tokens. Spatial-temporal samples
@@ -99,7 +102,7 @@ def packing_grid(bench: LayerBench, min_tokens: int, max_tokens: int, *,
     16-fold), which is what separates the per-pair term for video models."""
     frame_options = (1, 16) if bench.attention == "spatial_temporal" else (1,)
     grid: list[list[SampleShape]] = []
-    for total in geometric_grid(min_tokens, max_tokens, 2.0):
+    for total in geometric_grid(min_tokens, max_tokens, factor):
         for length in sorted({max(min_sample, total // d) for d in (1, 8, 64)}, reverse=True):
             for frames in frame_options:
                 if frames == 1 or length >= 16 * frames:  # at least 16 tokens per frame

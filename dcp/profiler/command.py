@@ -58,8 +58,10 @@ def profile(model: str | None, device: str, dtype: str | None, quick: bool, base
 
     Times one layer of the model's reference implementation over a geometric grid of
     micro-batch sizes and packings (forward, backward, recompute, activation memory), the
-    embedding/head from 1- and 2-layer runs, and, under torchrun, all-to-all per group size.
-    Fits by non-negative least squares and reports the held-out error.
+    embedding/head and the micro-batch's fixed cost on the model without layers, and, under
+    torchrun, all-to-all per group size. Each point keeps the fastest of its repeats. Fits by
+    non-negative least squares; a component with R^2 below 0.9 is measured again on a denser
+    grid, and if still below, named (the profile is written, flagged). Reports the held-out error.
 
     On CPU the default model is tiny-llama (a 64-wide layer whose attention already dominates
     at 4K tokens) timed on one thread; on CUDA, llama-7b.
@@ -72,7 +74,7 @@ def profile(model: str | None, device: str, dtype: str | None, quick: bool, base
       torchrun --nproc-per-node 8 -m dcp.cli profile --device cuda -o h200.json
     """
     from dcp.profiler import comm
-    from dcp.profiler.fitting import MAPE_THRESHOLD
+    from dcp.profiler.fitting import MAPE_THRESHOLD, R2_THRESHOLD
     from dcp.profiler.profile import ProfileOptions, profile_model
     from dcp.profiler.report import fit_table, mape_panel, validation_table
     from dcp.profiler.validate import validate_profile
@@ -109,6 +111,10 @@ def profile(model: str | None, device: str, dtype: str | None, quick: bool, base
         return
     write_whole(output, lambda tmp: save_hardware(prof, tmp))
     console.print(fit_table(prof, spec.name))
+    for name, r2 in prof.meta["fits"][spec.name].get("r2_below", {}).items():
+        console.print(f"[bold red]{spec.name}: {name} fit R^2 {r2:.3f} is below {R2_THRESHOLD} after re-measuring it "
+                      "on a denser grid with twice the repeats; the profile is written, flagged (meta.fits."
+                      f"{spec.name}.r2_below)[/bold red]")
     if not prof.meta.get("comm", {}).get("measured"):
         console.print(f"[yellow]{prof.meta['comm']['why']}[/yellow]")
     console.print(mape_panel(spec.name, prof.fits[spec.name].heldout_mape))

@@ -2,14 +2,17 @@
 
 One layer at SP size 1 is what the cost model's per-layer coefficients describe; a
 checkpointed run of the same micro-batch gives the cost of recomputation (its forward runs
-without saving, its backward re-runs the forward first). The whole model with one and with
-two layers isolates what lies outside the layers (embedding, head, loss): t1 = M + L and
-t2 = M + 2L give M = 2 t1 - t2 (the DCP paper's dual-layer profile).
+without saving, its backward re-runs the forward first). What lies outside the layers
+(embedding, head, loss, and the micro-batch's fixed cost) is timed on the model with no layers,
+directly: the DCP paper's dual-layer difference M = 2 t1 - t2 subtracts two times each several
+times M, so a few percent of noise in them becomes tens of percent in M (on one CPU thread
+tiny-llama's head is a fifth of a 1-layer step and the difference's R^2 fell below 0.5). The
+whole model with one and two layers is still measured: its memory gives the head's bytes, and
+its time checks the sum of the parts.
 """
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -19,17 +22,18 @@ from torch.utils.checkpoint import checkpoint
 from dcp.profiler.bench import Call, LayerBench, SampleShape
 from dcp.profiler.timing import (
     Stopwatch,
+    Timed,
     compute_clock,
     count_saved_bytes,
     cuda_memory,
-    median_time,
+    min_time,
     synchronize,
 )
 
 
 @dataclass(frozen=True)
 class Repeats:
-    """How hard to measure: untimed warm-up runs, then timed repeats (their median is kept)."""
+    """How hard to measure: untimed warm-up runs, then timed repeats (the fastest is kept)."""
 
     warmup: int = 2
     repeats: int = 5
@@ -37,7 +41,8 @@ class Repeats:
 
 @dataclass(frozen=True)
 class LayerPoint:
-    """One layer on one micro-batch: medians of forward, backward and checkpointed fwd+bwd."""
+    """One layer on one micro-batch: the fastest forward, backward and checkpointed fwd+bwd of the
+    repeats, on the compute clock (`dcp.profiler.timing`), and on the wall clock beside them."""
 
     tokens: int
     attn_pairs: int
@@ -50,6 +55,9 @@ class LayerPoint:
     """Activation bytes the non-checkpointed layer keeps until its backward."""
     ckpt_act_bytes: int
     """Bytes a checkpointed layer keeps (its input)."""
+    fwd_wall_s: float = 0.0
+    bwd_wall_s: float = 0.0
+    ckpt_wall_s: float = 0.0
 
     @property
     def train_s(self) -> float:
@@ -64,10 +72,12 @@ class ModelPoint:
     attn_pairs: int
     layers: int
     ckpt_layers: int
-    """Layers the model checkpointed in this run (0 in the dual-layer profile)."""
+    """Layers the model checkpointed in this run (0 in the head and whole-model profile)."""
     seconds: float
     act_bytes: int
     """CUDA: peak bytes above the idle model during the step; CPU: bytes saved for backward."""
+    wall_s: float = 0.0
+    """`seconds` on the wall clock (the fastest repeat's)."""
 
 
 def _leaf(call: Call) -> torch.Tensor:
@@ -82,39 +92,44 @@ def measure_layer(layer: torch.nn.Module, bench: LayerBench, samples: Sequence[S
     watch = Stopwatch(dev, compute_clock())
     grad_out = torch.randn_like(layer(call.hidden, *call.args, **call.kwargs)).detach()
 
-    def plain(timed: bool) -> tuple[float, float]:
+    def reading() -> tuple[float, float]:
+        return watch.seconds(), watch.wall_seconds()
+
+    def plain() -> tuple[tuple[float, float], tuple[float, float]]:
         x = _leaf(call)
         watch.start()
         out = layer(x, *call.args, **call.kwargs)
         watch.stop()
-        fwd = watch.seconds() if timed else 0.0
+        fwd = reading()
         watch.start()
         torch.autograd.backward(out, grad_out)
         watch.stop()
-        return fwd, watch.seconds() if timed else 0.0
+        return fwd, reading()
 
-    def ckpt() -> float:
+    def ckpt() -> tuple[float, float]:
         x = _leaf(call)
         watch.start()
         out = checkpoint(layer, x, *call.args, use_reentrant=False, **call.kwargs)
         torch.autograd.backward(out, grad_out)
         watch.stop()
-        return watch.seconds()
+        return reading()
 
     for _ in range(reps.warmup):
-        plain(False)
+        plain()
         ckpt()
     synchronize(dev)
     fwd, bwd, ck = [], [], []
     for _ in range(reps.repeats):
-        f, b = plain(True)
+        f, b = plain()
         fwd.append(f)
         bwd.append(b)
         ck.append(ckpt())
+    f, b, c = Timed.best(fwd), Timed.best(bwd), Timed.best(ck)
     return LayerPoint(
         tokens=sum(s.tokens for s in samples), attn_pairs=bench.pairs(samples), num_samples=len(samples),
-        fwd_s=statistics.median(fwd), bwd_s=statistics.median(bwd), ckpt_s=statistics.median(ck),
+        fwd_s=f.seconds, bwd_s=b.seconds, ckpt_s=c.seconds,
         act_bytes=_layer_act_bytes(layer, call, dev), ckpt_act_bytes=_layer_act_bytes(layer, call, dev, ckpt=True),
+        fwd_wall_s=f.wall_s, bwd_wall_s=b.wall_s, ckpt_wall_s=c.wall_s,
     )
 
 
@@ -157,7 +172,7 @@ def measure_model(model: torch.nn.Module, bench: LayerBench, samples: Sequence[S
 
     # The first step allocates .grad of every parameter; later ones accumulate into them, as
     # gradient accumulation does, so the measured peak is activations and not grad buffers.
-    seconds = median_time(step, dev, warmup=max(1, reps.warmup), repeats=reps.repeats)
+    timed = min_time(step, dev, warmup=max(1, reps.warmup), repeats=reps.repeats)
     if dev.type == "cuda":
         with cuda_memory(dev) as mem:
             step()
@@ -168,5 +183,5 @@ def measure_model(model: torch.nn.Module, bench: LayerBench, samples: Sequence[S
         loss.backward()
         act = saved.total
     return ModelPoint(tokens=sum(s.tokens for s in samples), attn_pairs=bench.pairs(samples), layers=layers,
-                      ckpt_layers=ckpt_layers, seconds=seconds, act_bytes=act)
+                      ckpt_layers=ckpt_layers, seconds=timed.seconds, act_bytes=act, wall_s=timed.wall_s)
 

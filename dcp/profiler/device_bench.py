@@ -17,7 +17,7 @@ import torch
 from dcp.costmodel.attention import fit_attention_rate
 from dcp.models.attention import attention_backend, varlen_attention
 from dcp.models.packing import PackedSeqs
-from dcp.profiler.timing import Stopwatch, compute_clock, median_time, synchronize
+from dcp.profiler.timing import Stopwatch, compute_clock, min_time, synchronize
 
 
 @dataclass(frozen=True)
@@ -63,9 +63,9 @@ def _attention_times(length: int, total: int, heads: int, hd: int, device: torch
     seqs = PackedSeqs.pack([length] * (total // length), device=device)
     q, k, v = (torch.randn(seqs.total, heads, hd, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
     grad = torch.randn(seqs.total, heads, hd, device=device, dtype=dtype)
-    fwd_s = median_time(lambda: varlen_attention(q, k, v, seqs, "causal"), device, **reps)
+    fwd_s = min_time(lambda: varlen_attention(q, k, v, seqs, "causal"), device, **reps).seconds
     out = varlen_attention(q, k, v, seqs, "causal")
-    bwd_s = median_time(lambda: torch.autograd.backward(out, grad, retain_graph=True), device, **reps)
+    bwd_s = min_time(lambda: torch.autograd.backward(out, grad, retain_graph=True), device, **reps).seconds
     return fwd_s, bwd_s
 
 
@@ -92,7 +92,7 @@ def measure_device(device: torch.device, dtype: torch.dtype, *, quick: bool) -> 
     # second: 8192^3 is where an H200 reaches its ~790 TFLOP/s bf16.
     n = 8192 if cuda else (512 if quick else 1024)
     a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-    mm_s = median_time(lambda: a @ b, device, **reps)
+    mm_s = min_time(lambda: a @ b, device, **reps).seconds
     matmul = 2.0 * n**3 / mm_s
 
     points, backend = attention_sweep(device, dtype, quick=quick, reps=reps)
@@ -102,7 +102,7 @@ def measure_device(device: torch.device, dtype: torch.dtype, *, quick: bool) -> 
     elems = (1 << 28) if cuda else (1 << 23)
     src = torch.empty(elems, device=device, dtype=torch.float32)
     dst = torch.empty_like(src)
-    copy_s = median_time(lambda: dst.copy_(src), device, **reps)
+    copy_s = min_time(lambda: dst.copy_(src), device, **reps).seconds
     bw = 2.0 * src.nelement() * 4 / copy_s  # a copy reads and writes every byte
     launch = kernel_launch_s(device)
 

@@ -26,6 +26,12 @@ when its time estimates are off by more than the gaps between candidate plans (D
 per-bucket decisions differ by 10-30% in step time, paper Fig. 9)."""
 
 
+R2_THRESHOLD = 0.9
+"""Every fitted component of a profile (forward, backward, recompute, head+loss) must explain
+this share of its points' variance, or be re-measured and, still below, named in the profile
+(docs/tuning-log.md)."""
+
+
 class FitError(ValueError):
     """Too few or degenerate points to fit."""
 

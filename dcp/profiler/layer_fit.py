@@ -5,9 +5,14 @@ Per layer at SP size 1 (docs/design.md, "The cost model"), each of forward, back
     t(T, A) = fixed + per_token * T + per_pair * A         T tokens, A attention pairs
 
 fitted by non-negative least squares on the grid points. Recompute is the extra time a
-checkpointed layer costs over a plain one: ckpt_s - (fwd_s + bwd_s) (its forward runs without
-saving; its backward re-runs the forward first). Outside the layers, the dual-layer difference
-M = 2 t(1 layer) - t(2 layers) gives the embedding/head/loss cost: M = fixed + per_token * T.
+checkpointed layer costs over a plain one: ckpt_s - (fwd_s + bwd_s) of each point, measured (its
+forward runs without saving; its backward re-runs the forward first). Outside the layers, the
+model with no layers gives the embedding/head/loss cost and the micro-batch's fixed cost:
+M = fixed + per_token * T.
+
+Every component's fit must explain at least `R2_THRESHOLD` of its points' variance; the profiler
+re-measures a component below it on a denser grid with more repeats (dcp.profiler.profile), and
+`LayerFitReport.below_threshold` names what still fails.
 
 The fit is judged on held-out micro-batches (random mixed packings never fitted on), both
 plain and checkpointed: `heldout_mape` is the mean relative error of the predicted layer
@@ -16,7 +21,6 @@ time (fwd + bwd, + recompute when checkpointed) against the measured one.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -25,9 +29,15 @@ import numpy as np
 
 from dcp.costmodel import LayerFit
 from dcp.profiler.compute import LayerPoint, ModelPoint
-from dcp.profiler.fitting import FitError, LinearFit, fit_nnls, mape
+from dcp.profiler.fitting import R2_THRESHOLD, FitError, LinearFit, fit_nnls, mape
 
 TERMS = ("fixed", "per_token", "per_pair")
+COMPONENTS = ("forward", "backward", "recompute", "head+loss")
+"""The fitted components, as the profile names them (the head's fit holds the micro-batch's
+fixed cost: its intercept)."""
+LAYER_COMPONENTS = COMPONENTS[:3]
+"""Fitted on the layer grid (re-measuring one re-measures the grid); the head on the model
+without layers."""
 
 
 def _features(points: Sequence[LayerPoint]) -> np.ndarray:
@@ -49,6 +59,14 @@ class LayerFitReport:
     diagnostics: dict[str, float]
     """Not part of the fit: see `per_sample_diagnostic`."""
 
+    def components(self) -> dict[str, LinearFit | None]:
+        return dict(zip(COMPONENTS, (self.fwd, self.bwd, self.rec, self.head), strict=True))
+
+    def below_threshold(self, threshold: float = R2_THRESHOLD) -> dict[str, float]:
+        """Component -> R^2 of every fitted component whose R^2 is below `threshold` (a NaN
+        fails too); a component not measured (no model: no head) is not judged."""
+        return {name: f.r2 for name, f in self.components().items() if f is not None and not f.r2 >= threshold}
+
     def to_meta(self, points: Sequence[LayerPoint], model_points: Sequence[ModelPoint]) -> dict[str, Any]:
         """Raw points, coefficients, R^2 and errors, JSON-ready."""
         def lin(f: LinearFit | None) -> dict[str, Any] | None:
@@ -66,24 +84,21 @@ def fit_compute(points: Sequence[LayerPoint]) -> tuple[LinearFit, LinearFit, Lin
     x = _features(points)
     fwd = fit_nnls(x, [p.fwd_s for p in points], TERMS)
     bwd = fit_nnls(x, [p.bwd_s for p in points], TERMS)
-    # The recompute target is a difference of measurements and may dip below zero on a noisy
+    # The recompute target is each point's measured difference (not the residual of the two
+    # fits, which would carry their shape errors into it) and may dip below zero on a noisy
     # point; weight by the checkpointed time itself, so the error is still relative.
     ckpt = np.array([p.ckpt_s for p in points])
-    rec = fit_nnls(x, ckpt - fwd.predict(x) - bwd.predict(x), TERMS, weights=1.0 / ckpt)
+    rec = fit_nnls(x, [p.ckpt_s - p.fwd_s - p.bwd_s for p in points], TERMS, weights=1.0 / ckpt)
     return fwd, bwd, rec
 
 
 def fit_head(model_points: Sequence[ModelPoint]) -> LinearFit | None:
-    """Embedding/head/loss time M(T) = fixed + per_token * T from 1- and 2-layer runs."""
-    by_batch: dict[tuple[int, int], dict[int, float]] = defaultdict(dict)
-    for p in model_points:
-        by_batch[(p.tokens, p.attn_pairs)][p.layers] = p.seconds
-    rows = [(t, v[1], 2 * v[1] - v[2]) for (t, _), v in sorted(by_batch.items()) if {1, 2} <= v.keys()]
-    if len(rows) < 2:
+    """Embedding/head/loss time M(T) = fixed + per_token * T, from the model without layers;
+    `fixed` is the micro-batch's fixed cost outside its layers. None without such points."""
+    rows = [p for p in model_points if p.layers == 0]
+    if len(rows) < 3:
         return None
-    t1 = np.array([r[1] for r in rows])
-    return fit_nnls([[1.0, r[0]] for r in rows], [r[2] for r in rows], ("fixed", "per_token"),
-                    weights=1.0 / t1)
+    return fit_nnls([[1.0, p.tokens] for p in rows], [p.seconds for p in rows], ("fixed", "per_token"))
 
 
 def activation_bytes(points: Sequence[LayerPoint]) -> tuple[float, float]:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import datetime
 import platform
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -24,9 +24,10 @@ from dcp.profiler import comm
 from dcp.profiler.bench import LayerBench, heldout_batches, packing_grid, split_tokens
 from dcp.profiler.compute import LayerPoint, ModelPoint, Repeats, measure_layer, measure_model
 from dcp.profiler.device_bench import measure_device
-from dcp.profiler.fitting import MAPE_THRESHOLD, geometric_grid
-from dcp.profiler.layer_fit import LayerFitReport, fit_layer
+from dcp.profiler.fitting import MAPE_THRESHOLD, R2_THRESHOLD, geometric_grid
+from dcp.profiler.layer_fit import LAYER_COMPONENTS, LayerFitReport, fit_layer
 from dcp.profiler.reference import DTYPES
+from dcp.profiler.timing import clock_name
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,7 +44,7 @@ class ProfileOptions:
     heldout: int | None = None
     """Held-out micro-batches for the MAPE."""
     head_max_tokens: int | None = None
-    """Largest micro-batch of the dual-layer (head) runs; default min(max_tokens, 32K): the head
+    """Largest micro-batch of the whole-model (head; 1 and 2 layers) runs; default min(max_tokens, 32K): the head
     is linear in tokens, and a 128K-token batch's fp32 logits of a 32K vocabulary alone take 16 GB."""
     seed: int = 0
     device_bench: bool = True
@@ -74,10 +75,17 @@ class ProfileOptions:
 
     @property
     def repeats(self) -> Repeats:
-        """GPU kernels repeat to a fraction of a percent, so 3 repeats do there; CPUs need more."""
+        """GPU kernels repeat to a fraction of a percent, so 3 repeats do there; a CPU's fastest
+        run needs more draws to be found (docs/tuning-log.md, `CPU_REPEATS`)."""
         if self.quick or self.device == "cuda":
             return Repeats(warmup=1, repeats=3)
-        return Repeats(warmup=2, repeats=5)
+        return Repeats(warmup=2, repeats=CPU_REPEATS)
+
+
+CPU_REPEATS = 7
+"""Timed repeats of every CPU point (the fastest kept; docs/tuning-log.md)."""
+DENSER = 2.0 ** 0.5
+"""Grid step of a re-measurement: the first pass's factor 2 halved in log space (twice the points)."""
 
 
 def track(progress: Any, items: Sequence[Any], what: str) -> Iterable[Any]:
@@ -91,30 +99,93 @@ def track(progress: Any, items: Sequence[Any], what: str) -> Iterable[Any]:
         progress.advance(task)
 
 
-def measure_bench(bench: LayerBench, opts: ProfileOptions, progress: Any = None
-                  ) -> tuple[list[LayerPoint], list[ModelPoint], list[LayerPoint]]:
-    """Grid points, dual-layer model points and held-out points of one bench."""
+@dataclass
+class Measured:
+    """What a bench measured: layer grid points, whole-model points (0 layers: the head; 1 and 2),
+    held-out points, and which components were re-measured."""
+
+    points: list[LayerPoint]
+    model_points: list[ModelPoint]
+    heldout: list[LayerPoint]
+    remeasured: list[str] = field(default_factory=list)
+
+
+def layer_grid(bench: LayerBench, layer: torch.nn.Module, o: ProfileOptions, reps: Repeats, factor: float,
+               progress: Any = None) -> list[LayerPoint]:
+    assert o.min_tokens and o.max_tokens
+    grid = packing_grid(bench, o.min_tokens, o.max_tokens, factor=factor)
+    return [measure_layer(layer, bench, s, reps) for s in track(progress, grid, "layer grid")]
+
+
+def head_grid(bench: LayerBench, o: ProfileOptions, reps: Repeats, factor: float,
+              progress: Any = None) -> list[ModelPoint]:
+    """The model without layers from a sixteenth of the smallest grid point up: its fixed cost is
+    the intercept, so the line needs points near zero tokens."""
+    assert bench.build_model is not None and o.min_tokens and o.head_max_tokens
+    model = bench.build_model(0)
+    lo = max(16, o.min_tokens // 16)
+    totals = geometric_grid(lo, max(lo, o.head_max_tokens), factor)
+    return [measure_model(model, bench, [bench.shape(n) for n in split_tokens(total, min(total, 512))], 0, reps)
+            for total in track(progress, totals, "head (no layers)")]
+
+
+def measure_bench(bench: LayerBench, opts: ProfileOptions, progress: Any = None) -> Measured:
+    """Grid points, whole-model points (0, 1 and 2 layers) and held-out points of one bench."""
     o, reps = opts.resolved(), opts.repeats
     assert o.min_tokens and o.max_tokens and o.heldout is not None
     layer = bench.build_layer()
-    grid = packing_grid(bench, o.min_tokens, o.max_tokens)
     # One untimed pass over the largest point first: thread pools, allocator growth and kernel
     # selection happen once per process and would otherwise inflate the first points.
-    measure_layer(layer, bench, grid[-1], Repeats(warmup=1, repeats=1))
-    points = [measure_layer(layer, bench, s, reps) for s in track(progress, grid, "layer grid")]
+    measure_layer(layer, bench, packing_grid(bench, o.min_tokens, o.max_tokens)[-1], Repeats(warmup=1, repeats=1))
+    points = layer_grid(bench, layer, o, reps, 2.0, progress)
     heldout = heldout_batches(bench, o.min_tokens, o.max_tokens, o.heldout, seed=o.seed + 1)
     held = [measure_layer(layer, bench, s, reps) for s in track(progress, heldout, "held-out")]
     model_points: list[ModelPoint] = []
     if bench.build_model is not None:
-        # The head's cost is per token; short samples keep attention (already fitted) small.
+        model_points += head_grid(bench, o, reps, 2.0, progress)
+        # Whole 1- and 2-layer models: the head's memory, and a check of the parts' sum.
         assert o.head_max_tokens is not None
         totals = geometric_grid(o.min_tokens, max(o.min_tokens, o.head_max_tokens), 4.0 if o.quick else 2.0)
         models = {n: bench.build_model(n) for n in (1, 2)}
-        for total in track(progress, totals, "dual-layer (1 and 2 layers)"):
+        for total in track(progress, totals, "whole model (1 and 2 layers)"):
             samples = [bench.shape(n) for n in split_tokens(total, min(total, 512))]
             model_points += [measure_model(models[n], bench, samples, n, reps) for n in (1, 2)]
         del models
-    return points, model_points, held
+    return Measured(points, model_points, held)
+
+
+def _fastest(old: Sequence[Any], new: Sequence[Any], key: Callable[[Any], tuple[int, ...]]) -> list[Any]:
+    """`new` with each point that `old` also measured (same `key`) given the faster reading of
+    every timed field (the minimum over both passes' repeats), then `old`'s other points."""
+    before = {key(p): p for p in old}
+    out = []
+    for p in new:
+        q = before.pop(key(p), None)
+        if q is not None:
+            p = replace(p, **{f: min(getattr(p, f), getattr(q, f)) for f in asdict(p)
+                              if f.endswith("_s") or f == "seconds"})
+        out.append(p)
+    return out + list(before.values())
+
+
+def remeasure(bench: LayerBench, opts: ProfileOptions, m: Measured, failing: Iterable[str],
+              progress: Any = None) -> Measured:
+    """Measure the failing components again on a grid twice as dense (`DENSER`) with twice the
+    repeats; each point measured in both passes keeps its fastest reading."""
+    o, reps = opts.resolved(), opts.repeats
+    more = Repeats(warmup=reps.warmup, repeats=2 * reps.repeats)
+    failing = set(failing)
+    points, model_points, again = m.points, m.model_points, []
+    if failing & set(LAYER_COMPONENTS):
+        new = layer_grid(bench, bench.build_layer(), o, more, DENSER, progress)
+        points = _fastest(m.points, new, lambda p: (p.tokens, p.num_samples, p.attn_pairs))
+        again += [c for c in LAYER_COMPONENTS if c in failing]
+    if "head+loss" in failing and bench.build_model is not None:
+        heads = [p for p in m.model_points if p.layers == 0]
+        new = _fastest(heads, head_grid(bench, o, more, DENSER, progress), lambda p: (p.tokens, p.attn_pairs))
+        model_points = new + [p for p in m.model_points if p.layers != 0]
+        again.append("head+loss")
+    return Measured(points, model_points, m.heldout, m.remeasured + again)
 
 
 def device_description(device: torch.device) -> str:
@@ -130,9 +201,11 @@ def stamp(device: torch.device) -> str:
 
 def build_profile(base: HardwareProfile, bench: LayerBench, report: LayerFitReport,
                   points: Sequence[LayerPoint], model_points: Sequence[ModelPoint], opts: ProfileOptions,
-                  *, spec: ModelSpec | None = None, device_bench: Any = None, comm_result: Any = None
-                  ) -> HardwareProfile:
-    """The base profile with this measurement's fit, device numbers and network numbers."""
+                  *, spec: ModelSpec | None = None, device_bench: Any = None, comm_result: Any = None,
+                  remeasured: Sequence[str] = ()) -> HardwareProfile:
+    """The base profile with this measurement's fit, device numbers and network numbers. A
+    component whose R^2 is below `R2_THRESHOLD` after its re-measurement is named in
+    meta["fits"][model]["r2_below"] and in meta["warnings"]: the profile is kept, flagged."""
     o = opts.resolved()
     where = device_description(bench.device)
     when = stamp(bench.device)
@@ -160,12 +233,22 @@ def build_profile(base: HardwareProfile, bench: LayerBench, report: LayerFitRepo
                      f"from the base preset {base.name!r}; launch `dcp profile` with torchrun to measure them"}
     fits = {**base.fits, bench.name: fit}
     prior = base.meta.get("fits", {}) if base.meta.get("kind") == "dcp profile" else {}
+    below = report.below_threshold()
+    reps = o.repeats
     fit_meta = {**report.to_meta(points, model_points), "tokens_range": [o.min_tokens, o.max_tokens],
-                "dtype": o.dtype, "quick": o.quick, "model": spec.to_dict() if spec else None}
+                "dtype": o.dtype, "quick": o.quick, "model": spec.to_dict() if spec else None,
+                "r2": {name: f.r2 for name, f in report.components().items() if f is not None},
+                "r2_threshold": R2_THRESHOLD, "r2_below": below, "remeasured": list(remeasured),
+                "timing": {"clock": clock_name(bench.device), "kept": "fastest of the repeats",
+                           "warmup": reps.warmup, "repeats": reps.repeats,
+                           "remeasured_repeats": 2 * reps.repeats if remeasured else None,
+                           "wall": "each point's fastest wall-clock reading beside it (*_wall_s, wall_s)"}}
     all_fields = [f for f in HardwareProfile.__dataclass_fields__ if f not in ("name", "sources", "fits", "meta")]
     warnings = []
     if fit.heldout_mape is not None and fit.heldout_mape > MAPE_THRESHOLD:
         warnings.append(f"{bench.name}: held-out MAPE {fit.heldout_mape:.1%} exceeds {MAPE_THRESHOLD:.0%}")
+    warnings += [f"{bench.name}: {name} fit R^2 {r2:.3f} is below {R2_THRESHOLD} after re-measuring it"
+                 for name, r2 in below.items()]
     meta = {
         "kind": "dcp profile", "created": datetime.datetime.now().isoformat(timespec="seconds"),
         "base": base.name, "device_name": where, "torch": torch.__version__,
@@ -224,11 +307,14 @@ def profile_bench(bench: LayerBench, base: HardwareProfile, opts: ProfileOptions
     if dist.is_initialized() and dist.get_rank() != 0:
         return base  # the network is measured together; compute once, on rank 0
     with cpu_threads(bench.device, o.threads):
-        points, model_points, held = measure_bench(bench, o, progress)
-        report = fit_layer(points, model_points, held)
+        m = measure_bench(bench, o, progress)
+        report = fit_layer(m.points, m.model_points, m.heldout)
+        if report.below_threshold():  # one more, denser and longer pass for what fits badly
+            m = remeasure(bench, o, m, report.below_threshold(), progress)
+            report = fit_layer(m.points, m.model_points, m.heldout)
         device_numbers = measure_device(bench.device, DTYPES[o.dtype], quick=o.quick) if o.device_bench else None
-        return build_profile(base, bench, report, points, model_points, o, spec=spec,
-                             device_bench=device_numbers, comm_result=comm_result)
+        return build_profile(base, bench, report, m.points, m.model_points, o, spec=spec,
+                             device_bench=device_numbers, comm_result=comm_result, remeasured=m.remeasured)
 
 
 @contextmanager

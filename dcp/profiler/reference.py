@@ -114,9 +114,12 @@ def reference_bench(spec: ModelSpec, device: torch.device | str, dtype: str, *, 
             return build_layer(spec, dtype=dt, device=dev)
 
     def make_model(layers: int) -> nn.Module:
-        sub = replace(spec, num_layers=layers)
+        sub = replace(spec, num_layers=max(layers, 1))  # a spec has at least one layer
         with dev:
-            return LossModel(build_model(sub, dtype=dt, device=dev, in_channels=IN_CHANNELS, seed=seed), sub)
+            model = build_model(sub, dtype=dt, device=dev, in_channels=IN_CHANNELS, seed=seed)
+        if layers == 0:  # embedding, head and loss alone: what a micro-batch runs besides its layers
+            model.layers = nn.ModuleList()
+        return LossModel(model, sub)
 
     return LayerBench(name=spec.name, device=dev, attention=spec.attention, build_layer=make_layer,
                       layer_inputs=layer_inputs, build_model=make_model, model_inputs=model_inputs)

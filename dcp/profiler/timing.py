@@ -1,10 +1,12 @@
 """Timing and memory probes shared by every microbenchmark of the profiler.
 
 Timing: warm-up runs first (allocator growth, kernel autotuning, lazy init are not part of
-steady-state training), then the median of repeats (robust to a stray context switch on a
-shared CPU or a clock boost on a GPU). On CUDA the clock is a pair of CUDA events around the
-work, so host-side launch time that overlaps GPU work is not counted twice; on CPU it is
-the process's CPU time when torch runs one thread (see `compute_clock`).
+steady-state training), then the minimum of repeats. Noise only ever adds time (a context
+switch, a cache another process evicted, a page fault), so the fastest run is the one closest
+to the work itself, and it moves least between runs and machines' loads; a median keeps half
+the disturbances. On CUDA the clock is a pair of CUDA events around the work, so host-side
+launch time that overlaps GPU work is not counted twice; on CPU it is the process's CPU time
+when torch runs one thread (see `compute_clock`), with the wall time kept beside it.
 
 Memory: on CUDA the allocator's own counters (what actually limits a micro-batch); on CPU,
 which has no such counters, the bytes of the tensors autograd saves for backward, found with
@@ -14,9 +16,8 @@ and its backward.
 
 from __future__ import annotations
 
-import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -40,14 +41,25 @@ def compute_clock() -> Callable[[], float]:
     return time.process_time if torch.get_num_threads() == 1 else time.perf_counter
 
 
+def clock_name(device: torch.device) -> str:
+    """What `compute_clock` (or CUDA events) measure here, for a profile's record."""
+    if device.type == "cuda":
+        return "CUDA events"
+    if torch.get_num_threads() == 1:
+        return "process CPU time (time.process_time), 1 torch thread"
+    return f"wall clock (time.perf_counter), {torch.get_num_threads()} torch threads"
+
+
 class Stopwatch:
-    """Times one region of device work: CUDA events on GPU, a host clock on CPU."""
+    """Times one region of device work: CUDA events on GPU, a host clock on CPU (and the wall
+    clock beside it: `wall_seconds`)."""
 
     def __init__(self, device: torch.device, clock: Callable[[], float] = time.perf_counter) -> None:
         self.device = device
         self.clock = clock
         self._start: float | torch.cuda.Event = 0.0
         self._end: float | torch.cuda.Event = 0.0
+        self._wall = (0.0, 0.0)
 
     def start(self) -> None:
         if self.device.type == "cuda":
@@ -55,6 +67,7 @@ class Stopwatch:
             self._end = torch.cuda.Event(enable_timing=True)
             self._start.record()
         else:
+            self._wall = (time.perf_counter(), 0.0)
             self._start = self.clock()
 
     def stop(self) -> None:
@@ -63,6 +76,7 @@ class Stopwatch:
             self._end.record()
         else:
             self._end = self.clock()
+            self._wall = (self._wall[0], time.perf_counter())
 
     def seconds(self) -> float:
         """Elapsed seconds of the last start/stop pair (synchronizes on CUDA)."""
@@ -73,20 +87,40 @@ class Stopwatch:
         assert isinstance(self._start, float) and isinstance(self._end, float)
         return self._end - self._start
 
+    def wall_seconds(self) -> float:
+        """Wall-clock seconds of the last start/stop pair (on CUDA: the events' time)."""
+        if self.device.type == "cuda":
+            return self.seconds()
+        return self._wall[1] - self._wall[0]
 
-def median_time(fn: Callable[[], object], device: torch.device, *, warmup: int, repeats: int) -> float:
-    """Median seconds of `fn()` (compute) over `repeats` runs after `warmup` untimed ones."""
+
+@dataclass(frozen=True)
+class Timed:
+    """The fastest of several runs of one piece of work: on the compute clock and on the wall."""
+
+    seconds: float
+    wall_s: float
+
+    @staticmethod
+    def best(runs: Iterable[tuple[float, float]]) -> Timed:
+        """Each clock's minimum over (compute, wall) readings of the runs."""
+        pairs = list(runs)
+        return Timed(min(c for c, _ in pairs), min(w for _, w in pairs))
+
+
+def min_time(fn: Callable[[], object], device: torch.device, *, warmup: int, repeats: int) -> Timed:
+    """Fastest run of `fn()` (compute) over `repeats` runs after `warmup` untimed ones."""
     watch = Stopwatch(device, compute_clock())
     for _ in range(warmup):
         fn()
     synchronize(device)
-    samples = []
+    runs = []
     for _ in range(repeats):
         watch.start()
         fn()
         watch.stop()
-        samples.append(watch.seconds())
-    return statistics.median(samples)
+        runs.append((watch.seconds(), watch.wall_seconds()))
+    return Timed.best(runs)
 
 
 @dataclass
