@@ -70,6 +70,10 @@ class Candidate:
     fills_first: bool
     """Whether some core group runs after its ranks' fillers."""
 
+    def within(self, max_microbatches: int | None) -> bool:
+        """Whether every group runs at most `max_microbatches` micro-batches (None: any number)."""
+        return max_microbatches is None or max(len(mbs) for _, _, mbs in self.first + self.second) <= max_microbatches
+
 
 def backfill_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], busy_floor_s: float,
                   arrays: BatchArrays | None = None, max_microbatches: int | None = None,
@@ -118,8 +122,7 @@ def backfill_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], 
         # first); above `knobs.BACKFILL_BOTH_UP_TO` samples only into them, for time.
         for fill_first in (True, False) if len(batch) <= knobs.BACKFILL_BOTH_UP_TO else (False,):
             cand = _candidate(table, cm, arrays, pricer, busy_floor_s * level, hide, reductions, fill_first)
-            if cand is not None and not (max_microbatches is not None and max(
-                    len(mbs) for _, _, mbs in cand.first + cand.second) > max_microbatches):
+            if cand is not None and cand.within(max_microbatches):
                 if best is None or cand.busy_s < best.busy_s:
                     best, best_level = cand, level
             if cand is None or not cand.fills_first:

@@ -121,7 +121,8 @@ def least_loaded(times: np.ndarray, groups: int, loads: np.ndarray | None = None
 def balanced_s(classes: Iterable[tuple[float, int, float]]) -> float:
     """The step classes of jobs spread over their own groups reach at best: per class (its jobs'
     summed time, its groups, its longest job) the larger of its mean load per group and its
-    longest job, the largest over the classes. dcp-greedy's and the heuristic's estimate."""
+    longest job, the largest over the classes. dcp-greedy's and the heuristic's estimate of a step
+    before LPT places the jobs (a group's own time is `pack.group_estimate`'s)."""
     return max(max(total / n, longest) for total, n, longest in classes)
 
 

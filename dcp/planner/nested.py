@@ -66,8 +66,7 @@ def nested_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], bu
                 cut.record()
             break
         cand = nested_candidate(table, cm, arrays, pricer, busy_floor_s * level)
-        if cand is None or (max_microbatches is not None and max(
-                len(mbs) for _, _, mbs in cand.first + cand.second) > max_microbatches):
+        if cand is None or not cand.within(max_microbatches):
             continue
         plan = assemble_candidate(batch, cm, arrays, pricer, cand)
         if best is None or plan.step_time_s < best.step_time_s:

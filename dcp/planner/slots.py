@@ -163,7 +163,9 @@ class _Groups:
 
 def slots_estimate(time_s: np.ndarray, link_s: float) -> tuple[float, np.ndarray]:
     """sum_j max(tau_j, link_s) and the slots' lengths tau_j (the j-th longest micro-batch of any
-    group, `time_s` [group, slot])."""
+    group, `time_s` [group, slot]): ZeRO-3's step from micro-batch times, lockstep slots each
+    lasting their slowest micro-batch and at least a slot's collectives (dcp-greedy's merges and
+    re-cuts, `align`)."""
     tau = (-np.sort(-time_s, axis=1)).max(axis=0) if time_s.size else np.zeros(0)
     return float(np.maximum(tau, link_s).sum()), tau
 

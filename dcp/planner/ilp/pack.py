@@ -37,7 +37,8 @@ _TOL = 1e-9
 def group_estimate(table: CostTable, base: np.ndarray | float, tok: np.ndarray | float,
                    pairs: np.ndarray | float, gj: np.ndarray | int,
                    microbatches: np.ndarray | int | None = None, scalar: bool = False) -> np.ndarray:
-    """A group's time estimate from its terms (`CostTable.estimate_terms` summed): base +
+    """A group's time estimate from its terms (`CostTable.estimate_terms` summed), the planner's
+    one estimate of a group of samples (the search's moves, best fit, the nested columns): base +
     fixed(p, 0) * ceil(tokens / max_tokens(p, 0)) (or times `microbatches`, the shared
     micro-batches' count where it is known) + the ring transfers the shared micro-batches leave
     exposed at least (`CostTable.exposure`), elementwise (broadcasting). With `scalar` (Python
