@@ -37,9 +37,9 @@ def lpt(times: np.ndarray, groups: int, loads: np.ndarray | None = None, water_f
     time and token capacity) are not: a job opens a micro-batch on its group, paying the whole
     fixed time, when the group's open one cannot hold it, so its time depends on the group and
     `times` are estimates (the marginal time plus the tokens' share of the fixed time). Its head
-    goes in rounds that see that (`_rounds`), and water fills only a long tail (`water_from`): a
-    run that crosses a capacity pays a fixed time the level did not see (docs/tuning-log.md,
-    `BACKFILL_WATER_FROM`)."""
+    goes in rounds that see that (`_rounds`, up to the first short job, with no `LPT_HEAD`
+    minimum), and water fills only a long tail (`water_from`): a run that crosses a capacity
+    pays a fixed time the level did not see (docs/tuning-log.md, `BACKFILL_WATER_FROM`)."""
     times = np.asarray(times, dtype=np.float64)
     loads = np.zeros(groups) if loads is None else loads
     owner = np.empty(len(times), dtype=np.int64)

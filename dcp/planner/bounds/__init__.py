@@ -19,6 +19,7 @@ bound holds for which (a bound that holds for multi-phase plans holds for single
 | `multi_phase_bound` / `multi_phase_busy`: `lower_bound` and `capacity_bound` | step / busy | yes | yes | yes |
 | `single_layout_bound`: `lower_bound`'s with the group bound without the floor | step | yes | no | yes |
 | `step_floor`: the least step above a proven busy bound (the MIP's dual bound) | step | yes | yes | yes |
+| `one_size_busy` (the longest sample, the marginal work over N / p groups) | busy time | groups of one size p | no | yes |
 
 Outside this package, bounds of one program or one plan family, each beside what it bounds: the
 MIP's dual bound and the configuration program's (`ilp.columns.column_bound`; single layouts
@@ -49,7 +50,7 @@ from dcp.planner.bounds.group import group_bound, longest_group
 from dcp.planner.bounds.release import _least_step, _link_bound, _released, _Spread
 from dcp.planner.bounds.work import _coarse, _exposure_bound, _makespan_bound, _Work, size_levels
 from dcp.planner.feasibility import allowed_sp_sizes
-from dcp.planner.pricing import exact_times
+from dcp.planner.pricing import BatchArrays, Pricer, exact_times
 from dcp.planner.sample import Sample
 
 _MEMO: weakref.WeakKeyDictionary[CostModel, dict[tuple, _Floors]] = weakref.WeakKeyDictionary()
@@ -214,6 +215,16 @@ def sample_floors(tokens: np.ndarray, pairs: np.ndarray, cm: CostModel,
         work = np.where(fits, np.minimum(work, marginal + share), work)
         solo = np.where(fits, np.minimum(solo, exact_times(cm, p, tokens, pairs, r)), solo)  # see _Work.longest
     return work, solo
+
+
+def one_size_busy(arrays: BatchArrays, cm: CostModel, p: int, pricer: Pricer) -> float:
+    """A bound on the busy time of a plan whose groups all have SP size p (the fill's): its
+    longest sample's time alone at p (inf where one does not fit; every micro-batch holding it
+    runs at least that) and the samples' marginal time without checkpointing (each group runs at
+    least its samples' sum) spread over the N // p groups, the larger."""
+    line = cm.linear_time(p, 0)
+    work = line.per_token * float(arrays.tokens.sum()) + line.per_pair * float(arrays.pairs.sum())
+    return max(float(pricer.times(p, arrays.tokens, arrays.pairs).max()), work / (cm.cluster.num_gpus // p))
 
 
 def multi_phase_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | None = None,

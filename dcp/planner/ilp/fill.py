@@ -23,6 +23,7 @@ import dcp.planner.knobs as knobs
 from dcp.costmodel import CostModel
 from dcp.costmodel.schedule import slot_link_s
 from dcp.planner.baselines import lpt_assign
+from dcp.planner.bounds import one_size_busy
 from dcp.planner.common import assemble_indices
 from dcp.planner.ilp.budget import Deadline
 from dcp.planner.plan import Plan
@@ -58,14 +59,12 @@ def fill_layouts(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], price
 
 
 def _ranked(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], pricer: Pricer, upper: float) -> list[int]:
-    """The sizes by a bound on the busy time of a plan at that size alone (its longest sample
-    alone, its marginal work over its groups), the lowest first (ties: the larger size), those
+    """The sizes by a bound on the busy time of a plan at that size alone (`bounds.one_size_busy`),
+    the lowest first (ties: the larger size), those
     where it is at least `upper` or where some sample fits nowhere left out."""
     ranked = []
     for p in sizes:
-        no_ckpt = cm.linear_time(p, 0)
-        work = no_ckpt.per_token * float(arrays.tokens.sum()) + no_ckpt.per_pair * float(arrays.pairs.sum())
-        bound = max(float(pricer.times(p, arrays.tokens, arrays.pairs).max()), work / (cm.cluster.num_gpus // p))
+        bound = one_size_busy(arrays, cm, p, pricer)
         if bound < upper and math.isfinite(bound):
             ranked.append((bound, p))
     return [p for _, p in sorted(ranked, key=lambda bp: (bp[0], -bp[1]))]
