@@ -303,8 +303,8 @@ def _lpt(fillers: np.ndarray, ready: np.ndarray, tokens: np.ndarray, marg: np.nd
     m_slots = len(ready)
     fills: list[list[list[int]]] = [[] for _ in range(m_slots)]
     if not m_slots or not len(fillers):
-        return fills, ready.astype(np.float64).copy(), np.zeros(m_slots)
-    place = lpt(marg[fillers] + fixed * tokens[fillers] / cap, m_slots, ready.astype(np.float64).copy(),
+        return fills, ready.astype(np.float64), np.zeros(m_slots)
+    place = lpt(marg[fillers] + fixed * tokens[fillers] / cap, m_slots, ready.astype(np.float64),
                 knobs.BACKFILL_WATER_FROM, (tokens[fillers].astype(np.float64), marg[fillers], fixed, cap))
     limit = cap * (1 + 1e-12)
     open_t = [0.0] * m_slots  # tokens of each slot's open micro-batch (0: none open)
