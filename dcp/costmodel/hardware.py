@@ -70,6 +70,34 @@ class LayerFit:
         return _from_dict(cls, d, "layer fit")
 
 
+_KERNEL_ALIASES = {"fa2": "flash-attn-2", "fa3": "flash-attn-3"}
+"""Short names of the kernels a profile's `attention_backend` spells out."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionKernel:
+    """One attention kernel's speed on a device, forward and backward apart, in the two-term
+    form of `dcp.costmodel.attention` (rate on long sequences, short-sequence pairs per token),
+    from cited measurements (`source`)."""
+
+    fwd_flops: float
+    fwd_pairs_per_token: float
+    bwd_flops: float
+    """Backward FLOP/s without a causal mask, FLOPs counted as 2.5x the forward's."""
+    bwd_pairs_per_token: float
+    bwd_causal_flops: float | None = None
+    """The causal backward's own long-sequence rate, where measured; None: the unmasked one."""
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not (self.fwd_flops > 0 and self.bwd_flops > 0) or min(self.fwd_pairs_per_token,
+                                                                   self.bwd_pairs_per_token) < 0:
+            raise CostModelError(f"attention kernel: rates must be positive and pairs per token >= 0 ({self})")
+
+    def backward_flops(self, causal: bool) -> float:
+        return self.bwd_causal_flops if causal and self.bwd_causal_flops else self.bwd_flops
+
+
 @dataclass(frozen=True, kw_only=True)
 class HardwareProfile:
     """A GPU type and its interconnect: datasheet numbers or a `dcp profile` measurement.
@@ -97,6 +125,13 @@ class HardwareProfile:
     """The same for the backward kernel."""
     attention_backend: str = ""
     """The attention kernel the rates describe (flash-attn 2/3, cudnn, torch varlen_attn, sdpa)."""
+    attention_kernels: dict[str, AttentionKernel] = field(default_factory=dict)
+    """Other attention kernels measured on this device, by name (fa2, fa3, cudnn, triton, sdpa);
+    `TrainingSetup.attention` picks one, none picks the rates above (`attention_backend`)."""
+    matmul_tokens_offset: float = 0.0
+    """Small-M GEMM efficiency: a matmul over M tokens takes the time of (M + this) tokens at
+    `matmul_flops`, so it reaches M / (M + this) of the large-shape rate (fitted to published
+    cuBLAS measurements by shape; linear in tokens, so a fixed cost per layer and pass)."""
     memory_bw_bytes_per_s: float
     """Device memory bandwidth (bytes read plus written per second), for elementwise work and
     the per-micro-batch weight traffic."""
@@ -136,6 +171,14 @@ class HardwareProfile:
         if not self.memory_bytes > 0:
             raise CostModelError(f"hardware {self.name!r}: the memory reserve leaves nothing of "
                                  f"{self.memory_capacity_bytes / 1e9:.1f} GB")
+        if self.matmul_tokens_offset < 0:
+            raise CostModelError(f"hardware {self.name!r}: matmul_tokens_offset must be >= 0")
+        try:
+            kernels = {k: v if isinstance(v, AttentionKernel) else AttentionKernel(**v)
+                       for k, v in self.attention_kernels.items()}
+        except TypeError as e:
+            raise CostModelError(f"hardware {self.name!r}: malformed attention kernel ({e})") from e
+        object.__setattr__(self, "attention_kernels", kernels)
         curves = tuple(c if isinstance(c, CollectiveCurve) else CollectiveCurve.from_dict(c)
                        for c in self.collectives)
         object.__setattr__(self, "collectives", curves)
@@ -149,6 +192,20 @@ class HardwareProfile:
         """Memory per GPU a plan may fill (what the caching allocator can hand out): the capacity
         less the fragmentation share and the memory outside the allocator."""
         return self.memory_capacity_bytes * (1 - self.memory_reserve_fraction) - self.memory_reserve_bytes
+
+    def attention_kernel(self, name: str | None = None) -> AttentionKernel:
+        """The kernel `name` (None or the profile's own backend: its default rates)."""
+        if name is None or name == self.attention_backend or (name not in self.attention_kernels
+                                                              and _KERNEL_ALIASES.get(name) == self.attention_backend):
+            return AttentionKernel(fwd_flops=self.attention_fwd_flops,
+                                   fwd_pairs_per_token=self.attention_fwd_pairs_per_token,
+                                   bwd_flops=self.attention_bwd_flops,
+                                   bwd_pairs_per_token=self.attention_bwd_pairs_per_token,
+                                   source=self.sources.get("attention_fwd_flops", ""))
+        if name not in self.attention_kernels:
+            known = sorted({*self.attention_kernels, self.attention_backend} - {""})
+            raise CostModelError(f"hardware {self.name!r} has no attention kernel {name!r}; known: {', '.join(known)}")
+        return self.attention_kernels[name]
 
     def collective(self, op: str, ranks: int, gpus_per_node: int) -> CollectiveCurve:
         """The curve for `op` among `ranks` aligned ranks in nodes of `gpus_per_node` GPUs: this
@@ -197,6 +254,10 @@ class HardwareProfile:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["collectives"] = [c.to_dict() for c in self.collectives]
+        if not d["attention_kernels"]:
+            del d["attention_kernels"]
+        if not d["matmul_tokens_offset"]:
+            del d["matmul_tokens_offset"]
         return {"kind": "dcp-hardware-profile", "schema_version": PROFILE_SCHEMA_VERSION, **d}
 
     @classmethod
@@ -235,9 +296,22 @@ class TrainingSetup:
     shard_group: int | None = None
     """Ranks the state is sharded over (HSDP: shard within each group of this many consecutive
     ranks, a node by default for large clusters, replicate across the groups); None: the world."""
+    kernels: Literal["eager", "compiled"] = "eager"
+    """How the elementwise work runs: one kernel per op (eager PyTorch, as dcp's executor runs)
+    or fused between matmuls (torch.compile); `dcp.costmodel.elementwise` counts each."""
+    optimizer: Literal["foreach", "fused"] = "foreach"
+    """AdamW's implementation: torch's default multi-tensor passes, or its one fused kernel
+    (`dcp.costmodel.traffic.optimizer_bytes_per_param`)."""
+    attention: str | None = None
+    """The attention kernel the run uses (a name in the hardware's `attention_kernels`, e.g.
+    fa2, fa3, cudnn, triton); None: the hardware profile's own (`attention_backend`)."""
 
     def __post_init__(self) -> None:
         get_recipe(self.precision)  # an unknown name is a clear error here, not later
+        if self.kernels not in ("eager", "compiled"):
+            raise CostModelError(f"kernels must be eager or compiled, got {self.kernels!r}")
+        if self.optimizer not in ("foreach", "fused"):
+            raise CostModelError(f"optimizer must be foreach or fused, got {self.optimizer!r}")
         if self.zero_stage not in (0, 1, 2, 3):
             raise CostModelError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
         if self.shard_group is not None and self.shard_group < 1:

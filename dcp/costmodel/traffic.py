@@ -9,7 +9,7 @@ gradient arrives in the compute dtype and is cast back to the parameter dtype (c
 bytes), converted again where the gradient buffer has another dtype (bf16 parameters, fp32
 gradients: param + grad bytes), then accumulated into the flat gradient buffer: old value and new
 read, sum written, 3 x grad bytes. Without autocast and conversion only the accumulation is left. The optimizer runs once per step,
-not per micro-batch, and is not counted here.
+not per micro-batch: `optimizer_step_s` prices it for the step.
 
 Each of these is one elementwise kernel over one tensor: its bytes over the device memory
 bandwidth (read plus written), but never less than one kernel launch (a norm weight of 4096
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dcp.costmodel.precision import PrecisionRecipe
-from dcp.costmodel.spec import ModelSpec
+from dcp.costmodel.precision import DTYPE_BYTES, PrecisionRecipe
+from dcp.costmodel.spec import CostModelError, ModelSpec
 
 
 def layer_tensors(spec: ModelSpec) -> tuple[list[int], list[int]]:
@@ -86,3 +86,32 @@ def weight_traffic(spec: ModelSpec, prec: PrecisionRecipe, memory_bw_bytes_per_s
     layers = spec.num_layers
     return WeightTraffic(fwd_layer_s=fwd_s, bwd_layer_s=bwd_s, rec_layer_s=fwd_s, head_s=head_s,
                          bytes_per_microbatch=layers * (fwd_b + bwd_b) + head_b)
+
+
+def optimizer_bytes_per_param(prec: PrecisionRecipe, implementation: str = "foreach") -> float:
+    """Bytes AdamW reads and writes per parameter of the local shard in one step.
+
+    fused (one kernel, torch's fused=True): read the weights it steps (the fp32 master copy when
+    the recipe keeps one), the gradient and the two moments; write the weights and the moments;
+    with master weights also write the low-precision parameter copy. foreach (torch's default on
+    GPUs): the same update as eight passes over the shard, each reading and writing its tensors:
+    decoupled weight decay (weights read, written), m.lerp_(g) (m, g read, m written),
+    v.mul_ and v.addcmul_(g, g) (v twice, g once read; v twice written), sqrt(v), its division
+    by the bias correction and + eps (a temporary read and written thrice), and
+    w.addcdiv_(m, sqrt) (w, m, temporary read, w written)."""
+    w = 4 if prec.master_weights else prec.param_bytes
+    s = DTYPE_BYTES[prec.optimizer_state_dtype]
+    g = prec.grad_bytes
+    copy = prec.param_bytes if prec.master_weights else 0
+    if implementation == "fused":
+        return w + g + 2 * s + w + 2 * s + copy
+    if implementation != "foreach":
+        raise CostModelError(f"optimizer must be foreach or fused, got {implementation!r}")
+    return 2 * w + (2 * s + g) + (2 * s) + (2 * s + g) + 2 * s + 2 * s + 2 * s + (2 * w + s + s) + copy
+
+
+def optimizer_step_s(spec: ModelSpec, prec: PrecisionRecipe, local_params: float, memory_bw_bytes_per_s: float,
+                     implementation: str = "foreach") -> float:
+    """Seconds of the optimizer step over `local_params` parameters (the rank's shard): its
+    bytes over the device memory bandwidth, once per step."""
+    return local_params * optimizer_bytes_per_param(prec, implementation) / memory_bw_bytes_per_s
