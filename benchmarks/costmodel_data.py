@@ -521,7 +521,7 @@ FLEXSP_RUN_CONFIG = {
     "precision": "--mixed_precision bf16", "dropout": "0.1 (--dropout_prob 0.1 in both launch scripts)",
     "software": "torch 2.4.1+cu118, transformers 4.45.2 (requirements.txt)",
     "cluster": "8 nodes x 8 GPUs (64-GPU script); solver memory_limit_gb = 28",
-    "gpu": "A100 per the paper summary in REFERENCES.md; 40 GB or 80 GB NOT confirmed from any text read here",
+    "gpu": "A100 per the FlexSP paper (arXiv 2412.01523); 40 GB or 80 GB NOT confirmed from any text read here",
     "not_published_here": "which configuration (GPUs, checkpointing) the a1/a2/beta fit was profiled on, and the "
                           "per-sample times it was fitted to",
 }
