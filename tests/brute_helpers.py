@@ -223,7 +223,7 @@ def random_plans(batch: list, cm: CostModel, seed: int, count: int = 40) -> list
             p = rng.choice([q for q in sizes if q <= left])
             counts[p] = counts.get(p, 0) + 1
             left -= p
-        layout = aligned_layout(counts, n, cm.cluster.gpus_per_node)
+        layout = aligned_layout(counts, n)
         members: list[list[int]] = [[] for _ in layout]
         for s in batch:
             members[rng.randrange(len(layout))].append(s.id)

@@ -24,7 +24,7 @@ from dcp.planner import (
 )
 from dcp.planner.baselines import (
     by_bucket,
-    first_fit_decreasing,
+    ffd_indices,
     group_share,
     length_bucket,
     lpt_assign,
@@ -81,8 +81,8 @@ def test_group_share() -> None:
 
 def test_first_fit_decreasing_respects_the_budget() -> None:
     batch = make_batch([70, 50, 40, 30, 20, 10, 500])
-    bins = first_fit_decreasing(batch, 100)
-    assert [[s.tokens for s in b] for b in bins] == [[500], [70, 30], [50, 40, 10], [20]]
+    bins = ffd_indices(np.array([s.tokens for s in batch], dtype=np.float64), np.array([s.id for s in batch]), 100)
+    assert [[batch[i].tokens for i in b] for b in bins] == [[500], [70, 30], [50, 40, 10], [20]]
 
 
 def test_lpt_assign() -> None:

@@ -10,11 +10,19 @@ import pytest
 from dcp.data.batches import make_batches
 from dcp.planner import IlpOptions, lower_bound, solve
 from dcp.planner.bounds import one_size_busy
+from dcp.planner.common import assemble_indices
 from dcp.planner.feasibility import allowed_sp_sizes
-from dcp.planner.ilp.fill import fill_plans
+from dcp.planner.ilp.fill import fill_layouts
 from dcp.planner.ilp.warm import baseline_plans
 from dcp.planner.pricing import BatchArrays, Pricer
 from tests.conftest import ZERO3_LENGTHS, cost_model, make_batch
+
+
+def fill_plans(batch, cm, sizes, lower_bound_s):
+    """`fill_layouts` as plans (assembled and validated)."""
+    arrays = BatchArrays.of(batch)
+    return [assemble_indices("ilp", batch, cm, layout, lower_bound_s=lower_bound_s, arrays=arrays)
+            for layout in fill_layouts(arrays, cm, sizes, Pricer(cm, sizes))]
 
 
 @pytest.mark.parametrize("model,zero_stage", [("llama-70b", 3), ("llama-7b", 1)])

@@ -60,8 +60,6 @@ def test_phases_start_when_their_ranks_are_free() -> None:
     assert plan.step_time_s == pytest.approx(plan.busy_s() + plan.grad_sync_s)
     assert [[g.sp for g in phase] for phase in plan.phases()] == [[2, 2], [1, 1, 2], [4]]
     assert [g.phase for g in plan.groups_of_rank(2)] == [0, 1, 2]
-    with pytest.raises(PlanError, match="one per phase: use groups_of_rank"):
-        plan.group_of_rank(0)
     assert groups_label(plan) == "2x2 | 1x2 2x1 | 1x4"
 
 

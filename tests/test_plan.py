@@ -26,7 +26,7 @@ def tiny_plan() -> Plan:
 def test_tiny_plan_is_valid() -> None:
     plan = tiny_plan().validate()
     assert plan.busy_s() == 1.0
-    assert plan.group_of_rank(2) is plan.groups[1] and plan.group_of_rank(3) is None
+    assert plan.groups_of_rank(2) == [plan.groups[1]] and plan.groups_of_rank(3) == []
 
 
 def _set(path: str, value: object) -> Callable[[Plan], None]:

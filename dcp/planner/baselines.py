@@ -120,7 +120,7 @@ def bucket_layout(batch: Sequence[Sample], cm: CostModel, options: BucketOptions
         for i in range(0, len(idx), size):
             mbs_per_group[turn % n_groups].append(idx[i:i + size].tolist())
             turn += 1
-    layout = aligned_layout({p: n_groups}, cm.cluster.num_gpus, cm.cluster.gpus_per_node)
+    layout = aligned_layout({p: n_groups}, cm.cluster.num_gpus)
     return ([(start, sp, mbs_per_group[gi]) for gi, (start, sp) in enumerate(layout)],
             [[k] * len(mbs) for mbs in mbs_per_group],
             [f"static SP size {p}, {n_groups} groups, all {k} layers checkpointed"])
@@ -152,16 +152,10 @@ def plan_by(strategy: str, batch: Sequence[Sample], cm: CostModel, sp_sizes: Seq
                             lower_bound_s=lower_bound(batch, cm))
 
 
-def first_fit_decreasing(batch: Sequence[Sample], budget_tokens: int) -> list[list[Sample]]:
-    """Pack samples, longest first (ties by id), into the first micro-batch with room for them.
-
-    A sample longer than the budget gets a micro-batch of its own that nothing else joins."""
-    return [[batch[i] for i in b] for b in ffd_indices(np.array([s.tokens for s in batch], dtype=np.float64),
-                                                         np.array([s.id for s in batch]), budget_tokens)]
-
-
 def ffd_indices(tokens: np.ndarray, ids: np.ndarray, budget_tokens: float) -> list[list[int]]:
-    """`first_fit_decreasing` on arrays: the bins as lists of indices into `tokens`.
+    """First fit decreasing: pack samples, longest first (ties by `ids`), into the first bin with
+    room for them; one longer than the budget gets a bin of its own that nothing else joins.
+    The bins as lists of indices into `tokens`.
 
     The first bin with room is found by one vectorized scan per sample, starting past the bins
     already too full for the batch's shortest sample (first fit fills the earliest bins first)."""
@@ -217,7 +211,7 @@ def packed_layout(batch: Sequence[Sample], cm: CostModel, options: PackedOptions
                               f"of {int(tokens[levels > k][0])} tokens needs more than all {k} layers checkpointed")
     n_groups = cm.cluster.num_gpus // p
     jobs = lpt_assign(pricer.times(p, tokens, pairs).tolist(), n_groups)
-    layout = aligned_layout({p: n_groups}, cm.cluster.num_gpus, cm.cluster.gpus_per_node)
+    layout = aligned_layout({p: n_groups}, cm.cluster.num_gpus)
     return ([(start, sp, [bins[j] for j in jobs[gi]]) for gi, (start, sp) in enumerate(layout)],
             [levels[jobs[gi]].tolist() for gi in range(n_groups)],
             [f"static SP size {p}, {n_groups} groups, {budget} tokens per micro-batch"])

@@ -14,7 +14,7 @@ from dcp.planner.sample import Sample
 from dcp.planner.sync import price_step
 
 
-def aligned_layout(groups_per_size: dict[int, int], num_gpus: int, gpus_per_node: int) -> list[tuple[int, int]]:
+def aligned_layout(groups_per_size: dict[int, int], num_gpus: int) -> list[tuple[int, int]]:
     """(first rank, SP size) for each group, largest sizes first so every block stays aligned
     (sizes are powers of two) and blocks up to a node never cross one."""
     starts, rank = [], 0
@@ -28,21 +28,11 @@ def aligned_layout(groups_per_size: dict[int, int], num_gpus: int, gpus_per_node
 
 
 def assemble(strategy: str, batch: Sequence[Sample], cm: CostModel,
-             layout: Sequence[tuple[int, int, Sequence[Sequence[int]]]],
-             ckpt: Sequence[Sequence[int]] | None = None, *, started: float | None = None,
-             solver_status: str = "heuristic", gap: float | None = None,
-             lower_bound_s: float = 0.0, notes: Sequence[str] = (),
-             pricer: Pricer | None = None, arrays: BatchArrays | None = None) -> Plan:
-    """Build and validate a Plan from (first rank, SP size, micro-batches as sample-id lists).
-
-    Each micro-batch gets the fewest checkpointed layers that fit, unless `ckpt` gives them
-    (one list per group). Times and memory come from the cost model, priced for all
-    micro-batches at once (`pricing.Pricer`); empty micro-batches are dropped. `lower_bound_s`
-    is the strategy's proven bound (0: none): plan assembly sits below the bounds' layer."""
+             layout: Sequence[tuple[int, int, Sequence[Sequence[int]]]], *, lower_bound_s: float = 0.0) -> Plan:
+    """`assemble_indices` for micro-batches given as sample-id lists."""
     position = {s.id: k for k, s in enumerate(batch)}
     index_layout = [(start, p, [[position[i] for i in mb] for mb in mbs]) for start, p, mbs in layout]
-    return assemble_indices(strategy, batch, cm, index_layout, ckpt, started=started, solver_status=solver_status,
-                            gap=gap, lower_bound_s=lower_bound_s, notes=notes, pricer=pricer, arrays=arrays)
+    return assemble_indices(strategy, batch, cm, index_layout, lower_bound_s=lower_bound_s)
 
 
 def assemble_indices(strategy: str, batch: Sequence[Sample], cm: CostModel, layout: Layout,
@@ -51,8 +41,13 @@ def assemble_indices(strategy: str, batch: Sequence[Sample], cm: CostModel, layo
                      lower_bound_s: float = 0.0, notes: Sequence[str] = (),
                      pricer: Pricer | None = None, arrays: BatchArrays | None = None, validate: bool = True,
                      step: bool = True) -> Plan:
-    """`assemble` for micro-batches given as batch indices (what the strategies compute);
-    without `validate` the caller validates it (once it has set its bound), without `step` it
+    """Build and validate a Plan from (first rank, SP size, micro-batches as batch indices).
+
+    Each micro-batch gets the fewest checkpointed layers that fit, unless `ckpt` gives them
+    (one list per group). Times and memory come from the cost model, priced for all
+    micro-batches at once (`pricing.Pricer`); empty micro-batches are dropped. `lower_bound_s`
+    is the strategy's proven bound (0: none): plan assembly sits below the bounds' layer.
+    Without `validate` the caller validates it (once it has set its bound), without `step` it
     does not price the step (a part of a multi-phase plan: `backfill`)."""
     arrays = arrays if arrays is not None else BatchArrays.of(batch)
     pricer = pricer or Pricer(cm, sorted({p for _, p, _ in layout}))

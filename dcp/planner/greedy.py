@@ -332,7 +332,7 @@ def greedy_layout(batch: Sequence[Sample], cm: CostModel, options: GreedyOptions
     pairs = np.add.reduceat(arrays.pairs[mbs.order], mbs.starts[:-1])
     slot_s = slot_link_s(cm)  # 0 below ZeRO-3
     # aligned_layout places groups largest first, as _Schedule numbers them.
-    for g, (start, p) in enumerate(aligned_layout(counts, cm.cluster.num_gpus, cm.cluster.gpus_per_node)):
+    for g, (start, p) in enumerate(aligned_layout(counts, cm.cluster.num_gpus)):
         jobs = by_group[cuts[g]:cuts[g + 1]].tolist()
         parts = [order[starts[m]:starts[m + 1]] for m in jobs]
         if slot_s > 0:

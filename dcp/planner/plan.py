@@ -175,14 +175,6 @@ class Plan:
         """The groups `rank` runs in, in phase order (at most one per phase; empty if idle)."""
         return [g for g in self.groups if rank in g.ranks]
 
-    def group_of_rank(self, rank: int) -> Group | None:
-        """The one group of `rank` in a single-layout plan (None if idle); a multi-phase plan
-        raises PlanError (use `groups_of_rank`)."""
-        groups = self.groups_of_rank(rank)
-        if len(groups) > 1:
-            raise PlanError(f"rank {rank} is in {len(groups)} groups, one per phase: use groups_of_rank")
-        return groups[0] if groups else None
-
     def sample_map(self) -> dict[int, Sample]:
         return {s.id: s for s in self.samples}
 

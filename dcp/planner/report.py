@@ -28,9 +28,6 @@ from dcp.planner.run import build_cost_model
 from dcp.planner.simulate import EVENT_KINDS, Timeline
 from dcp.planner.sync import price_step
 
-# The `dcp plan` config keys a cost model is rebuilt from.
-COST_MODEL_KEYS = ("model", "hardware", "gpus", "gpus_per_node", "memory_gb", "zero_stage", "precision")
-
 
 @dataclass
 class PlanDocument:

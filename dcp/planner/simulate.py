@@ -16,7 +16,6 @@ ends with what the world's reductions add after the slowest rank, as the schedul
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from dcp.costmodel import CostModel, SPLayout
@@ -213,8 +212,8 @@ KIND_COLORS = {"forward": "#4c72b0", "backward": "#55a868", "recompute": "#dd845
                "all_to_all": "#c44e52", "ring": "#da8bc3", "param_gather": "#937860", "idle": "#dddddd", "allreduce": "#8172b3"}
 
 
-def gantt(timeline: Timeline, path: str | Path | None = None, title: str = "") -> Any:
-    """A Gantt chart, one row per rank, colored by event kind; saved to `path` if given.
+def gantt(timeline: Timeline, title: str = "") -> Any:
+    """A Gantt chart, one row per rank, colored by event kind.
 
     Returns the matplotlib Figure. It is built without pyplot (Agg canvas, no global backend
     switch), so it works headless and does not disturb a notebook's backend; matplotlib is
@@ -246,6 +245,4 @@ def gantt(timeline: Timeline, path: str | Path | None = None, title: str = "") -
     ax.legend(handles=[Patch(color=KIND_COLORS[k], label=k) for k in EVENT_KINDS],
               loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=len(EVENT_KINDS), fontsize="small")
     fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=120)
     return fig

@@ -24,11 +24,8 @@ from dcp.costmodel import CostModel
 from dcp.costmodel.schedule import slot_link_s
 from dcp.planner.baselines import lpt_assign
 from dcp.planner.bounds import one_size_busy
-from dcp.planner.common import assemble_indices
 from dcp.planner.ilp.budget import Deadline
-from dcp.planner.plan import Plan
 from dcp.planner.pricing import BatchArrays, Layout, Pricer
-from dcp.planner.sample import Sample
 from dcp.planner.slots import align
 
 
@@ -87,14 +84,6 @@ def lockstep_layouts(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], p
                       deadline=deadline.at)
         if found is not None:
             yield found[0]
-
-
-def fill_plans(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], lower_bound_s: float,
-               deadline: float = math.inf) -> list[Plan]:
-    """`fill_layouts` as plans (assembled and validated)."""
-    arrays = BatchArrays.of(batch)
-    return [assemble_indices("ilp", batch, cm, layout, lower_bound_s=lower_bound_s, arrays=arrays)
-            for layout in fill_layouts(arrays, cm, sizes, Pricer(cm, sizes), deadline)]
 
 
 def _fill(arrays: BatchArrays, cm: CostModel, p: int, pricer: Pricer, deadline: Deadline) -> Layout | None:

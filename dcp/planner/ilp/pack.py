@@ -465,7 +465,7 @@ def place(groups: Sequence[tuple[int, T]], cluster: Cluster) -> list[tuple[int, 
     """(first rank, SP size, payload) for groups given as (SP size, payload): `aligned_layout`'s
     blocks, largest sizes first (groups of one size keep their order)."""
     ordered = sorted(groups, key=lambda g: -g[0])
-    starts = aligned_layout(Counter(p for p, _ in ordered), cluster.num_gpus, cluster.gpus_per_node)
+    starts = aligned_layout(Counter(p for p, _ in ordered), cluster.num_gpus)
     return [(start, p, payload) for (start, p), (_, payload) in zip(starts, ordered, strict=True)]
 
 
