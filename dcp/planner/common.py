@@ -37,8 +37,7 @@ def assemble(strategy: str, batch: Sequence[Sample], cm: CostModel,
 
 def assemble_indices(strategy: str, batch: Sequence[Sample], cm: CostModel, layout: Layout,
                      ckpt: Sequence[Sequence[int]] | None = None, *, started: float | None = None,
-                     solver_status: str = "heuristic", gap: float | None = None,
-                     lower_bound_s: float = 0.0, notes: Sequence[str] = (),
+                     solver_status: str = "heuristic", lower_bound_s: float = 0.0, notes: Sequence[str] = (),
                      pricer: Pricer | None = None, arrays: BatchArrays | None = None, validate: bool = True,
                      step: bool = True) -> Plan:
     """Build and validate a Plan from (first rank, SP size, micro-batches as batch indices).
@@ -76,7 +75,7 @@ def assemble_indices(strategy: str, batch: Sequence[Sample], cm: CostModel, layo
         memory_limit_bytes=cm.cluster.memory_bytes, num_layers=cm.model.num_layers, samples=list(batch),
         groups=groups, step_time_s=0.0, lower_bound_s=lower_bound_s,
         solve_time_s=(time.perf_counter() - started) if started is not None else 0.0,
-        solver_status=solver_status, gap=gap, notes=list(notes),
+        solver_status=solver_status, notes=list(notes),
     )
     if step:
         price_step(plan, cm)  # the step as the executor's schedule runs it (dcp.planner.sync)

@@ -108,9 +108,7 @@ def _simulate_phases(plan: Plan, cm: CostModel) -> Timeline:
             rank_events.append(Event(ends[rank], compute_end, "idle"))
         if sync > 0:
             rank_events.append(Event(compute_end, step, "allreduce"))
-    if abs(step - plan.step_time_s) > _RTOL * max(step, 1.0):
-        raise PlanError(f"simulated step {step:.6g} s differs from the plan's {plan.step_time_s:.6g} s")
-    return _shares(Timeline(per_rank, step, 0.0, 0.0, busy))
+    return _shares(Timeline(per_rank, step, 0.0, 0.0, busy), plan)
 
 
 def microbatch_phases(cm: CostModel, tokens: int, pairs: int, sp_size: int,
@@ -189,17 +187,19 @@ def simulate(plan: Plan, cm: CostModel) -> Timeline:
         end = rank_events[-1].end_s if rank_events else 0.0
         if end < step:
             rank_events.append(Event(end, step, "idle"))
-    if abs(step - plan.step_time_s) > _RTOL * max(step, 1.0):
-        raise PlanError(f"simulated step {step:.6g} s differs from the plan's {plan.step_time_s:.6g} s")
     busy = [0.0] * plan.num_gpus
     for g in plan.groups:
         for rank in g.ranks:
             busy[rank] = g.busy_s
-    return _shares(Timeline(per_rank, step, 0.0, 0.0, busy))
+    return _shares(Timeline(per_rank, step, 0.0, 0.0, busy), plan)
 
 
-def _shares(timeline: Timeline) -> Timeline:
-    """`timeline` with its idle and communication fractions filled in."""
+def _shares(timeline: Timeline, plan: Plan) -> Timeline:
+    """`timeline` with its idle and communication fractions filled in; PlanError where its step
+    is not the plan's."""
+    step = timeline.step_time_s
+    if abs(step - plan.step_time_s) > _RTOL * max(step, 1.0):
+        raise PlanError(f"simulated step {step:.6g} s differs from the plan's {plan.step_time_s:.6g} s")
     by_kind = timeline.seconds_by_kind()
     total = len(timeline.events) * timeline.step_time_s
     if total > 0:

@@ -59,9 +59,8 @@ _MEMO: weakref.WeakKeyDictionary[CostModel, dict[tuple, _Floors]] = weakref.Weak
 
 def sample_arrays(batch: Sequence[Sample]) -> tuple[np.ndarray, np.ndarray]:
     """Tokens and attention pairs of the batch's samples (float64)."""
-    n = len(batch)
-    return (np.fromiter((s.tokens for s in batch), dtype=np.float64, count=n),
-            np.fromiter((s.attn_pairs for s in batch), dtype=np.float64, count=n))
+    arrays = BatchArrays.of(batch)
+    return arrays.tokens, arrays.pairs
 
 
 def distinct_samples(tokens: np.ndarray, pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
