@@ -174,6 +174,49 @@ def test_r2_gate_names_the_component_that_fits_badly_and_the_profile_carries_it(
     assert list(fit_layer(bad_rec, [], []).below_threshold()) == ["recompute"]
 
 
+NOTEBOOK_PROFILE = Path(__file__).resolve().parents[1] / "notebooks" / "data" / "cpu-tiny-llama.json"
+
+
+def test_executor_fit_recovers_the_fixed_cost_beyond_layers_and_head() -> None:
+    from dcp.profiler.executor_cost import bare_modules, executor_fit
+
+    profile, spec = load_hardware(str(NOTEBOOK_PROFILE)), load_model("tiny-llama")
+    fit = profile.fits["tiny-llama"]
+    cm = CostModel(spec, profile, Cluster(num_gpus=1, gpus_per_node=1, memory_bytes=profile.memory_bytes))
+    rows = []
+    for n in (16, 64, 256, 1024):
+        pairs = n * (n + 1) // 2
+        bare = cm.time_s(n, pairs, 1, 0) - fit.microbatch_fixed_s
+        rows.append({"tokens": n, "attn_pairs": pairs, "measured_s": bare + 3e-3 + 1e-6 * n,
+                     "first_s": bare + 5e-3, "last_s": bare + 6e-3})
+    new, record = executor_fit(profile, spec, torch.float32, rows, world=1)
+    assert new.microbatch_fixed_s == pytest.approx(3e-3, rel=1e-6)
+    assert new.head_per_token_s == pytest.approx(fit.head_per_token_s + 1e-6, rel=1e-6)
+    assert record["head_intercept_s"] == fit.microbatch_fixed_s and record["measured"]
+    # first + last - 2 x middle = 5 + 6 - 2 (3 + 0.001 n) ms; the median of n = 16..1024 is at n = 160.
+    assert record["step_extra_s"] == pytest.approx(5e-3 - 2e-6 * 160, rel=1e-6)
+    # --validate times the modules without the executor: it prices them with the extras taken out.
+    meta = {**profile.meta, "fits": {**profile.meta["fits"], "tiny-llama": {"executor": record}}}
+    with_executor = replace(profile, fits={**profile.fits, "tiny-llama": new}, meta=meta)
+    bare = bare_modules(with_executor, "tiny-llama").fits["tiny-llama"]
+    assert bare.microbatch_fixed_s == fit.microbatch_fixed_s
+    assert bare.head_per_token_s == pytest.approx(fit.head_per_token_s, rel=1e-9)
+    assert bare_modules(profile, "tiny-llama") == profile  # no executor record: unchanged
+
+
+def test_executor_rows_time_the_middle_microbatch_on_a_group_of_its_own() -> None:
+    import torch.distributed as dist
+
+    from dcp.profiler.executor_cost import executor_rows
+
+    rows = executor_rows(load_model("tiny-llama"), torch.float32, torch.device("cpu"), 64, 256,
+                         Repeats(warmup=0, repeats=1))
+    assert rows is not None and [r["tokens"] for r in rows] == [16, 64, 256]
+    assert all(r["measured_s"] > 0 and r["first_s"] > 0 and r["last_s"] > 0 for r in rows)
+    assert not dist.is_initialized()  # its one-rank group is gone again
+    assert executor_rows(load_model("tiny-llama"), torch.float16, torch.device("cpu"), 64, 256, Repeats()) is None
+
+
 def test_collective_points_become_curves_keyed_by_shape_with_their_latency_and_bandwidth() -> None:
     pts = []
     for op, p, lat, bw in (("all_to_all", 2, 20e-6, 120e9), ("all_to_all", 4, 25e-6, 100e9),
@@ -375,6 +418,10 @@ def test_dcp_profile_cli_writes_a_profile_that_plan_and_validate_use(tmp_path: P
     assert set(raw["meta"]["fits"]["tiny-llama"]["memory"]) == {"bf16", "autocast-bf16", "fp32"}
     assert "kernel_overhead_s" in raw["meta"]["measured"] and "measured" in raw["sources"]["matmul_flops"]
     assert raw["meta"]["attention_kernel"] == "sdpa per sample"  # CPU: no varlen kernel
+    # The micro-batch's fixed cost measured through the executor, the head's intercept kept beside.
+    executor = raw["meta"]["fits"]["tiny-llama"]["executor"]
+    assert executor["measured"] and fit["microbatch_fixed_s"] == executor["coef"]["fixed"]
+    assert set(raw["meta"]["fits"]["tiny-llama"]["r2"]) == {"forward", "backward", "recompute", "head+loss"}
     plan = CliRunner().invoke(main, ["plan", "--hardware", str(out), "--model", "tiny-llama", "--gpus", "2",
                                      "--steps", "1", "--strategy", "bucket", "--workload",
                                      "lognormal:mean=128,min=16,max=512,size=64", "--global-batch", "16"],

@@ -24,6 +24,7 @@ from dcp.profiler import comm
 from dcp.profiler.bench import LayerBench, heldout_batches, packing_grid, split_tokens
 from dcp.profiler.compute import LayerPoint, ModelPoint, Repeats, measure_layer, measure_model
 from dcp.profiler.device_bench import measure_device
+from dcp.profiler.executor_cost import executor_fit, executor_rows
 from dcp.profiler.fitting import MAPE_THRESHOLD, R2_THRESHOLD, geometric_grid
 from dcp.profiler.layer_fit import LAYER_COMPONENTS, LayerFitReport, fit_layer
 from dcp.profiler.reference import DTYPES
@@ -345,11 +346,22 @@ def profile_model(spec: ModelSpec, base: HardwareProfile, opts: ProfileOptions, 
     from dcp.profiler.reference import reference_bench
 
     o = opts.resolved()
-    assert o.dtype is not None
+    assert o.dtype is not None and o.min_tokens and o.max_tokens
     bench = reference_bench(spec, torch_device(o.device), o.dtype, seed=o.seed)
     profile = profile_bench(bench, base, o, spec=spec, progress=progress)
+    with cpu_threads(bench.device, o.threads):  # every rank: the executor runs on all of them
+        rows = executor_rows(spec, DTYPES[o.dtype], bench.device, o.min_tokens, o.max_tokens, o.repeats)
     if dist.is_initialized() and dist.get_rank() != 0:
         return profile
+    if rows is None:
+        fit, record = profile.fits[spec.name], {"measured": False, "why": f"no precision recipe runs {o.dtype} "
+                                                "parameters: the micro-batch's fixed cost is the head's intercept"}
+    else:
+        fit, record = executor_fit(profile, spec, DTYPES[o.dtype], rows,
+                                   dist.get_world_size() if dist.is_initialized() else 1)
+    meta = {**profile.meta, "fits": {**profile.meta["fits"],
+                                     spec.name: {**profile.meta["fits"][spec.name], "executor": record}}}
+    profile = replace(profile, fits={**profile.fits, spec.name: fit}, meta=meta)
     return record_memory(profile, spec, o.dtype)
 
 

@@ -17,6 +17,7 @@ import torch
 from dcp.costmodel import Cluster, CostModel, HardwareProfile, ModelSpec, TrainingSetup
 from dcp.profiler.bench import heldout_batches
 from dcp.profiler.compute import Repeats, measure_model
+from dcp.profiler.executor_cost import bare_modules
 from dcp.profiler.fitting import mape
 from dcp.profiler.profile import cpu_threads, fit_of, torch_device, track
 from dcp.profiler.reference import DTYPES, reference_bench
@@ -76,7 +77,8 @@ def validate_profile(profile: HardwareProfile, spec: ModelSpec, *, device: str =
     dev = torch_device(device)
     n = layers or min(spec.num_layers, VALIDATION_LAYERS)
     sub = replace(spec, num_layers=n)  # same name: CostModel picks up fits[spec.name]
-    cm = CostModel(sub, profile, Cluster(num_gpus=1, gpus_per_node=1, memory_bytes=profile.memory_bytes),
+    # The bench runs the modules without the executor: price them without its extras.
+    cm = CostModel(sub, bare_modules(profile, spec.name), Cluster(num_gpus=1, gpus_per_node=1, memory_bytes=profile.memory_bytes),
                    TrainingSetup(precision="fp32" if DTYPES[dtype] == torch.float32 else "bf16", zero_stage=0))
     lo, hi = fit_meta.get("tokens_range") or [min(256, fit.max_fitted_tokens), fit.max_fitted_tokens]
     reps = Repeats(warmup=1, repeats=3) if quick else Repeats(warmup=2, repeats=5)

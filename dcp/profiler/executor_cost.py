@@ -1,0 +1,157 @@
+"""What a micro-batch costs beyond its layers and head when the executor runs it.
+
+The profile's layer and head fits time bare modules. The executor adds work to every
+micro-batch: packing the samples, FSDP2's hooks around every sharded unit (the layers and the
+root), the checkpoint switches and the SP context (the parameters' gather and the gradients'
+reduction are the step's, priced apart). On a GPU most of it hides under queued
+kernels; on a CPU it runs in line with the compute (tiny-llama on one thread: about 2.7 ms of a
+13.7 ms 512-token micro-batch). So for a reference model `dcp profile` runs the executor itself
+on one rank over a few single-sample micro-batches and fits what it measures beyond the fitted
+layers and head, (measured - predicted without the fixed cost) = fixed + per_token * T, by
+non-negative least squares: `fixed` becomes the fit's `microbatch_fixed_s` and `per_token` is
+added to `head_per_token_s`. The intercept is the micro-batch's fixed cost as the executor pays
+it, which the head's own intercept (kept in the meta) only starts.
+
+Launched with torchrun, every rank runs the executor together (FSDP2 then gathers and reduces
+over them, as a run on these ranks does) and rank 0 fits; otherwise on a one-rank gloo or NCCL
+group of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dcp.costmodel import (
+    Cluster,
+    CostModel,
+    HardwareProfile,
+    LayerFit,
+    ModelSpec,
+    TrainingSetup,
+    attention_pairs,
+)
+from dcp.profiler.compute import Repeats
+from dcp.profiler.fitting import fit_nnls, geometric_grid
+
+
+@contextmanager
+def one_rank_group(device: torch.device) -> Iterator[None]:
+    """A process group of this process alone, for the block (FSDP2 needs one)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                init_method=f"file://{os.path.join(tmp, 'store')}", rank=0, world_size=1)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
+
+
+def sizes(min_tokens: int, max_tokens: int) -> list[int]:
+    """Micro-batch sizes from a sixteenth of the grid's smallest point to four times it (the fixed
+    cost is the intercept: it needs small micro-batches, and a few larger ones give the slope)."""
+    lo = max(16, min_tokens // 16)
+    return geometric_grid(lo, max(lo, min(max_tokens, 4 * min_tokens)), 4.0)
+
+
+def measure_executor(spec: ModelSpec, dtype: torch.dtype, device: torch.device, tokens: Sequence[int],
+                     reps: Repeats) -> list[dict[str, float]]:
+    """Each size's fastest micro-batch through the executor (compute clock: CPU time with one torch
+    thread, else the micro-batch's wall or CUDA-event time), on every rank of the world (a
+    collective when distributed), this rank's times. Each step runs three micro-batches per rank
+    and the middle one is read: the first gathers the parameters and the last reduces the
+    gradients, work of the step that the cost model prices in its synchronization
+    (`CostModel.step_price`), not in every micro-batch."""
+    from dcp.executor import Executor, ParallelState
+    from dcp.executor.reference import manual_plan
+    from dcp.models import build_model, lm_loss, mse_loss, sample_tensors
+    from dcp.planner import Sample
+
+    cpu_clock = device.type == "cpu" and torch.get_num_threads() == 1
+    state = ParallelState.create(device=device)
+    with device:
+        model = build_model(spec, dtype=dtype, device=device, seed=0)
+    executor = Executor(model, state, recipe=recipe_of(dtype), zero_stage=1)
+
+    def loss_fn(out: torch.Tensor, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if spec.attention == "spatial_temporal":
+            return mse_loss(out, batch["target"], batch.valid)
+        return lm_loss(out, batch["labels"])
+
+    rows = []
+    world = state.world_size
+    for n in tokens:
+        batch = [Sample(i, n, attention_pairs(spec.attention, n)) for i in range(3 * world)]
+        tensors = {s.id: sample_tensors(spec, s, dtype=dtype) for s in batch}
+        plan = manual_plan(batch, world, spec.num_layers,
+                           [(r, 1, [([3 * r + j], 0) for j in range(3)]) for r in range(world)],
+                           gpus_per_node=state.gpus_per_node)
+        seconds: list[list[float]] = [[], [], []]  # first, middle, last micro-batch
+        for i in range(reps.warmup + reps.repeats):
+            stats = executor.step(plan, tensors, loss_fn).microbatches
+            if i >= reps.warmup:
+                for j, mb in enumerate(stats):
+                    seconds[j].append(mb.cpu_s if cpu_clock else mb.measured_s)
+        rows.append({"tokens": n, "attn_pairs": batch[0].attn_pairs, "measured_s": min(seconds[1]),
+                     "first_s": min(seconds[0]), "last_s": min(seconds[2])})
+    return rows
+
+
+def recipe_of(dtype: torch.dtype) -> str:
+    return "fp32" if dtype == torch.float32 else "bf16"
+
+
+def executor_fit(profile: HardwareProfile, spec: ModelSpec, dtype: torch.dtype, rows: Sequence[dict[str, float]],
+                 world: int) -> tuple[LayerFit, dict[str, Any]]:
+    """The fit with the executor's fixed cost and per-token extra (module docstring), and its record."""
+    fit = profile.fits[spec.name]
+    cm = CostModel(spec, profile, Cluster(num_gpus=1, gpus_per_node=1, memory_bytes=profile.memory_bytes),
+                   TrainingSetup(precision=recipe_of(dtype), zero_stage=1))
+    rows = [{**r, "layers_and_head_s": cm.time_s(r["tokens"], r["attn_pairs"], 1, 0) - fit.microbatch_fixed_s}
+            for r in rows]
+    extra = fit_nnls([[1.0, r["tokens"]] for r in rows], [r["measured_s"] - r["layers_and_head_s"] for r in rows],
+                     ("fixed", "per_token"), weights=[1.0 / r["measured_s"] for r in rows])
+    new = replace(fit, microbatch_fixed_s=extra.coef[0], head_per_token_s=fit.head_per_token_s + extra.coef[1])
+    # What the first and last micro-batches add (the parameters' gather, the gradients' reduction),
+    # against what the cost model prices for them: recorded, not fitted (it has no per-step term).
+    synced = CostModel(spec, profile, Cluster(num_gpus=world, gpus_per_node=world, memory_bytes=profile.memory_bytes),
+                       TrainingSetup(precision=recipe_of(dtype), zero_stage=1))
+    step_extra = statistics.median(r["first_s"] + r["last_s"] - 2 * r["measured_s"] for r in rows)
+    record = {"measured": True, "points": rows, "coef": extra.as_dict(), "fit_mape_of_residual": extra.mape,
+              "head_intercept_s": fit.microbatch_fixed_s, "zero_stage": 1, "ranks": world,
+              "step_extra_s": step_extra, "priced_sync_s": synced.sync_terms() if world > 1 else None}
+    return new, record
+
+
+def executor_rows(spec: ModelSpec, dtype: torch.dtype, device: torch.device, min_tokens: int, max_tokens: int,
+                  reps: Repeats) -> list[dict[str, float]] | None:
+    """`measure_executor` on this job's ranks (or on a group of this process alone); None where no
+    precision recipe runs `dtype`."""
+    if dtype not in (torch.float32, torch.bfloat16):
+        return None
+    tokens = sizes(min_tokens, max_tokens)
+    if dist.is_initialized():
+        return measure_executor(spec, dtype, device, tokens, reps)
+    with one_rank_group(device):
+        return measure_executor(spec, dtype, device, tokens, reps)
+
+
+def bare_modules(profile: HardwareProfile, name: str) -> HardwareProfile:
+    """The profile with model `name`'s fit as the bare modules measured it: the executor's fixed
+    cost and per-token extra taken back out (the head's own intercept restored). What `dcp profile
+    --validate` prices, as it times the modules without the executor."""
+    record = profile.meta.get("fits", {}).get(name, {}).get("executor") or {}
+    if not record.get("measured"):
+        return profile
+    fit = profile.fits[name]
+    bare = replace(fit, microbatch_fixed_s=record["head_intercept_s"],
+                   head_per_token_s=fit.head_per_token_s - record["coef"]["per_token"])
+    return replace(profile, fits={**profile.fits, name: bare})
