@@ -416,13 +416,17 @@ def test_under_torchrun_an_error_prints_once(case: str, tmp_path: Path) -> None:
     assert out.count("Traceback (most recent call last)") <= 1, out
     frames = re.findall(r'File "([^"]+)"', out)
     assert all("/torch/" in f or "runpy" in f or f.endswith("torchrun") for f in frames), frames
-    # torchrun's summary: rank 0 is the root cause, its error file carries the one line, and every
-    # rank exited with the same status (none was ended by a bare SIGTERM).
+    # torchrun's summary: rank 0 is the root cause with the run's status, and its error file carries
+    # the one line. Every other rank that got as far as dcp exits with the same status; one that
+    # torchrun ended while its interpreter was still starting (a loaded machine) can only show
+    # torchrun's SIGTERM (-15): no handler of ours runs before dcp is imported.
     summary = proc.stderr.split("ChildFailedError", 1)[1]
     root = summary.split("Root Cause", 1)[1]
     assert re.search(r"rank\s*:\s*(\d+)", root).group(1) == "0", summary
     assert re.search(r"traceback\s*:\s*(.*)", root).group(1).strip() == errors[0], summary
-    assert re.findall(r"exitcode\s*:\s*(-?\d+)", summary) == [str(status)] * 3, summary
+    assert re.search(r"exitcode\s*:\s*(-?\d+)", root).group(1) == str(status), summary
+    codes = re.findall(r"exitcode\s*:\s*(-?\d+)", summary)
+    assert len(codes) == 3 and set(codes) <= {str(status), "-15"}, summary
 
 
 END_JOB = """
