@@ -55,7 +55,8 @@ def tiny_cm(gpus: int = 4, gpus_per_node: int = 2, cap_tokens: int = 600, zero_s
                   for op in ("all_reduce", "reduce_scatter", "all_gather", "broadcast") for nodes in (1, 2)]
     hw = dataclasses.replace(
         base, matmul_flops=1e9, attention_fwd_flops=1e9, attention_bwd_flops=1e9, attention_fwd_pairs_per_token=0.0,
-        attention_bwd_pairs_per_token=0.0, memory_bw_bytes_per_s=1e12, kernel_overhead_s=1e-2,
+        attention_bwd_pairs_per_token=0.0, attention_bwd_causal_flops=None, attention_kernels={},
+        matmul_tokens_offset=0.0, memory_bw_bytes_per_s=1e12, kernel_overhead_s=1e-2,
         collectives=tuple(slow + others))
     training = TrainingSetup(zero_stage=zero_stage)
     probe = CostModel(TINY_MODEL, hw, Cluster(num_gpus=gpus, gpus_per_node=gpus_per_node, memory_bytes=1e12),

@@ -36,8 +36,9 @@ reference layer reads and writes under a torch dispatch mode (a second instrumen
 The loss: logits [T, V] in the compute dtype, upcast to fp32 before cross-entropy
 (`dcp.models.losses.lm_loss`): eager, upcast (c + 4)V, log-softmax 8V, and in backward the
 nll gradient (4V written), log-softmax's backward (12V) and the downcast ((4 + c)V): (32 + 2c)V
-per token; compiled (a fused cross-entropy): read the logits forward, read them and write their
-gradient backward, 3cV.
+per token; fused (one cross-entropy kernel, e.g. flash-attn's xentropy): read the logits forward,
+read them and write their gradient backward, 3cV. torch.compile of the layers leaves the loss as
+it is (torchtitan compiles per block), so this is its own switch (`TrainingSetup.loss`).
 
 Never imports torch.
 """
@@ -142,12 +143,13 @@ def elementwise_bytes(spec: ModelSpec, prec: PrecisionRecipe, kernels: str = "ea
     return ElementwiseBytes(fwd * spec.blocks_per_layer, bwd * spec.blocks_per_layer)
 
 
-def loss_bytes_per_token(spec: ModelSpec, prec: PrecisionRecipe, kernels: str = "eager") -> float:
-    """Bytes per token the loss moves over the vocabulary-sized logits, forward and backward."""
-    if kernels not in KERNELS:
-        raise CostModelError(f"kernels must be one of {', '.join(KERNELS)}, got {kernels!r}")
+def loss_bytes_per_token(spec: ModelSpec, prec: PrecisionRecipe, loss: str = "upcast") -> float:
+    """Bytes per token the loss moves over the vocabulary-sized logits, forward and backward:
+    `upcast` the logits to fp32 first (eager ops), or one `fused` cross-entropy kernel."""
+    if loss not in ("upcast", "fused"):
+        raise CostModelError(f"loss must be upcast or fused, got {loss!r}")
     c, v = prec.compute_bytes, spec.vocab
-    if kernels == "compiled":
+    if loss == "fused":
         return 3.0 * c * v
     wide = max(4, c)
     up = (c + wide) * v if c < wide else 0.0

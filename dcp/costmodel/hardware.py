@@ -123,6 +123,9 @@ class HardwareProfile:
     L / (L + 2 * this) of the long-sequence rate (linear in T and A for the planner)."""
     attention_bwd_pairs_per_token: float = 0.0
     """The same for the backward kernel."""
+    attention_bwd_causal_flops: float | None = None
+    """The default kernel's causal backward on long sequences, where measured apart from the
+    unmasked one (`attention_bwd_flops`); None: the unmasked rate."""
     attention_backend: str = ""
     """The attention kernel the rates describe (flash-attn 2/3, cudnn, torch varlen_attn, sdpa)."""
     attention_kernels: dict[str, AttentionKernel] = field(default_factory=dict)
@@ -194,13 +197,14 @@ class HardwareProfile:
         return self.memory_capacity_bytes * (1 - self.memory_reserve_fraction) - self.memory_reserve_bytes
 
     def attention_kernel(self, name: str | None = None) -> AttentionKernel:
-        """The kernel `name` (None or the profile's own backend: its default rates)."""
-        if name is None or name == self.attention_backend or (name not in self.attention_kernels
-                                                              and _KERNEL_ALIASES.get(name) == self.attention_backend):
+        """The kernel `name` from `attention_kernels`; None (or the profile's `attention_backend`,
+        or its short name) the default kernel, whose rates are the profile's `attention_*` fields."""
+        if name is None or name in (self.attention_backend, _KERNEL_ALIASES.get(self.attention_backend)):
             return AttentionKernel(fwd_flops=self.attention_fwd_flops,
                                    fwd_pairs_per_token=self.attention_fwd_pairs_per_token,
                                    bwd_flops=self.attention_bwd_flops,
                                    bwd_pairs_per_token=self.attention_bwd_pairs_per_token,
+                                   bwd_causal_flops=self.attention_bwd_causal_flops,
                                    source=self.sources.get("attention_fwd_flops", ""))
         if name not in self.attention_kernels:
             known = sorted({*self.attention_kernels, self.attention_backend} - {""})
@@ -256,8 +260,9 @@ class HardwareProfile:
         d["collectives"] = [c.to_dict() for c in self.collectives]
         if not d["attention_kernels"]:
             del d["attention_kernels"]
-        if not d["matmul_tokens_offset"]:
-            del d["matmul_tokens_offset"]
+        for optional in ("matmul_tokens_offset", "attention_bwd_causal_flops"):
+            if not d[optional]:
+                del d[optional]
         return {"kind": "dcp-hardware-profile", "schema_version": PROFILE_SCHEMA_VERSION, **d}
 
     @classmethod
@@ -296,9 +301,18 @@ class TrainingSetup:
     shard_group: int | None = None
     """Ranks the state is sharded over (HSDP: shard within each group of this many consecutive
     ranks, a node by default for large clusters, replicate across the groups); None: the world."""
-    kernels: Literal["eager", "compiled"] = "eager"
-    """How the elementwise work runs: one kernel per op (eager PyTorch, as dcp's executor runs)
-    or fused between matmuls (torch.compile); `dcp.costmodel.elementwise` counts each."""
+    kernels: Literal["eager", "compiled"] | None = None
+    """How the elementwise work runs, for the FLOP-derived coefficients: one kernel per op (eager
+    PyTorch, as dcp's executor runs) or fused between matmuls (torch.compile);
+    `dcp.costmodel.elementwise` counts each, and with either the derivation also prices the
+    loss's bytes, the optimizer's step, the small-M GEMM offset and the causal backward's rate
+    (docs/design.md, "The cost model"). None, the default for now: the estimate the presets
+    priced with before (34 h activation bytes per token and layer, none of those terms), kept
+    until the planner's tests are re-derived on the counted one."""
+    loss: Literal["upcast", "fused"] = "upcast"
+    """The loss over the vocabulary: logits upcast to fp32 before cross-entropy (dcp's `lm_loss`,
+    torchtitan), or one fused cross-entropy kernel (flash-attn's xentropy, llm-foundry);
+    `dcp.costmodel.elementwise.loss_bytes_per_token`."""
     optimizer: Literal["foreach", "fused"] = "foreach"
     """AdamW's implementation: torch's default multi-tensor passes, or its one fused kernel
     (`dcp.costmodel.traffic.optimizer_bytes_per_param`)."""
@@ -308,8 +322,10 @@ class TrainingSetup:
 
     def __post_init__(self) -> None:
         get_recipe(self.precision)  # an unknown name is a clear error here, not later
-        if self.kernels not in ("eager", "compiled"):
+        if self.kernels not in (None, "eager", "compiled"):
             raise CostModelError(f"kernels must be eager or compiled, got {self.kernels!r}")
+        if self.loss not in ("upcast", "fused"):
+            raise CostModelError(f"loss must be upcast or fused, got {self.loss!r}")
         if self.optimizer not in ("foreach", "fused"):
             raise CostModelError(f"optimizer must be foreach or fused, got {self.optimizer!r}")
         if self.zero_stage not in (0, 1, 2, 3):

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dcp.costmodel.collectives import bus_factor
+from dcp.costmodel.elementwise import ElementwiseBytes, elementwise_bytes, loss_bytes_per_token
 from dcp.costmodel.hardware import Cluster, HardwareProfile, LayerFit, TrainingSetup
 from dcp.costmodel.layout_queries import LayoutQueries
 from dcp.costmodel.memory import footprint_for
@@ -39,8 +40,8 @@ from dcp.costmodel.schedule import (
     price_step,
 )
 from dcp.costmodel.spec import CostModelError, ModelSpec
-from dcp.costmodel.traffic import weight_traffic
-from dcp.costmodel.zero import in_step_bytes, resident_bytes, unit_params
+from dcp.costmodel.traffic import optimizer_step_s, weight_traffic
+from dcp.costmodel.zero import in_step_bytes, resident_bytes, shard_ranks, unit_params
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,10 @@ class CostModel(LayoutQueries):
         self.in_step_bytes = in_step_bytes(self.training.recipe, stage, units, n, shard_group)
         """What FSDP2's schedule adds during a step: stages 0-2 the gathered parameters and the
         whole local gradient, stage 3 the gathered units and their gradients."""
+        local = sum(units) / shard_ranks(stage, n, shard_group)
+        self.optimizer_s = 0.0 if self.training.kernels is None else optimizer_step_s(
+            model, self.training.recipe, local, hardware.memory_bw_bytes_per_s, self.training.optimizer)
+        """The optimizer's step over this rank's shard, once per step (`traffic.optimizer_step_s`)."""
         fp = self.footprint
         self.static_bytes = (self.resident_bytes + self.in_step_bytes + fp.weight_copy_bytes(model.num_layers)
                              + fp.working_fixed_bytes)
@@ -132,39 +137,56 @@ class CostModel(LayoutQueries):
     # -- coefficients --------------------------------------------------------------------
     def _derive_fit(self) -> LayerFit:
         """Coefficients from FLOPs and bytes when no measurement exists for this model."""
-        m, hw = self.model, self.hardware
-        # Elementwise work (norms, activations, residuals, RoPE) streams about the layer's
-        # activation bytes once (Korthikanti et al., arXiv 2205.05198: 34 s b h bytes).
-        act_full = 34.0 * m.hidden * m.blocks_per_layer * m.bytes_per_element / 2
-        elementwise_s = act_full / hw.memory_bw_bytes_per_s
+        m, hw, tr = self.model, self.hardware, self.training
+        bw = hw.memory_bw_bytes_per_s
+        counted = tr.kernels is not None
+        # Elementwise work (norms, RoPE, residual adds, the MLP's activation, autocast's casts)
+        # streams its bytes through device memory: counted op by op from the layer's structure,
+        # eager or fused (dcp.costmodel.elementwise). Without `kernels` (the default for now) the
+        # estimate the presets priced with before: about the layer's activation bytes once
+        # (Korthikanti et al., arXiv 2205.05198: 34 s b h bytes) forward, twice backward.
+        if counted:
+            ew = elementwise_bytes(m, tr.recipe, tr.kernels)
+        else:
+            act = 34.0 * m.hidden * m.blocks_per_layer * m.bytes_per_element / 2
+            ew = ElementwiseBytes(act, 2 * act)
         matmul_s = m.layer_fwd_flops_per_token() / hw.matmul_flops
+        # Small-M GEMMs: each of the layer's matmuls over M tokens runs as M + offset tokens
+        # (HardwareProfile.matmul_tokens_offset): a fixed cost per layer and pass.
+        offset = hw.matmul_tokens_offset if counted else 0.0
+        matmul_fixed = offset * matmul_s
         # Attention per kernel and direction: a kernel over T tokens and A pairs takes (A + kappa T)
         # pairs at its long-sequence rate, kappa the short-sequence cost per token of each attention
         # call (one per block). Backward FLOPs are 2.5x the forward's: five matmuls against two
-        # (FlashAttention-2, arXiv 2307.08691); the rates count them so (HardwareProfile).
-        fwd_pair = m.layer_fwd_flops_per_pair() / hw.attention_fwd_flops
-        bwd_pair = 2.5 * m.layer_fwd_flops_per_pair() / hw.attention_bwd_flops
-        fwd_tok = matmul_s + elementwise_s + m.blocks_per_layer * hw.attention_fwd_pairs_per_token * fwd_pair
+        # (FlashAttention-2, arXiv 2307.08691); the rates count them so (HardwareProfile). The
+        # kernel is the run's (TrainingSetup.attention), the causal backward on its own rate.
+        kern = hw.attention_kernel(tr.attention)
+        fwd_pair = m.layer_fwd_flops_per_pair() / kern.fwd_flops
+        bwd_pair = 2.5 * m.layer_fwd_flops_per_pair() / kern.backward_flops(counted and m.attention == "causal")
+        fwd_tok = matmul_s + ew.fwd / bw + m.blocks_per_layer * kern.fwd_pairs_per_token * fwd_pair
         # Backward: two matmuls per forward matmul (grad of input and of weight) -> 2x.
-        bwd_tok = 2 * (matmul_s + elementwise_s) + m.blocks_per_layer * hw.attention_bwd_pairs_per_token * bwd_pair
+        # (The earlier estimate doubles the forward's elementwise work, in the order it always summed.)
+        bwd_elementwise = 2 * matmul_s + ew.bwd / bw if counted else 2 * (matmul_s + ew.fwd / bw)
+        bwd_tok = bwd_elementwise + m.blocks_per_layer * kern.bwd_pairs_per_token * bwd_pair
         # The per-tensor weight work (casts, gradient accumulation) is fixed per layer and pass.
-        w = weight_traffic(m, self.training.recipe, hw.memory_bw_bytes_per_s, hw.kernel_launch_s)
+        w = weight_traffic(m, tr.recipe, bw, hw.kernel_launch_s)
         head_flops = 2.0 * m.hidden * m.vocab * 3  # LM head forward + backward (x3)
+        loss_s = loss_bytes_per_token(m, tr.recipe, tr.loss) / bw if counted else 0.0  # the logits' upcast, loss
         return LayerFit(
-            fwd_fixed_s=hw.kernel_overhead_s + w.fwd_layer_s,
+            fwd_fixed_s=hw.kernel_overhead_s + w.fwd_layer_s + matmul_fixed,
             fwd_per_token_s=fwd_tok,
             fwd_per_pair_s=fwd_pair,
-            bwd_fixed_s=2 * hw.kernel_overhead_s + w.bwd_layer_s,
+            bwd_fixed_s=2 * hw.kernel_overhead_s + w.bwd_layer_s + 2 * matmul_fixed,
             bwd_per_token_s=bwd_tok,
             bwd_per_pair_s=bwd_pair,
-            rec_fixed_s=hw.kernel_overhead_s + w.rec_layer_s,
+            rec_fixed_s=hw.kernel_overhead_s + w.rec_layer_s + matmul_fixed,
             rec_per_token_s=fwd_tok,
             rec_per_pair_s=fwd_pair,
             # Memory is measured, never derived: the model's footprint in the training's recipe.
             act_full_bytes_per_token=self.footprint.act_full_bytes_per_token,
             act_ckpt_bytes_per_token=self.footprint.act_ckpt_bytes_per_token,
-            head_per_token_s=head_flops / hw.matmul_flops,
-            microbatch_fixed_s=w.head_s,
+            head_per_token_s=head_flops / hw.matmul_flops + loss_s,
+            microbatch_fixed_s=w.head_s + offset * head_flops / hw.matmul_flops,
             head_bytes_per_token=self.footprint.working_bytes_per_token,
         )
 
