@@ -88,11 +88,10 @@ def test_step_equals_reference_and_reports_times(state: ParallelState) -> None:
     assert [(m.index, m.samples, m.tokens, m.ckpt_layers) for m in stats.microbatches] == [
         (0, 2, 14, 2), (1, 1, 3, 0), (2, 1, 12, 1)]
     assert all(m.measured_s > 0 for m in stats.microbatches)
-    # CPU time beside wall time: this process's threads cannot spend more than wall x threads
-    # (1 ms for the clocks' reads between the two).
-    threads = torch.get_num_threads()
-    assert all(0 < m.cpu_s <= m.measured_s * threads + 1e-3 for m in stats.microbatches)
-    assert 0 < stats.cpu_step_s <= stats.measured_step_s * threads + 1e-3
+    # CPU time beside wall time: every micro-batch spends some, and the step's window holds every
+    # micro-batch's. (No upper bound from the wall time: the process's other threads, gloo's and
+    # autograd's, run beside the measured one, so it depends on the machine's load.)
+    assert all(m.cpu_s > 0 for m in stats.microbatches)
     assert stats.cpu_step_s >= sum(m.cpu_s for m in stats.microbatches)
     assert [m.predicted_s for m in stats.microbatches] == [mb.time_s for mb in plan.groups[0].microbatches]
     assert stats.predicted_step_s == plan.step_time_s and stats.measured_step_s > 0
