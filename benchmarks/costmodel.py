@@ -113,18 +113,6 @@ def alpha_beta_rows() -> list[dict[str, Any]]:
     return rows
 
 
-def _step_tokens_per_gpu_s(cm: CostModel, seq_len: int, micro_batch: int, grad_accum: int, ckpt_layers: int) -> float:
-    """Tokens per second per GPU of a data-parallel step: every GPU its own group (SP 1) running
-    `grad_accum` micro-batches of `micro_batch` samples, priced by the step's schedule at the
-    setup's ZeRO stage (lockstep slots at stage 3) with the optimizer's step."""
-    from dcp.costmodel.schedule import GroupShape, MicroBatchShape
-
-    tokens = micro_batch * seq_len
-    mb = MicroBatchShape(float(tokens), float(micro_batch * attention_pairs("causal", seq_len)), ckpt_layers)
-    groups = [GroupShape(1, (mb,) * grad_accum)] * cm.cluster.num_gpus
-    return tokens * grad_accum / cm.step_price(groups).step_time_s
-
-
 PRESET_OF_GPU = {"h100-sxm5-80gb-700w": "h100-sxm", "h100-sxm5-96gb-500w": "h100-sxm-500w",
                  "a100-sxm4-80gb": "a100-80gb"}
 """The preset each published GPU variant is priced on (`GPU_VARIANTS`)."""
