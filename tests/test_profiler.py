@@ -30,6 +30,7 @@ from dcp.costmodel import (
     load_model,
     save_hardware,
 )
+from dcp.costmodel.schedule import GroupShape, MicroBatchShape
 from dcp.profiler import (
     Call,
     LayerBench,
@@ -188,18 +189,28 @@ def test_executor_fit_recovers_the_fixed_cost_beyond_layers_and_head() -> None:
         pairs = n * (n + 1) // 2
         bare = cm.time_s(n, pairs, 1, 0) - fit.microbatch_fixed_s
         rows.append({"tokens": n, "attn_pairs": pairs, "measured_s": bare + 3e-3 + 1e-6 * n,
-                     "first_s": bare + 5e-3, "last_s": bare + 6e-3})
+                     "first_s": bare + 5e-3, "last_s": bare + 6e-3, "step_s": 3 * (bare + 3e-3 + 1e-6 * n) + 4e-3})
     new, record = executor_fit(profile, spec, torch.float32, rows, world=1)
     assert new.microbatch_fixed_s == pytest.approx(3e-3, rel=1e-6)
     assert new.head_per_token_s == pytest.approx(fit.head_per_token_s + 1e-6, rel=1e-6)
     assert record["head_intercept_s"] == fit.microbatch_fixed_s and record["measured"]
-    # first + last - 2 x middle = 5 + 6 - 2 (3 + 0.001 n) ms; the median of n = 16..1024 is at n = 160.
-    assert record["step_extra_s"] == pytest.approx(5e-3 - 2e-6 * 160, rel=1e-6)
+    # The step beyond three middle micro-batches: 4 ms at every size.
+    assert record["step_extra_s"] == pytest.approx(4e-3, rel=1e-6)
+    # One rank prices no collective, so all of it is the executor's per-step cost, and the step
+    # price of the profiled model carries it once a step, as does the least any step adds.
+    assert record["priced_extra_s"] == pytest.approx(0.0, abs=1e-12)
+    assert new.step_fixed_s == pytest.approx(4e-3, rel=1e-6)
+    measured = replace(profile, fits={**profile.fits, "tiny-llama": new})
+    cm_new = CostModel(spec, measured, Cluster(num_gpus=1, gpus_per_node=1, memory_bytes=profile.memory_bytes))
+    mbs = (MicroBatchShape(512.0, 512 * 513 / 2, 0),) * 3
+    busy = 3 * cm_new.time_s(512, 512 * 513 / 2, 1, 0)
+    assert cm_new.step_price([GroupShape(1, mbs)]).step_time_s - busy == pytest.approx(new.step_fixed_s, rel=1e-9)
+    assert cm_new.grad_sync_s() == pytest.approx(new.step_fixed_s, rel=1e-9)
     # --validate times the modules without the executor: it prices them with the extras taken out.
     meta = {**profile.meta, "fits": {**profile.meta["fits"], "tiny-llama": {"executor": record}}}
     with_executor = replace(profile, fits={**profile.fits, "tiny-llama": new}, meta=meta)
     bare = bare_modules(with_executor, "tiny-llama").fits["tiny-llama"]
-    assert bare.microbatch_fixed_s == fit.microbatch_fixed_s
+    assert bare.microbatch_fixed_s == fit.microbatch_fixed_s and bare.step_fixed_s == 0.0
     assert bare.head_per_token_s == pytest.approx(fit.head_per_token_s, rel=1e-9)
     assert bare_modules(profile, "tiny-llama") == profile  # no executor record: unchanged
 

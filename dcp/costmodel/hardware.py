@@ -40,6 +40,10 @@ class LayerFit:
     """Embedding + LM head + loss, forward and backward, per token (the model without layers, profiled)."""
     microbatch_fixed_s: float = 0.0
     """Per micro-batch fixed cost outside the layers (the intercept of the model without layers, profiled)."""
+    step_fixed_s: float = 0.0
+    """Per step, what the executor's first and last micro-batches (the parameters' gather, the
+    gradients' reduction) cost beyond what the collectives' curves price for them: measured by
+    `dcp profile` through the executor (`dcp.profiler.executor_cost`), 0 for a preset."""
     head_bytes_per_token: float = 0.0
     """Peak bytes per token of embedding/head/loss (logits)."""
     max_fitted_tokens: int = 0

@@ -124,6 +124,10 @@ class CostModel(LayoutQueries):
         self.optimizer_s = 0.0 if self.training.kernels is None else optimizer_step_s(
             model, self.training.recipe, local, hardware.memory_bw_bytes_per_s, self.training.optimizer)
         """The optimizer's step over this rank's shard, once per step (`traffic.optimizer_step_s`)."""
+        self.per_step_s = self.optimizer_s + self.fit.step_fixed_s
+        """What every step adds once beyond its micro-batches and its collectives' curves: the
+        optimizer's step and, where `dcp profile` measured it, the executor's own per-step cost
+        (`LayerFit.step_fixed_s`)."""
         fp = self.footprint
         self.static_bytes = (self.resident_bytes + self.in_step_bytes + fp.weight_copy_bytes(model.num_layers)
                              + fp.working_fixed_bytes)

@@ -287,7 +287,7 @@ def price_step(cm: CostModel, groups: Sequence[GroupShape], idle_ranks: bool = F
     busy = max(per_group, default=0.0)
     if not spans:
         if step.stage >= 3:
-            return StepPrice(lockstep_s(step, groups, idle_ranks, overlap) + cm.optimizer_s, busy, None)
+            return StepPrice(lockstep_s(step, groups, idle_ranks, overlap) + cm.per_step_s, busy, None)
         return StepPrice(independent_s(step, groups, per_group, overlap), busy, None)
     members: list[GroupShape | None] = [*groups, *([None] if idle_ranks or not groups else [])]
     if step.stage >= 3:
@@ -299,7 +299,7 @@ def price_step(cm: CostModel, groups: Sequence[GroupShape], idle_ranks: bool = F
     result = replay(programs, seconds, kinds, spans=True)
     # The optimizer steps after every reduction (stages 1, 2: before the updated parameters'
     # all-gathers, which then start no earlier): it adds to the step wherever it sits in the tail.
-    return StepPrice(max(result.end_s, default=0.0) + cm.optimizer_s, busy, result)
+    return StepPrice(max(result.end_s, default=0.0) + cm.per_step_s, busy, result)
 
 
 def _in_issue_order(programs: list[list[Op]], seconds: list[float], kinds: list[str]
@@ -326,7 +326,7 @@ def least_exposed_s(cm: CostModel) -> float:
     all-reduce follow the last backward. A lower bound, so a makespan bound plus it stays a lower
     bound of the step."""
     if cm.cluster.num_gpus == 1:
-        return cm.optimizer_s
+        return cm.per_step_s
     gather, reduce, _ = collective_seconds(cm)
     k = cm.model.num_layers
     if cm.training.zero_stage >= 3:
@@ -338,7 +338,7 @@ def _after_layers_s(cm: CostModel) -> float:
     """What follows every layer's reduction: the root's reduction, the loss scalars' all-reduce,
     the optimizer's step and, at stages 1 and 2, the all-gathers of the updated parameters."""
     gather, reduce, scalars = collective_seconds(cm)
-    return (reduce[cm.model.num_layers] + scalars + cm.optimizer_s
+    return (reduce[cm.model.num_layers] + scalars + cm.per_step_s
             + (sum(gather) if cm.training.zero_stage in (1, 2) else 0.0))
 
 

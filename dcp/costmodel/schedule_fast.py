@@ -64,7 +64,7 @@ def independent_s(step: _Step, groups: Sequence[GroupShape], busy: Sequence[floa
     end = 0.0
     for u in [*reversed(range(k)), k]:
         end = max(end, float(release[u])) + step.reduce_s[u]
-    end = max(end, release[k]) + step.scalars_s + step.cm.optimizer_s
+    end = max(end, release[k]) + step.scalars_s + step.cm.per_step_s
     if step.stage in (1, 2):
         end += sum(step.gather_s)
     return end

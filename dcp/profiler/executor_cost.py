@@ -10,7 +10,10 @@ on one rank over a few single-sample micro-batches and fits what it measures bey
 layers and head, (measured - predicted without the fixed cost) = fixed + per_token * T, by
 non-negative least squares: `fixed` becomes the fit's `microbatch_fixed_s` and `per_token` is
 added to `head_per_token_s`. The intercept is the micro-batch's fixed cost as the executor pays
-it, which the head's own intercept (kept in the meta) only starts.
+it, which the head's own intercept (kept in the meta) only starts. The step also gathers the
+parameters (in its first micro-batch), reduces the gradients (in its last) and does its own work
+around the micro-batches: what the step takes beyond three middle micro-batches, less what the
+step price gives that step for its collectives, is the executor's per-step cost, `step_fixed_s`.
 
 Launched with torchrun, every rank runs the executor together (FSDP2 then gathers and reduces
 over them, as a run on these ranks does) and rank 0 fits; otherwise on a one-rank gloo or NCCL
@@ -39,6 +42,7 @@ from dcp.costmodel import (
     TrainingSetup,
     attention_pairs,
 )
+from dcp.costmodel.schedule import GroupShape, MicroBatchShape
 from dcp.profiler.compute import Repeats
 from dcp.profiler.fitting import fit_nnls, geometric_grid
 
@@ -94,14 +98,15 @@ def measure_executor(spec: ModelSpec, dtype: torch.dtype, device: torch.device, 
         plan = manual_plan(batch, world, spec.num_layers,
                            [(r, 1, [([3 * r + j], 0) for j in range(3)]) for r in range(world)],
                            gpus_per_node=state.gpus_per_node)
-        seconds: list[list[float]] = [[], [], []]  # first, middle, last micro-batch
+        seconds: list[list[float]] = [[], [], [], []]  # first, middle, last micro-batch; the step
         for i in range(reps.warmup + reps.repeats):
-            stats = executor.step(plan, tensors, loss_fn).microbatches
+            stats = executor.step(plan, tensors, loss_fn)
             if i >= reps.warmup:
-                for j, mb in enumerate(stats):
+                for j, mb in enumerate(stats.microbatches):
                     seconds[j].append(mb.cpu_s if cpu_clock else mb.measured_s)
+                seconds[3].append(stats.cpu_step_s if cpu_clock else stats.measured_step_s)
         rows.append({"tokens": n, "attn_pairs": batch[0].attn_pairs, "measured_s": min(seconds[1]),
-                     "first_s": min(seconds[0]), "last_s": min(seconds[2])})
+                     "first_s": min(seconds[0]), "last_s": min(seconds[2]), "step_s": min(seconds[3])})
     return rows
 
 
@@ -119,16 +124,28 @@ def executor_fit(profile: HardwareProfile, spec: ModelSpec, dtype: torch.dtype, 
             for r in rows]
     extra = fit_nnls([[1.0, r["tokens"]] for r in rows], [r["measured_s"] - r["layers_and_head_s"] for r in rows],
                      ("fixed", "per_token"), weights=[1.0 / r["measured_s"] for r in rows])
-    new = replace(fit, microbatch_fixed_s=extra.coef[0], head_per_token_s=fit.head_per_token_s + extra.coef[1])
-    # What the first and last micro-batches add (the parameters' gather, the gradients' reduction),
-    # against what the cost model prices for them: recorded, not fitted (it has no per-step term).
+    # What the step takes beyond three middle micro-batches (the first's gather of the parameters,
+    # the last's reduction of the gradients, the step's own work around its micro-batches), less
+    # what the step price already gives the same step of three micro-batches a rank: the executor's
+    # per-step cost, the median over the sizes (it does not grow with tokens).
     synced = CostModel(spec, profile, Cluster(num_gpus=world, gpus_per_node=world, memory_bytes=profile.memory_bytes),
                        TrainingSetup(precision=recipe_of(dtype), zero_stage=1))
-    step_extra = statistics.median(r["first_s"] + r["last_s"] - 2 * r["measured_s"] for r in rows)
+    step_extra = statistics.median(r["step_s"] - 3 * r["measured_s"] for r in rows)
+    priced = statistics.median(_priced_extra_s(synced, r["tokens"], r["attn_pairs"], world) for r in rows)
+    new = replace(fit, microbatch_fixed_s=extra.coef[0], head_per_token_s=fit.head_per_token_s + extra.coef[1],
+                  step_fixed_s=max(0.0, step_extra - priced))
     record = {"measured": True, "points": rows, "coef": extra.as_dict(), "fit_mape_of_residual": extra.mape,
               "head_intercept_s": fit.microbatch_fixed_s, "zero_stage": 1, "ranks": world,
-              "step_extra_s": step_extra, "priced_sync_s": synced.sync_terms() if world > 1 else None}
+              "step_extra_s": step_extra, "priced_extra_s": priced,
+              "priced_sync_s": synced.sync_terms() if world > 1 else None}
     return new, record
+
+
+def _priced_extra_s(cm: CostModel, tokens: float, pairs: float, world: int) -> float:
+    """What `cm.step_price` adds to a step of three single-sample micro-batches on each of `world`
+    ranks beyond the micro-batches themselves (the step `measure_executor` runs)."""
+    mbs = (MicroBatchShape(float(tokens), float(pairs), 0),) * 3
+    return cm.step_price([GroupShape(1, mbs)] * world).step_time_s - 3 * cm.time_s(tokens, pairs, 1, 0)
 
 
 def executor_rows(spec: ModelSpec, dtype: torch.dtype, device: torch.device, min_tokens: int, max_tokens: int,
@@ -152,6 +169,6 @@ def bare_modules(profile: HardwareProfile, name: str) -> HardwareProfile:
     if not record.get("measured"):
         return profile
     fit = profile.fits[name]
-    bare = replace(fit, microbatch_fixed_s=record["head_intercept_s"],
+    bare = replace(fit, microbatch_fixed_s=record["head_intercept_s"], step_fixed_s=0.0,
                    head_per_token_s=fit.head_per_token_s - record["coef"]["per_token"])
     return replace(profile, fits={**profile.fits, name: bare})
