@@ -122,7 +122,7 @@ class CostModel(LayoutQueries):
         whole local gradient, stage 3 the gathered units and their gradients."""
         local = sum(units) / shard_ranks(stage, n, shard_group)
         self.optimizer_s = 0.0 if self.training.kernels is None else optimizer_step_s(
-            model, self.training.recipe, local, hardware.memory_bw_bytes_per_s, self.training.optimizer)
+            self.training.recipe, local, hardware.memory_bw_bytes_per_s, self.training.optimizer)
         """The optimizer's step over this rank's shard, once per step (`traffic.optimizer_step_s`)."""
         self.per_step_s = self.optimizer_s + self.fit.step_fixed_s
         """What every step adds once beyond its micro-batches and its collectives' curves: the

@@ -110,7 +110,7 @@ def optimizer_bytes_per_param(prec: PrecisionRecipe, implementation: str = "fore
     return 2 * w + (2 * s + g) + (2 * s) + (2 * s + g) + 2 * s + 2 * s + 2 * s + (2 * w + s + s) + copy
 
 
-def optimizer_step_s(spec: ModelSpec, prec: PrecisionRecipe, local_params: float, memory_bw_bytes_per_s: float,
+def optimizer_step_s(prec: PrecisionRecipe, local_params: float, memory_bw_bytes_per_s: float,
                      implementation: str = "foreach") -> float:
     """Seconds of the optimizer step over `local_params` parameters (the rank's shard): its
     bytes over the device memory bandwidth, once per step."""

@@ -71,9 +71,9 @@ def measure_executor(spec: ModelSpec, dtype: torch.dtype, device: torch.device, 
     """Each size's fastest micro-batch through the executor (compute clock: CPU time with one torch
     thread, else the micro-batch's wall or CUDA-event time), on every rank of the world (a
     collective when distributed), this rank's times. Each step runs three micro-batches per rank
-    and the middle one is read: the first gathers the parameters and the last reduces the
-    gradients, work of the step that the cost model prices in its synchronization
-    (`CostModel.step_price`), not in every micro-batch."""
+    and the middle one is read as the micro-batch (the first gathers the parameters and the last
+    reduces the gradients: the step's work, not every micro-batch's), the whole step beside it
+    (`step_s`, for the per-step cost)."""
     from dcp.executor import Executor, ParallelState
     from dcp.executor.reference import manual_plan
     from dcp.models import build_model, lm_loss, mse_loss, sample_tensors
@@ -98,15 +98,15 @@ def measure_executor(spec: ModelSpec, dtype: torch.dtype, device: torch.device, 
         plan = manual_plan(batch, world, spec.num_layers,
                            [(r, 1, [([3 * r + j], 0) for j in range(3)]) for r in range(world)],
                            gpus_per_node=state.gpus_per_node)
-        seconds: list[list[float]] = [[], [], [], []]  # first, middle, last micro-batch; the step
+        middle, steps = [], []
         for i in range(reps.warmup + reps.repeats):
             stats = executor.step(plan, tensors, loss_fn)
             if i >= reps.warmup:
-                for j, mb in enumerate(stats.microbatches):
-                    seconds[j].append(mb.cpu_s if cpu_clock else mb.measured_s)
-                seconds[3].append(stats.cpu_step_s if cpu_clock else stats.measured_step_s)
-        rows.append({"tokens": n, "attn_pairs": batch[0].attn_pairs, "measured_s": min(seconds[1]),
-                     "first_s": min(seconds[0]), "last_s": min(seconds[2]), "step_s": min(seconds[3])})
+                mb = stats.microbatches[1]
+                middle.append(mb.cpu_s if cpu_clock else mb.measured_s)
+                steps.append(stats.cpu_step_s if cpu_clock else stats.measured_step_s)
+        rows.append({"tokens": n, "attn_pairs": batch[0].attn_pairs, "measured_s": min(middle),
+                     "step_s": min(steps)})
     return rows
 
 
