@@ -242,6 +242,38 @@ def test_a_planner_worker_dying_mid_epoch_names_the_step_and_the_run_resumes_the
     assert [key(b) for b in restarted] == [key(b) for b in list(ref)[bad_step:]]
 
 
+def test_a_step_submitted_after_the_pool_broke_leaves_the_error_to_the_step_that_broke_it(cm):
+    """A worker dies planning step 0 while step 1 is being submitted: the pool refuses step 1
+    (BrokenProcessPool from submit) before step 0's result is read. The error still names step 0,
+    the step whose planning failed, whichever of the two the pool saw first."""
+    from concurrent.futures import Future
+    from concurrent.futures.process import BrokenProcessPool
+
+    from dcp.data.prefetch import PlanAhead
+
+    class BrokenPool:
+        def __init__(self) -> None:
+            self.submitted = 0
+
+        def submit(self, *args: object) -> Future:
+            self.submitted += 1
+            if self.submitted > 1:
+                raise BrokenProcessPool("a child process terminated abruptly")
+            dead: Future = Future()
+            dead.set_exception(BrokenProcessPool("a child process terminated abruptly"))
+            return dead
+
+        def shutdown(self, wait: bool, cancel_futures: bool) -> None:
+            pass
+
+    ahead = PlanAhead(one_group_plan, workers=1, depth=2)
+    ahead._pool = BrokenPool()
+    batches = [((0, k), [Sample(k, 100, attention_pairs("causal", 100))]) for k in range(3)]
+    with pytest.raises(PlanningError, match="epoch 0 step 0") as info:
+        list(ahead.plans(batches))
+    assert (info.value.epoch, info.value.step) == (0, 0) and "BrokenProcessPool" in str(info.value)
+
+
 def test_each_epoch_reshuffles_with_its_own_seed(cm):
     """Epoch e trains the permutation of seed + e, cut into consecutive batches: every sample once
     per epoch, a new order each epoch, the same order for a sampler restarted at that epoch."""

@@ -170,7 +170,14 @@ class PlanAhead:
             return _Inline(self.planner, batch)
         self.start()
         assert self._pool is not None
-        return self._pool.submit(_plan_in_worker, batch)
+        try:
+            return self._pool.submit(_plan_in_worker, batch)
+        except BrokenProcessPool as e:
+            # A worker died planning an earlier step that is still pending: this step reports the
+            # broken pool in its turn, after that step's own error, which names the step.
+            failed: Future[Plan] = Future()
+            failed.set_exception(e)
+            return failed
 
     def plans(self, jobs: Iterable[tuple[StepKey, Sequence[Sample]]]) -> Iterator[tuple[StepKey, Plan, float]]:
         """(key, plan, seconds waited) for each (key, batch) job, in order, `depth` jobs ahead.
