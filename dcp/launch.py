@@ -41,6 +41,7 @@ from dcp.costmodel import (
     get_recipe,
     load_hardware,
 )
+from dcp.costmodel.hardware import CostModelError
 from dcp.costmodel.presets import check_fitted_for
 from dcp.data import GlobalBatchSampler, load_workload
 from dcp.data.sampler import PlannedBatch
@@ -53,6 +54,8 @@ from dcp.executor import (
     run_digest,
 )
 from dcp.executor.run_checkpoint_files import partial_steps
+from dcp.models.attention import PRICED_AS, attention_backend
+from dcp.models.precision import torch_dtype
 from dcp.planner import STRATEGIES
 from dcp.planner.plan import Plan
 
@@ -202,16 +205,41 @@ def planned_batches(spec: ModelSpec, state: ParallelState, options: RunOptions) 
     hardware = options.hardware or (DEFAULT_HARDWARE if cuda else "cpu")
     hw = load_hardware(hardware)
     check_fitted_for(hw, spec, hardware, spec.name)
+    recipe = options.recipe(cuda)
+    ran, _ = attention_backend(state.device, torch_dtype(get_recipe(recipe).compute_dtype))
+    attention, warning = priced_attention(hardware, hw, ran)
     if state.rank == 0:
         print(pricing_line(hardware, hw, spec), flush=True)
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
     cluster = Cluster(num_gpus=state.world_size, gpus_per_node=state.gpus_per_node,
                       memory_bytes=options.memory_gb * 1e9 if options.memory_gb else hw.memory_bytes)
-    training = TrainingSetup(precision=options.recipe(cuda), zero_stage=options.zero_stage)
+    training = TrainingSetup(precision=recipe, zero_stage=options.zero_stage, attention=attention)
     cm = CostModel(spec, hw, cluster, training)
     # Planned inline (workers=0): on a CPU job the ranks already use every core.
     return GlobalBatchSampler.from_workload(load_workload(options.workload, seed=options.seed), cm,
                                             batch_size=options.global_batch, strategy=options.strategy,
                                             seed=options.seed, workers=0)
+
+
+def priced_attention(hardware: str, hw: HardwareProfile, ran: str) -> tuple[str | None, str | None]:
+    """(`TrainingSetup.attention`, a warning or None) for plans whose attention runs the fast-path
+    kernel `ran` (`dcp.models.attention.attention_backend`'s name): the profile's own rates when
+    it measured that kernel (`dcp profile` records its name) or its default is that kernel, its
+    curve for the kernel where it has one, else its default rates and a warning naming both: the
+    planner prices the kernel the executor runs, or says that it cannot."""
+    if ran == hw.attention_backend:
+        return None, None
+    name = PRICED_AS.get(ran)
+    if name is not None:
+        try:
+            hw.attention_kernel(name)
+            return name, None
+        except CostModelError:
+            pass
+    default = hw.attention_backend or "default"
+    return None, (f"attention runs {ran}, for which hardware profile {hardware} has no curve: its plans "
+                  f"price attention as its {default} kernel (add the kernel to its attention_kernels)")
 
 
 def pricing_line(hardware: str, hw: HardwareProfile, spec: ModelSpec) -> str:
@@ -244,7 +272,7 @@ def write_step_stats(path: str, step: int, stats: StepStats) -> None:
     with open(path, "a") as f:
         f.write(json.dumps({"step": step, "loss": stats.loss, "predicted_step_s": stats.predicted_step_s,
                             "measured_step_s": stats.measured_step_s, "cpu_step_s": stats.cpu_step_s,
-                            "microbatches": rows}) + "\n")
+                            "attention_kernels": list(stats.attention_kernels), "microbatches": rows}) + "\n")
 def lead_rank() -> bool:
     """Whether this process speaks for the job: rank 0 under torchrun, or a process on its own."""
     return rank() == 0

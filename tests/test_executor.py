@@ -12,6 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from dcp.costmodel import attention_pairs, load_model
 from dcp.executor import Executor, ExecutorError, ParallelState, aligned_blocks, default_forward
 from dcp.executor.reference import manual_plan, reference_step, relative_grad_diff
+from dcp.models import attention
 from dcp.models import PackedSeqs, build_model, lm_loss, mse_loss, sample_tensors
 from dcp.planner import Sample
 
@@ -80,6 +81,7 @@ def test_step_equals_reference_and_reports_times(state: ParallelState) -> None:
     ref = copy.deepcopy(model)  # before the executor swaps attention and installs switches
     executor = Executor(model, state)
     plan = manual_plan(batch, 1, 2, [(0, 1, [([0, 1], 2), ([2], 0), ([3], 1)])])
+    attention._RAN.add("a kernel run before the step")
     stats = executor.step(plan, tensors, loss_fn_for(LLAMA))
     ref_loss = reference_step(ref, batch, tensors, loss_fn_for(LLAMA), default_forward)
     assert relative_grad_diff(list(model.parameters()), list(ref.parameters())) < 1e-12
@@ -95,6 +97,8 @@ def test_step_equals_reference_and_reports_times(state: ParallelState) -> None:
     assert stats.cpu_step_s >= sum(m.cpu_s for m in stats.microbatches)
     assert [m.predicted_s for m in stats.microbatches] == [mb.time_s for mb in plan.groups[0].microbatches]
     assert stats.predicted_step_s == plan.step_time_s and stats.measured_step_s > 0
+    # The kernel its attention ran, and only this step's: on a CPU, SDPA once per sample.
+    assert stats.attention_kernels == ("sdpa per sample",)
 
 
 def test_bf16_autocast_keeps_fp32_gradients(state: ParallelState) -> None:

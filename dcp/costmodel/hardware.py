@@ -203,7 +203,7 @@ class HardwareProfile:
     def attention_kernel(self, name: str | None = None) -> AttentionKernel:
         """The kernel `name` from `attention_kernels`; None (or the profile's `attention_backend`,
         or its short name) the default kernel, whose rates are the profile's `attention_*` fields."""
-        if name is None or name in (self.attention_backend, _KERNEL_ALIASES.get(self.attention_backend)):
+        if name is None or self.attention_backend in (name, _KERNEL_ALIASES.get(name)):
             return AttentionKernel(fwd_flops=self.attention_fwd_flops,
                                    fwd_pairs_per_token=self.attention_fwd_pairs_per_token,
                                    bwd_flops=self.attention_bwd_flops,

@@ -43,6 +43,7 @@ from dcp.executor.parallel_state import ParallelState
 from dcp.executor.plan_check import ExecutorError, agree_on_plan, check_plan
 from dcp.executor.ring_comm import ring_peers
 from dcp.executor.ulysses import SPContext, install_ulysses
+from dcp.models.attention import kernels_run
 from dcp.models.losses import IGNORE_INDEX
 from dcp.models.precision import check_param_dtypes, forward_autocast, recipe_for_model
 from dcp.planner.plan import Group, MicroBatch, Plan
@@ -102,6 +103,9 @@ class StepStats:
     cpu_step_s: float = 0.0
     """This rank's process CPU time over the same span as `measured_step_s` (see
     `MicroBatchStats.cpu_s`)."""
+    attention_kernels: tuple[str, ...] = ()
+    """The attention kernels this rank's micro-batches ran (`dcp.models.attention.kernels_run`
+    names); empty when the model's attention does not go through dcp's fast path."""
 
 
 class Executor:
@@ -151,6 +155,7 @@ class Executor:
         """Run this rank's part of `plan` on `samples` (sample id -> tensors; at least those of this
         rank's groups) and leave the reduced, normalized gradients in `.grad` (overwritten)."""
         start, cpu_start = time.perf_counter(), time.process_time()
+        kernels_run()  # forget kernels run before this step
         state = self.state
         # Every check before the first collective, and with check_agreement every rank learns of
         # any rank's failure in the same all-gather: one bad plan or missing sample anywhere stops
@@ -218,7 +223,7 @@ class Executor:
         if self.gather_stats and state.world_size > 1:
             stats = self._gather(stats)
         return StepStats(total_loss / total_tokens, round(total_tokens), plan.step_time_s, now - start,
-                         now - sync_start, stats, cpu_now - cpu_start)
+                         now - sync_start, stats, cpu_now - cpu_start, kernels_run())
 
     def _empty_pass(self, loss_fn: LossFn) -> None:
         """A pass without a micro-batch: one token through the whole model, its loss times zero,

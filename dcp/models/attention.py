@@ -174,6 +174,22 @@ def torch_varlen_kernel(varlen_attn: Callable[..., torch.Tensor]) -> VarlenKerne
 
 _KERNELS: dict[tuple[str, torch.dtype], tuple[str, VarlenKernel | None]] = {}
 
+PRICED_AS = {"flash-attn varlen": "fa2", "torch varlen_attn": "fa2", "sdpa per sample": "sdpa"}
+"""The cost model's name (`HardwareProfile.attention_kernels`, `TrainingSetup.attention`) of each
+fast-path kernel: flash-attn's package and torch's own varlen kernel are FlashAttention-2."""
+
+_RAN: set[str] = set()
+"""The fast-path kernels run in this process since `kernels_run` last emptied it."""
+
+
+def kernels_run() -> tuple[str, ...]:
+    """The names of the kernels the fast path ran since the last call (sorted), and start anew:
+    the executor reads it after each step, so a run reports which kernel its plans' attention
+    actually used beside the one the cost model priced."""
+    ran = tuple(sorted(_RAN))
+    _RAN.clear()
+    return ran
+
 
 def attention_backend(device: torch.device, dtype: torch.dtype) -> tuple[str, VarlenKernel | None]:
     """The fast path's kernel on (device, dtype) and its name: flash-attn when installed, else
@@ -267,7 +283,8 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: Pa
     forced = _FORCED.get()
     if forced is not None:
         return kernel_attention(q, k, v, seqs, kind, forced[0])
-    _, kernel = attention_backend(q.device, q.dtype)
+    name, kernel = attention_backend(q.device, q.dtype)
+    _RAN.add(name)
     if kernel is not None:
         return kernel_attention(q, k, v, seqs, kind, kernel)
     return sdpa_attention(q, k, v, seqs, kind)
