@@ -1,19 +1,15 @@
-"""A lower bound that charges the longest sample's group: the pooled work bound (`work`) lets
-the GPUs of the group that runs the longest sample spend their idle time at the price of a single
-GPU, which they cannot.
+"""A lower bound that charges the longest sample's group: the pooled work bound (`work`) lets the
+GPUs of the group that runs the longest sample spend their idle time at a single GPU's price, which
+they cannot.
 
-The longest sample i runs in a group of some size p. That group is busy for at least i's time
-alone, so within a makespan M it has at most p (M - lin_p(i)) GPU-seconds for other samples,
-each of which costs it at least p times its marginal cost at p (its share of the micro-batch it
-joins, at the least over the levels where it fits; lin is the linear form, a lower bound on the
-exact time with rings). With rings a second form counts their transfers as never hidden behind
-the attention (the exact time adds (c - 1) max(0, y - x) per layer and direction, at least
-(c - 1) (y - x)): linear too, so the same argument holds with it, and the split must fit both. The other N - p GPUs offer (N - p) M. Each
-other sample costs at least its cheapest GPU-seconds within M outside the group (`work._Work`)
-and at least its marginal cost at p inside; whether any split of them fits both is a fractional
-knapsack, so M is below every plan's busy time when no size p where i runs within M admits one.
-Feasibility only grows with M, so bisection finds the bound. It matters where one sample needs
-a large group (docs/tuning-log.md).
+The longest sample i runs in a group of some size p, busy at least i's time alone, so within a
+makespan M the group has at most p (M - lin_p(i)) GPU-seconds for the others, each costing it at
+least p times its marginal cost at p; the other N - p GPUs offer (N - p) M, where each sample costs
+at least its cheapest GPU-seconds within M. Whether some split fits both is a fractional knapsack; M
+is below every plan's busy time when no size p admits one, and feasibility only grows with M, so
+bisection finds the bound. With rings a second linear form counts their transfers as never hidden,
+and the split must fit both. It matters where one sample needs a large group (docs/tuning-log.md).
+Proofs, with the fixed floor and the reduction chain: docs/design.md, Why each bound holds.
 """
 
 from __future__ import annotations
@@ -36,7 +32,7 @@ _FEAS_RTOL = 1e-9
 
 
 class _GroupOf:
-    """The longest sample's costs per size, and every sample's marginal GPU-seconds there, in two
+    """The longest sample's costs per size and every sample's marginal GPU-seconds there, in two
     lower-bound forms: the linear one, and the linear one plus a ring's transfers as if never
     hidden (max(0, y - x) >= y - x: a form that can price attention-heavy samples below zero)."""
 
@@ -77,8 +73,8 @@ class _GroupOf:
 
 
 def _exposure(ring: object, k: int) -> tuple[float, float, float]:
-    """(intercept, per token, per pair) of K (c - 1) ((y_f - x_f) + (y_b - x_b)): at most what the
-    exact time adds to the linear form ((K + r) forward and K backward exposures per layer)."""
+    """(intercept, per token, per pair) of K (c - 1) ((y_f - x_f) + (y_b - x_b)): at most what
+    the exact time adds to the linear form."""
     scale = k * (ring.steps - 1)
     return (scale * 2 * ring.step_latency_s,
             scale * (ring.fwd_transfer_token_s - ring.fwd_step_token_s + ring.bwd_transfer_token_s
@@ -102,8 +98,7 @@ def _form(fixed: np.ndarray, per_token: np.ndarray, per_pair: np.ndarray, e0: fl
 
 def _saved(cost: np.ndarray, marg: np.ndarray, rest: np.ndarray, room: float) -> float:
     """The most cheapest-cost GPU-seconds that samples worth `marg` each in the group can take
-    off the others, within `room` (a fractional knapsack; samples at marg <= 0 come free and
-    leave room)."""
+    off the others within `room` (a fractional knapsack; samples at marg <= 0 come free)."""
     use = (rest > 0) & np.isfinite(marg) & np.isfinite(cost)
     free = use & (marg <= 0)
     saved = float(np.dot(cost[free], rest[free]))
@@ -124,39 +119,21 @@ def _saved(cost: np.ndarray, marg: np.ndarray, rest: np.ndarray, room: float) ->
 
 
 def _room_or_saved(cost: np.ndarray, marg: np.ndarray, rest: np.ndarray, room: float) -> float:
-    """The most cheapest-cost GPU-seconds the group's ranks can take off the others in `room`
-    GPU-seconds when they may run micro-batches of their own besides the longest sample's: a
-    GPU-second of room each (a micro-batch's cost with its fixed share is at most its
-    GPU-seconds), or more where a sample joins the longest sample's micro-batch for less than
-    its cost (it pays no fixed part there): room plus the knapsack of those gains."""
+    """What the group's ranks take off the others in `room` GPU-seconds when they may also run
+    micro-batches of their own: a GPU-second per GPU-second, plus the knapsack of the gains of
+    samples that join the longest sample's micro-batch for less than their cost (no fixed part)."""
     gain = np.where(np.isfinite(marg) & np.isfinite(cost), cost - marg, 0.0)
     return room + _saved(np.maximum(gain, 0.0), np.where(gain > 0, marg, np.inf), rest, room)
 
 
 @dataclass(frozen=True)
 class _Own:
-    """What the group's ranks take off the others in micro-batches of their own, when they have
-    `own_s` seconds for them in a plan of busy time M: at most `rate` cheapest-cost GPU-seconds
-    per GPU-second past the least fixed part F (`fixed_floor`), not the GPU-second per
-    GPU-second `_room_or_saved` counts; so a room little longer than F takes little.
-
-    Why: a micro-batch of q ranks at level (q, r) that runs tau seconds takes at least its
-    linear form, fixed f >= F plus its samples' marginal times, so their marginal time is at
-    most tau - f. Each of its samples is charged (`work._Work.costs`) at most q times its
-    marginal time plus its fixed-cost charge at that level, where it runs alone within M: a
-    memory share t f / cap, whose sum is f T / cap <= (tau - f) f / (per_token cap) (the
-    tokens' time is within the marginal time), a time share t f per_token / (M - f - per_pair
-    a), whose sum is at most f (tau - f) / (M - tau), or weighting 1 (`work._weigh`), f x with
-    x the marginal time over M - f, whose sum is at most f (tau - f) / (M - f); weightings 2
-    and 3 charge only samples of over half of M - f or half of the memory, and none fits where
-    own_s - F is below both halves. So the micro-batch's charges are at most q (tau - f) (1 + a
-    + f / (M - own_s)), a = max over levels of f / (per_token cap); that falls as f grows
-    while own_s / (M - own_s) < 1, and a rank runs at least one micro-batch there, so per rank
-    they are at most (own_s - F) rate, rate = 1 + a + F / (M - own_s). Where rate (own_s - F)
-    <= own_s, the ranks outside the group that share such a micro-batch take no more than
-    their own time of it either, as the pooled count has them do. `rate` is None where a
-    condition fails (the plain count holds there); each fails only as M grows, so feasibility
-    still only grows with M."""
+    """What the group's ranks take off the others in micro-batches of their own, with `own_s`
+    seconds for them in a plan of busy time M: at most `rate` = 1 + a + F / (M - own_s)
+    cheapest-cost GPU-seconds per GPU-second past the least fixed part F (`floor`), not the one
+    `_room_or_saved` counts, so a room little longer than F takes little. `rate` is None where a
+    condition of the argument fails (then the plain count holds); each fails only as M grows, so
+    feasibility still only grows with M. Proof: docs/design.md, Why each bound holds."""
 
     share: float
     """a: the most any level's fixed cost is of its full micro-batch's token time."""
@@ -191,11 +168,9 @@ class _Own:
                joins_s: float, own_s: float) -> float:
         """`plain` (what the plain count lets the group's p ranks take off the others), capped
         where `rate` holds: samples join the longest sample's micro-batch within `joins_s`
-        seconds of marginal time per rank and the ranks run micro-batches of their own within
-        `own_s` (<= `joins_s`) seconds, in what is left of the `joins_s`. With J the joins'
-        GPU-seconds, KS(J) the knapsack `_saved` and g(o) = rate (o - F)+, the ranks take at most
-        KS(J) + p g(min(own_s, joins_s - J / p)), whose maximum over J is at most
-        max(KS(p (joins_s - F)) + p g(own_s), KS(p joins_s))."""
+        seconds of marginal time per rank, and the ranks run micro-batches of their own within
+        `own_s` (<= `joins_s`) seconds of what is left; at most max(KS(p (joins_s - F)) + p rate
+        (own_s - F), KS(p joins_s)), KS the knapsack `_saved`."""
         rate = self.rate(m, own_s)
         if rate is None:
             return plain
@@ -206,36 +181,17 @@ class _Own:
 def group_bound(work: object, cm: CostModel, sizes: Sequence[int], lo: float,
                 fixed_floor_s: float | None = None, group: LongestGroup | None = None,
                 chain: tuple[float, float] | None = None) -> float:
-    """The largest M (at least `lo`, a proven bound on the busy time) proven below every plan's
-    busy time by the longest sample's group (see the module docstring). `work` is the pooled
-    bound's `work._Work` on the batch's distinct samples.
+    """The largest M (at least `lo`, a proven busy bound) proven below every plan's busy time by the
+    longest sample's group (module docstring). `work` is the pooled bound's `work._Work` on the
+    batch's distinct samples; `group` what `longest_group` built, if already.
 
-    With `fixed_floor_s` (the least time any micro-batch takes, its fixed part), for every plan
-    the executor can run, multi-phase ones included. There the longest sample i's p ranks may
-    run other micro-batches too, of any group, before or after i's; but each takes them at
-    least `fixed_floor_s`, so where M - lin_p(i) is shorter, they run i's micro-batch alone and
-    the knapsack above holds as it is. Where it is longer, their room takes off the others at
-    most a GPU-second each, or a sample's cost less its marginal time at p where it joins i's
-    micro-batch (`_room_or_saved`), and, as each micro-batch of their own pays a fixed part, at
-    most `_Own.capped` where its conditions hold. (Each condition only weakens as M grows, and the
-    second is weaker than the first, so feasibility still only grows with M.) It binds where the longest
-    sample alone nearly fills the step on a large group.
-
-    With `chain` = (`least_exposed_s`, `chain_s`) too, stages 0-2: the largest step S (`lo` a
-    proven bound on the step) proven below every plan's step by the same group and the gradient
-    reductions, multi-phase plans included. Every rank c issues layer K-1's reduction no sooner
-    than its last micro-batch L ends less that micro-batch's backward of layers K-2..0, and the
-    link then runs the whole chain (`chain_s`, `schedule.reduction_chain_s` at K-1), so S >=
-    end(L) - below(L) + chain_s. On the p ranks of the longest sample i's micro-batch X (time T
-    >= i's exact time alone): if X is a rank's last micro-batch, end(X) - below(X) is X's start
-    plus what X runs outside that backward, at least i's (`_GroupOf.top`: K forwards, the head,
-    the top backward, which only grow as samples join X), so X starts by S - chain_s - top and
-    the rank runs at most that before it. If some L runs after X, below(L) < time(L) <= end(L) -
-    end(X) gives S > end(X) + chain_s >= T + chain_s, so where S <= T + chain_s no rank runs
-    anything after X. The busy time is at most S - `least_exposed_s`, so each rank of the group
-    runs other micro-batches for at most min(M - T, S - chain_s - top) there, or M - T where S >
-    T + chain_s, and the knapsack (`_taken`, `_Own` included) holds with that room. It binds
-    where the reduction chain outlasts the longest sample's backward."""
+    With `fixed_floor_s` (the least time any micro-batch takes), for every plan the executor can
+    run, multi-phase included: the group's ranks may run other micro-batches, but each takes at
+    least that, so their room is counted by `_room_or_saved` and `_Own.capped`. With `chain` =
+    (`least_exposed_s`, chain seconds after layer K-1) too, stages 0-2: the largest step S (`lo`
+    a proven step bound) proven below every plan's step by the same group and the gradient
+    reductions, as a rank that runs anything after the long sample ends past its end plus the
+    chain. Proofs: docs/design.md, Why each bound holds."""
     if len(work.tokens) < 2 or not math.isfinite(lo) or lo <= 0:
         return lo
     n = cm.cluster.num_gpus
@@ -274,12 +230,11 @@ def group_bound(work: object, cm: CostModel, sizes: Sequence[int], lo: float,
 
 def _taken(own: _Own, cost: np.ndarray, marg: np.ndarray, rest: np.ndarray, p: int, m: float, joins_s: float,
            own_s: float) -> float:
-    """The most cheapest-cost GPU-seconds the group's p ranks take off the others: samples J join
-    the longest sample's micro-batch within `joins_s` seconds of marginal time per rank, and
-    where `own_s` (the seconds each rank has for micro-batches of its own) reaches the least
-    fixed part the ranks run such micro-batches too, each GPU-second at most a GPU-second of
-    cost, and less the marginal time J adds: at most the less of J's costs plus p `own_s` and
-    J's gains plus p `joins_s` (`_room_or_saved`), and at most `_Own.capped`."""
+    """The most cheapest-cost GPU-seconds the group's p ranks take off the others when samples
+    join the longest sample's micro-batch within `joins_s` seconds of marginal time per rank and,
+    where `own_s` reaches the least fixed part, the ranks run micro-batches of their own for
+    `own_s` seconds: the less of the joins' knapsack plus p `own_s` and `_room_or_saved`, capped
+    by `_Own.capped`."""
     if own_s < own.floor:
         return _saved(cost, marg, rest, p * joins_s)
     plain = min(_room_or_saved(cost, marg, rest, p * joins_s), p * own_s + _saved(cost, marg, rest, p * joins_s))
@@ -288,8 +243,7 @@ def _taken(own: _Own, cost: np.ndarray, marg: np.ndarray, rest: np.ndarray, p: i
 
 def _raised(feasible: Callable[[float], bool], lo: float) -> float:
     """The largest value found, from `lo` up, at which `feasible` fails (`lo` if it holds there):
-    doubling, then bisection. Feasibility only grows with the value, so every value below the
-    one returned fails too."""
+    doubling, then bisection. Feasibility only grows with the value."""
     failed, held = climb(feasible, islice(geometric(lo, 2.0), knobs.GROUP_BOUND_STEPS + 1))
     if failed is None or held is None:
         return lo if failed is None else failed
@@ -302,8 +256,7 @@ LongestGroup = tuple[_GroupOf, np.ndarray]
 
 def longest_group(work: object, cm: CostModel, sizes: Sequence[int]) -> LongestGroup:
     """The longest sample's costs per size (`_GroupOf`) and every distinct sample's count besides
-    it (the longest sample itself taken off; its twins stay with the others): what `group_bound`
-    reads, built once for the bounds of one batch."""
+    it (its twins stay with the others): what `group_bound` reads, built once per batch."""
     longest = int(np.argmax(work.solo_best))
     group = _GroupOf(cm, sizes, work.tokens, work.pairs, longest, work.memory_caps, work.coefs)
     rest = work.weight.copy()

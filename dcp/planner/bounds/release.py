@@ -17,21 +17,11 @@ from dcp.planner.bounds.work import _MEMORY_RTOL
 
 def _released(cm: CostModel, sizes: Sequence[int], tokens: np.ndarray, pairs: np.ndarray) -> np.ndarray | None:
     """Stages 0-2, per layer u: a time before which no plan issues layer u's gradient reduction
-    (None at stage 3, on one GPU, or for an empty batch), from the batch's `knobs.BOUND_RELEASE_SAMPLES`
-    longest samples: the most, over them, of the least over the layouts where the sample fits
-    of its time alone outside layers u-1..0's backward: K forwards, the head and K - u
-    backwards (`schedule.least_step_s` adds the reductions after).
-
-    Why it holds: the group holding sample i issues layer u's reduction no sooner than its busy
-    time minus its last micro-batch's backward (and recompute) of layers u-1..0. If i's
-    micro-batch is that last one, this is at least the forwards, the head and the backwards of
-    layers K-1..u of that micro-batch, and each only grows when samples join it: compute,
-    all-to-alls and the head grow with tokens and pairs, and a ring's exposed transfers shrink
-    by at most the step compute the joining sample adds, (c - 1) / c of its attention and the
-    c - 1 extra calls' per-token cost, which the forward and backward compute count in full.
-    So i alone in the micro-batch's layout is below it. If it is not the last, the group runs
-    i's micro-batch before the last, so issues no sooner than that micro-batch's whole time;
-    and in a multi-phase plan, the ranks' last groups start after i's group ends."""
+    (None at stage 3, on one GPU or for an empty batch): the most, over the batch's
+    `knobs.BOUND_RELEASE_SAMPLES` longest samples, of the least over the layouts where the sample
+    fits of its time alone outside layers u-1..0's backward (K forwards, the head, K - u
+    backwards). A group issues u no sooner than its last micro-batch has run those, which only
+    grow as samples join it (proof: docs/design.md, Why each bound holds)."""
     if cm.training.zero_stage >= 3 or cm.cluster.num_gpus == 1 or not len(tokens) or not cm.model.num_layers:
         return None
     k = cm.model.num_layers
@@ -55,23 +45,10 @@ def _released(cm: CostModel, sizes: Sequence[int], tokens: np.ndarray, pairs: np
 
 class _Spread:
     """Stages 0-2, per layer u and busy time M: a time before which not every rank has issued
-    layer u's gradient reduction in a plan whose busy time is at most M, from the whole batch's
-    work: the average over the N ranks of what each must run before it issues u, plus one
-    micro-batch's fixed part (`at`).
-
-    Why it holds: rank c issues u when its last micro-batch has run K forwards, the head and
-    the backwards of layers K-1..u, after all its earlier micro-batches (`schedule`), so its
-    release is at least the sum of its micro-batches' times less the last one's backward and
-    recompute of layers u-1..0. That leaves, of every micro-batch, at least its forwards, head
-    and K - u backwards (compute, all-to-alls and the ring's extra steps: the linear form of
-    `CostModel.layer_linear`, unhidden transfers and recomputes dropped), whose per-token and
-    per-pair parts are sums over its samples. Summed over the ranks, a micro-batch of p ranks
-    counts p times: so the releases sum to at least the batch's samples' parts, each at the
-    fewest GPU-seconds over the layouts where it fits memory and, alone, runs within M (its
-    layout's linear time without checkpointing is below its micro-batch's), and the last rank's
-    release is at least their average over N, plus the fixed part of its own last micro-batch
-    (the average over ranks that run micro-batches is at least that over N). A rank may change
-    groups between micro-batches without changing this: it holds for multi-phase plans too."""
+    layer u's reduction in a plan of busy time at most M (`at`): the average over the N ranks of
+    what each must run before it issues u (every sample's forwards, head and K - u backwards at
+    its fewest GPU-seconds), plus one micro-batch's fixed part. Holds for multi-phase plans too
+    (proof: docs/design.md, Why each bound holds)."""
 
     def __init__(self, cm: CostModel, sizes: Sequence[int], tokens: np.ndarray, pairs: np.ndarray,
                  weight: np.ndarray) -> None:
@@ -108,9 +85,8 @@ class _Spread:
 def _least_step(cm: CostModel, busy_s: float, sizes: Sequence[int], released: np.ndarray | None,
                 spread: _Spread | None) -> float:
     """The least step of any plan of busy time at least `busy_s`: `schedule.least_step_s` with
-    `released` and, on each interval [M_i, M_i+1) of busy times, the spread release of plans of
-    busy time at most M_i+1 (it only falls as M grows, and the step only grows with the busy
-    time and the releases), the least over the intervals."""
+    `released` and, on each interval [M_i, M_i+1) of busy times, the spread release of busy time
+    M_i+1 (it only falls as M grows), the least over the intervals."""
     if spread is None or not math.isfinite(busy_s):  # spread is None exactly where released is
         return least_step_s(cm, busy_s, sizes, released)
     grid = [busy_s * (1 + knobs.BOUND_GRID_STEP * i) for i in range(knobs.BOUND_GRID)] + [math.inf]
@@ -119,9 +95,8 @@ def _least_step(cm: CostModel, busy_s: float, sizes: Sequence[int], released: np
 
 
 def _link_bound(total_tokens: float, cm: CostModel, sizes: Sequence[int]) -> float:
-    """ZeRO-3 (lockstep slots): the link is busy at least the fewest slots' collectives. A slot
-    runs at most one micro-batch per group, each of at most max_tokens(p, K) tokens, and the
-    groups' p sum to at most N, so a slot holds at most N * max_p max_tokens(p, K) / p tokens."""
+    """ZeRO-3 (lockstep slots): the link is busy at least the fewest slots' collectives; a slot
+    holds at most N max_p max_tokens(p, K) / p tokens (one micro-batch per group)."""
     if cm.training.zero_stage < 3:
         return 0.0
     k = cm.model.num_layers

@@ -1,7 +1,8 @@
 """The work bound (`bounds.lower_bound`'s argument): work(M), the GPU-seconds a batch needs when
-no group runs longer than M (`_Work`), per SP size's levels (`SizeLevels`), raised to the largest
-M where it does not fit N GPUs (`_makespan_bound`), and its variant charged against the gradient
-reductions (`_exposure_bound`); the rounding of many samples into few classes (`round_down`)."""
+no group runs longer than M (`_Work`, on each SP size's levels, `SizeLevels`), raised to the
+largest M where it does not fit N GPUs (`_makespan_bound`); its variant charged against the
+gradient reductions (`_exposure_bound`); many samples rounded into few classes (`round_down`).
+Proofs: docs/design.md, Why each bound holds."""
 
 from __future__ import annotations
 
@@ -21,16 +22,14 @@ _MEMORY_RTOL = 1e-9
 """`Plan.validate` lets a micro-batch exceed the memory limit by this fraction; capacities here do too."""
 _RTOL = 1e-5
 _LEVELS: weakref.WeakKeyDictionary[CostModel, dict[tuple[int, bool], SizeLevels]] = weakref.WeakKeyDictionary()
-"""Each cost model's `SizeLevels` per (SP size, charged below): a pure function of them, which
-every batch's bounds read."""
+"""Each cost model's `SizeLevels` per (SP size, charged below), which every batch's bounds read."""
 
 
 class SizeLevels:
     """One SP size's coefficients at r = 0..K and the tokens that fit memory (and the profile's
-    priceable range) at each, with the validator's tolerance. `fixed`, `per_token` and
-    `per_pair` are the micro-batch's time; the `charge_` ones what the work bound charges, the
-    same, or with `below` the time less the backward below the top layer
-    (`CostModel.linear_less_below`: `_exposure_bound`)."""
+    priceable range) at each, with the validator's tolerance. `fixed`, `per_token`, `per_pair`:
+    the micro-batch's time; the `charge_` ones: what the work bound charges, the same or, with
+    `below`, the time less the backward below the top layer (`CostModel.linear_less_below`)."""
 
     def __init__(self, cm: CostModel, p: int, below: bool = False) -> None:
         k = cm.model.num_layers
@@ -43,9 +42,7 @@ class SizeLevels:
         self.charge_fixed = np.array([c.fixed for c in charged])
         self.charge_per_token = np.array([c.per_token for c in charged])
         self.charge_per_pair = np.array([c.per_pair for c in charged])
-        # Each GPU holds ceil(T/p) tokens (CostModel.memory_bytes: the executor pads), so a
-        # micro-batch fits when ceil(T/p) <= room / bytes per token on one GPU: T <= p * floor(..)
-        # (CostModel.max_tokens, which also pads for rings and takes the least over layouts).
+        # What fits: CostModel.max_tokens (each GPU holds ceil(T/p) tokens; least over layouts).
         memory = cm.cluster.memory_bytes * (1 + _MEMORY_RTOL)
         self.memory_cap = np.array([float(cm.max_tokens(p, r, memory)) if room > 0 else 0.0 for r in range(k + 1)])
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -53,13 +50,10 @@ class SizeLevels:
         self.candidates = self._candidates()
 
     def _candidates(self) -> list[list[int]]:
-        """For a sample whose fewest layers at p are r0: the levels r >= r0 its cheapest cost can
-        be at, for every makespan M. Level r2 > r1 never beats r1 when both fit, if the per-token
-        price it adds is at least the memory share it saves (per_token(r2) - per_token(r1) >=
-        fixed(r1) / cap(r1) - fixed(r2) / cap(r2), in the charged prices): every other term, the
-        time share and solo time included, is no smaller at r2, as fixed, per_token and per_pair
-        (the time's and the charged) grow with r. When they do not grow with r every level stays a
-        candidate."""
+        """For a sample whose fewest layers at p are r0: the levels r >= r0 where its cheapest
+        cost can be, for any makespan M. r2 > r1 never beats r1 when the per-token price it adds
+        is at least the memory share it saves, as every other term grows with r; when the
+        coefficients do not grow with r every level stays a candidate."""
         k = len(self.fixed) - 1
         grows = all((np.diff(c) >= 0).all() for c in (self.fixed, self.per_token, self.per_pair, self.charge_fixed,
                                                        self.charge_per_token, self.charge_per_pair))
@@ -84,9 +78,9 @@ def size_levels(cm: CostModel, p: int, below: bool = False) -> SizeLevels:
 
 
 def _makespan_bound(work: _Work, n: int, start: float = 0.0, extra: float = 0.0) -> float:
-    """The largest M proven below every plan's busy time: max(longest sample, work(inf) / N,
-    `start`, a proven bound), raised while work(M) + `extra` > N * M by regula falsi (Illinois)
-    on that decreasing function; one evaluation more when it does not hold at the start."""
+    """The largest M proven below every plan's busy time: from max(longest sample, work(inf) / N,
+    `start`), raised while work(M) + `extra` > N M by regula falsi (Illinois) on that decreasing
+    function."""
 
     def excess(m: float) -> float:
         return work(m) + extra - n * m
@@ -108,34 +102,14 @@ def _makespan_bound(work: _Work, n: int, start: float = 0.0, extra: float = 0.0)
 
 
 def _exposure_bound(coarse: _Work, cm: CostModel, sizes: Sequence[int], start_s: float, chain: np.ndarray) -> float:
-    """Stages 0-2: a bound on the step S from every rank's need to hide the reduction chain
-    after its own last micro-batch: `start_s` (a proven step bound), raised where it holds.
-
-    Why it holds: rank c ends its last micro-batch at e_c and issues layer K-1's reduction at
-    e_c - below_c, below_c being that micro-batch's backward and recompute of layers K-2..0,
-    and the step ends no sooner than that plus `reduction_chain_s`[K-1] (`schedule.least_step_s`);
-    a rank in no group issues at 0. Summed over the N ranks: N S >= sum of (e_c - below_c) +
-    N chain[K-1]. A rank runs its micro-batches one after another, so the e_c sum to at least
-    every micro-batch's p times its time, and below_c is that of its last one: charging every
-    micro-batch p (time - below), which is at least its linear form less the linear backward
-    below the top layer (`CostModel.linear_less_below`), undercharges. That is `_Work` with
-    those coefficients, each micro-batch within the busy time M <= S - `least_exposed_s`, so
-    work'(S - least) + N chain[K-1] <= N (S - least) + N least for every plan, and any S where it
-    fails is below all of them (`_makespan_bound` on M = S - least, from `start_s` - least).
-    Multi-phase plans too: a rank's group may change between micro-batches, and its last
-    micro-batch issues its reductions.
-
-    Where the chain is long against the step (`knobs.BOUND_CAPPED_CHAIN_SHARE`) each micro-batch's charge
-    is capped by the release instead: every micro-batch a rank runs ends by e_c, and e_c less the
-    last one's backward below is at most R = S - chain[K-1], so the charge of each (its time, or
-    its time less that backward for the last) is at most R. That is `_Work`'s argument again in
-    charged seconds (`capped`: the token shares, the time shares at the cap R, and each size's
-    weighting), on the same sum: work''(R) <= N R, and S = R + chain[K-1] (docs/tuning-log.md).
-
-    The charge is at most `ratio` (the largest of charged over time coefficients) times the
-    work bound's cost, at every level, and the work bound fits N M at M = `start_s` - least
-    (above its own root): where that ratio of it plus the chain fits too, it cannot raise the
-    bound and is not computed (a screen only: returning `start_s` is always valid)."""
+    """Stages 0-2: `start_s` (a proven step bound, seconds) raised by every rank's need to hide
+    the reduction `chain` after its own last micro-batch: the step S is at least (work'(S -
+    least_exposed) + N chain[K-1]) / N, work' charging each micro-batch its time less its
+    backward below the top layer; where the chain is over `knobs.BOUND_CAPPED_CHAIN_SHARE` of the
+    step, each charge is also capped at S - chain[K-1] (`_Work(capped=True)`). Holds for
+    multi-phase plans (proof: docs/design.md, Why each bound holds). Skipped, returning
+    `start_s`, where the largest charged-over-time ratio of the work bound plus the chain fits
+    already."""
     n, least = cm.cluster.num_gpus, least_exposed_s(cm)
     extra = n * (float(chain[-1]) - least)
     ratio = 0.0
@@ -154,8 +128,7 @@ def _exposure_bound(coarse: _Work, cm: CostModel, sizes: Sequence[int], start_s:
     last = float(chain[-1])
     if last <= knobs.BOUND_CAPPED_CHAIN_SHARE * raised:
         return raised
-    # Each micro-batch's charge is also at most S - chain (the release, below): on that cap, in
-    # charged seconds throughout, with each size's fixed costs weighed as `_Work.weigh` picks.
+    # Each charge is also at most S - chain: on that cap, in charged seconds (`_Work.weigh` too).
     capped = _Work(tokens, pairs, weight, cm, sizes, below=True, longest=0.0, capped=True)
     release = _makespan_bound(capped, n, raised - last)
     if capped.weigh(release):
@@ -165,7 +138,7 @@ def _exposure_bound(coarse: _Work, cm: CostModel, sizes: Sequence[int], start_s:
 
 def _front(tokens: np.ndarray, pairs: np.ndarray) -> np.ndarray:
     """The indices of the samples that no other has at least as many tokens and pairs as, with
-    more of one (equal ones all kept): the maximal ones, whatever order the costs take."""
+    more of one (equal ones all kept)."""
     order = np.lexsort((-pairs, -tokens))  # most tokens first, then most pairs
     t, a = tokens[order], pairs[order]
     first = np.concatenate([[True], t[1:] != t[:-1]])  # each token count's most pairs come first
@@ -176,8 +149,8 @@ def _front(tokens: np.ndarray, pairs: np.ndarray) -> np.ndarray:
 
 
 def _coarse(work: _Work) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`work`'s samples in at most `knobs.BOUND_COARSE` classes: the `knobs.BOUND_COARSE_EXACT` longest as they are
-    (the group bound charges the longest), the rest rounded down (`round_down`)."""
+    """`work`'s samples in at most `knobs.BOUND_COARSE` classes: the `knobs.BOUND_COARSE_EXACT`
+    longest as they are (the group bound charges the longest), the rest rounded down."""
     order = np.argsort(work.tokens, kind="stable")
     rest, top = order[:-knobs.BOUND_COARSE_EXACT], order[-knobs.BOUND_COARSE_EXACT:]
     t, a, w = round_down(work.tokens[rest], work.pairs[rest], work.weight[rest], knobs.BOUND_COARSE - knobs.BOUND_COARSE_EXACT)
@@ -187,9 +160,9 @@ def _coarse(work: _Work) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def round_down(tokens: np.ndarray, pairs: np.ndarray, weight: np.ndarray,
                most: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """At most about `most` classes of samples on a geometric grid of token counts, each standing
-    for its members with the least tokens and the least pairs among them: every cost in the
-    bound grows with both, so the bound can only fall."""
+    """At most about `most` classes of samples on a geometric grid of token counts, each at its
+    members' least tokens and least pairs: every cost grows with both, so the bound can only
+    fall."""
     spread = math.log(float(tokens.max()) / float(tokens.min())) if len(tokens) else 0.0
     step = max(spread / most, 1e-6)
     key = np.floor(np.log(tokens) / step).astype(np.int64)
@@ -201,18 +174,15 @@ def round_down(tokens: np.ndarray, pairs: np.ndarray, weight: np.ndarray,
 
 
 class _Work:
-    """work(M): GPU-seconds the batch needs if no group runs longer than M (see `lower_bound`),
-    over every level (p, r) that can be a sample's cheapest (`SizeLevels.candidates`); inf when some
-    sample fits no micro-batch within M. Also `longest`, the largest over samples of their least
-    solo time at a level where they fit.
+    """work(M): the GPU-seconds the batch needs if no group runs longer than M (`lower_bound`), over
+    every level (p, r) that can be a sample's cheapest (`SizeLevels.candidates`); inf when some
+    sample fits no micro-batch within M. `longest`: the largest least solo time of a sample.
 
-    For sample i at level l: cost = p (per_token t_i + per_pair a_i) + p t_i fixed / cap, where
-    fixed / cap = max(fixed / memory_cap, fixed per_token / (M - fixed - per_pair a_i)), and the
-    level is open to i when t_i fits memory_cap and its solo time at l is at most M. Arrays are
-    (level slots) x (distinct samples), weighted by how many samples each row stands for;
-    everything but M is computed once. With `capped` (and `below`) M caps each micro-batch's
-    charge instead of its time: the solo and fixed times, the time share and the weightings are
-    the charged ones (`_exposure_bound`)."""
+    Sample i at level l costs p (per_token t_i + per_pair a_i) + p t_i fixed / cap, with fixed /
+    cap = max(fixed / memory_cap, fixed per_token / (M - fixed - per_pair a_i)), open where t_i
+    fits memory_cap and its solo time is at most M. Arrays are (level slots) x (distinct
+    samples), weighted by the samples each stands for; all but M is computed once. With `capped`
+    (and `below`) M caps each micro-batch's charge instead of its time (`_exposure_bound`)."""
 
     def __init__(self, tokens: np.ndarray, pairs: np.ndarray, weight: np.ndarray, cm: CostModel,
                  sizes: Sequence[int], below: bool = False, longest: float | None = None,
@@ -252,13 +222,9 @@ class _Work:
         self.solo = self.busy + per_token * t
         self.marginal = np.where(fits, gpus * (charge[1] * t + charge[2] * a), np.inf)
         self.gpu_tokens = gpus * t
-        # Alone at its cheapest level where it fits: no plan runs shorter than any sample's best.
-        # That is its fewest layers (every cost grows with r), priced exactly: with a ring the
-        # exact time adds the transfers its attention does not hide, and adding samples to a
-        # micro-batch only lengthens every ring step (CostModel.time_s).
-        # `longest`, when given (a proven bound on the busy time), stands in for it. Only the
-        # samples no other has as many tokens and pairs as (`_front`) are priced: that time
-        # only grows with both, so the largest is among them (the others keep 0).
+        # Each sample alone at its fewest layers, priced exactly (with rings the exact time adds
+        # what attention does not hide): no plan runs shorter. Only the front (`_front`) is
+        # priced, as that time grows with tokens and pairs; `longest`, when given, stands in.
         solo = np.zeros(len(tokens))
         if longest is None and len(tokens):
             front = _front(tokens, pairs)
@@ -316,26 +282,19 @@ class _Work:
     def _weighed(self, k: int, makespan: float, rows: np.ndarray | slice, open_: np.ndarray) -> np.ndarray:
         """`rows`' costs at `makespan` with their fixed costs charged by weighting k (`_weigh`)."""
         fixed = self.fixed[rows]
-        # Weighting 3 reads each sample's share of its micro-batch's memory, t / cap, which is
-        # t * memory_share / fixed (where the fixed time is 0 its weight charges nothing).
+        # Weighting 3 reads the memory share t / cap = t * memory_share / fixed (0 where fixed is 0).
         memory_used = None if k != 3 else np.divide(self.tokens * self.memory_share[rows], fixed,
                                                     out=np.zeros_like(fixed), where=fixed > 0)
         w = _weigh(k, self.solo[rows] - fixed, makespan - fixed, memory_used)
         return np.where(open_, self.marginal[rows] + self.row_sizes[rows, None] * fixed * w, np.inf)
 
     def weigh(self, makespan: float) -> dict[int, int]:
-        """Charges each size's fixed costs by the weighting (`_weigh`; 0: the token shares) under
-        which the work at `makespan` is largest, the other sizes' weightings as they stand, size
-        after size, over the sizes again while one changes (at most `knobs.BOUND_WEIGH_PASSES` passes): a
-        choice is taken only where it raises the work, so it never falls below the token shares'.
-        Returns the sizes that took one (and which).
-
-        Why any choice holds: a micro-batch B at level (p, r) in a plan of busy time at most M
-        costs p (fixed + its samples' marginal times) GPU-seconds, so charging each of its samples
-        its marginal GPU-seconds plus w_i p fixed undercharges it whenever the weights of B's
-        samples sum to at most 1. The token shares do (`lower_bound`), and so does each
-        weighting; each size may take its own, as a micro-batch is at one size. The choice only
-        sets which valid bound is computed (each stays valid at every M, and falls as M grows)."""
+        """Charge each size's fixed costs by the weighting (`_weigh`; 0: the token shares) under
+        which the work at `makespan` is largest, the other sizes' as they stand, size after size,
+        over the sizes again while one changes (at most `knobs.BOUND_WEIGH_PASSES` passes); a
+        choice is taken only where it raises the work. Returns the sizes that took one, and
+        which. Every weighting sums to at most 1 over a micro-batch's samples, so every choice is
+        a valid bound at every M."""
         self.weighting = None
         cost = self._charged(makespan)
         rows = cost.shape[0]
@@ -367,15 +326,11 @@ _WEIGHTINGS = ("time share", "over half the time", "over half the memory")
 
 
 def _weigh(k: int, var_s: np.ndarray, room_s: np.ndarray, memory_used: np.ndarray | None) -> np.ndarray:
-    """Weighting k of `_WEIGHTINGS`: fixed-cost weights per (row, sample) whose sum over any
-    micro-batch's samples is at most 1 in a plan of busy time M (`_Work.weigh`). A micro-batch
-    runs its fixed time and its samples' marginal times within M, so their marginal time as a
-    share x of `room_s` (M less the fixed time) sums to at most 1 over it; so does their share y
-    of the memory; and so does any dual-feasible function of either (u(x) summed stays at most 1
-    wherever x does). 1: x itself, which counts a long sample's attention in full (the token
-    shares count only its tokens); 2: 1 where x > 1/2, else 0; 3: 1 where y > 1/2, else 0 (no
-    two such samples share a micro-batch: a long sample alone in a large group pays all of it);
-    `memory_used` (y) is read by 3 only."""
+    """Weighting k of `_WEIGHTINGS`: fixed-cost weights per (row, sample) that sum to at most 1
+    over any micro-batch's samples in a plan of busy time M. 1: x, the marginal time `var_s` as a
+    share of `room_s` (M less the fixed time); 2: 1 where x > 1/2; 3: 1 where the memory share
+    `memory_used` (read by 3 only) is over 1/2. Why they sum to at most 1: docs/design.md, Why
+    each bound holds."""
     if k == 3:
         assert memory_used is not None
         return np.where(memory_used > 0.5, 1.0, 0.0)
