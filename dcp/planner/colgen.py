@@ -1,19 +1,16 @@
-"""Column generation: the one engine of every column program of the planner (the single layout's
-configuration program, `ilp.columns`, the nested one, `nested_columns`, and the configuration
-program at a level, `ilp.patterns`).
+"""Column generation: the engine of every column program of the planner (`ilp.columns`,
+`nested_columns`, `ilp.patterns`).
 
-Column c places a[t,c] samples of shape t on g_c GPUs. The restricted master (`Master`: HiGHS
-through highspy, the planner's one LP back end, columns added in place) is
+Column c places a[t,c] samples of shape t on g_c GPUs. The restricted master (`Master`, HiGHS
+through highspy with columns added in place) is
 
     min  sum_c g_c z_c   s.t.  sum_c a[t,c] z_c >= n_t  (every sample placed),  z >= 0
 
-over the columns found so far. `generate` alternates solving it with the program's own pricing
-(columns and their value at the row duals y), adds the columns worth more than their GPUs and
-holds the stopping rule. `knapsack` is the pricing both generated programs share,
-`integer_copies` the integer program over the columns found, `fill` its groups. A program whose
-columns are all known up front (`ilp.patterns`) poses them on the same master, with rows bounded
-on both sides and columns of their own cost and bound, and solves it whole (`solve_integer`).
-Never imports torch.
+over the columns found so far. `generate` alternates solving it with the program's pricing, adds the
+columns worth more than their GPUs and holds the stopping rule; `knapsack` is the shared pricing,
+`integer_copies` the integer program over the columns, `fill` its groups. A program whose columns
+are all known (`ilp.patterns`) poses them on the same master, rows bounded on both sides, and solves
+it whole (`solve_integer`).
 """
 
 from __future__ import annotations
@@ -34,8 +31,8 @@ class Master:
     """The linear program over the columns found so far (HiGHS, columns added in place)."""
 
     def __init__(self, counts: np.ndarray, sizes: Sequence[int], upper: np.ndarray | None = None) -> None:
-        """Rows `counts` <= a z <= `upper` (default: no upper bound); a column's cost is the
-        GPUs of its size in `sizes` unless `add` gives it one."""
+        """Rows `counts` <= a z <= `upper` (default unbounded); a column costs its size's GPUs
+        unless `add` gives it a cost."""
         import highspy
 
         from dcp.planner.ilp.solvers import _silence_highs_banner
@@ -95,9 +92,9 @@ class Master:
         return values
 
     def values_at(self, costs: np.ndarray, deadline: Deadline) -> np.ndarray | None:
-        """The columns' values at the optimum with `costs` in place of their GPUs (another vertex
-        near the optimum, for perturbed costs); None if HiGHS gave none in time. The program's own
-        costs are restored, `last` is left as it was."""
+        """The columns' values at the optimum with `costs` in place of theirs (another vertex
+        near the optimum); None if HiGHS gave none in time. The costs are restored, `last` left
+        as it was."""
         import highspy
 
         n = len(self.cols)
@@ -112,18 +109,18 @@ class Master:
 
 
 Priced = tuple[float, int, tuple]
-"""A column the pricing found: its value at the duals, its GPUs, and the arguments `add` takes to add it."""
+"""A column the pricing found: its value at the duals, its GPUs, and `add`'s arguments for it."""
 
 
 def generate(master: Master, price: Callable[[np.ndarray], list[Priced]], add: Callable[..., bool],
              num_gpus: int, deadline: Deadline, rounds: int, stop_when_fits: bool = False,
              tail: tuple[int, float] | None = None) -> bool | None:
     """Whether the fractional program fits `num_gpus`: True once it does and no column improves
-    it (at once with `stop_when_fits`: a bound asks no more) or the last tail[0] rounds lowered
-    it by less than tail[1] of the GPUs (if it fits then); False when it provably needs more
-    over every column `price` can find (Farley's bound); out of rounds, whether it fits (None
-    if not); None when the time ran out. `price(y)` lists the columns at the duals y in the
-    order to add them; `add(*column)` adds one to `master`, returning whether it was new."""
+    it (at once with `stop_when_fits`) or the last tail[0] rounds lowered it by less than tail[1]
+    of the GPUs; False when Farley's bound proves it needs more over every column `price` can
+    find; out of `rounds`, whether it fits (None if not); None when the time ran out. `price(y)`
+    lists the columns at the duals y in the order to add them; `add(*column)` adds one, returning
+    whether it was new."""
     enough = num_gpus * (1 + 1e-9)
     seen: list[float] = []
     for _ in range(rounds):
@@ -156,8 +153,7 @@ def knapsack(y: np.ndarray, weight: np.ndarray, room: float, counts: np.ndarray,
              round_up: bool, units: int) -> tuple[np.ndarray, Callable[[int], np.ndarray]]:
     """Bounded knapsacks at every room c = 0..`units` steps of room / `units` at once: the shape
     counts a (a[t] <= counts[t], only where `ok`) of most value a y with sum a weight within c
-    steps (weights rounded down, or up): that value per c (an array), and a function giving the
-    counts that reach it at c."""
+    steps (weights rounded down, or up): that value per c, and a function giving the counts at c."""
     if room <= 0:
         return np.zeros(units + 1), lambda c: np.zeros(len(counts), dtype=np.int64)
     scaled = weight / room * units
@@ -174,9 +170,8 @@ def knapsack(y: np.ndarray, weight: np.ndarray, room: float, counts: np.ndarray,
             left -= m
             steps.append((int(t), m, w * m))
             piece *= 2
-    # value[c]: the most value of the pieces so far within c units, updated piece by piece in place
-    # (one row of `units` floats stays in cache); took[k][c]: whether piece k raised it at c, all
-    # that reading the counts back needs.
+    # value[c]: the most value within c units, updated in place piece by piece (one row stays in
+    # cache); took[k][c]: whether piece k raised it at c, which reading the counts back needs.
     value, shifted = np.zeros(units + 1), np.empty(units + 1)
     took = np.zeros((len(steps), units + 1), dtype=bool)
     for k, (t, m, ww) in enumerate(steps):
@@ -204,8 +199,8 @@ def knapsack(y: np.ndarray, weight: np.ndarray, room: float, counts: np.ndarray,
 
 def integer_copies(cols: list[Column], counts: np.ndarray, sizes: Sequence[int], num_gpus: int, deadline: Deadline,
                    share: float, nodes: int) -> np.ndarray | None:
-    """Whole copies of each column covering `counts` within `num_gpus` (HiGHS, the first solution
-    found within `nodes` nodes and `share` of the time left); None if it found none."""
+    """Whole copies of each column covering `counts` within `num_gpus` (HiGHS's first solution
+    within `nodes` nodes and `share` of the time left); None if it found none."""
     ip = Master(counts, sizes)
     for j, a in cols:
         ip.add(j, a)
@@ -226,11 +221,10 @@ TIME_LIMIT = "time limit reached"
 
 def solve_integer(master: Master, whole: np.ndarray, seconds: float, nodes: int, stop_at: float | None = None,
                   **options: float | int | bool) -> tuple[np.ndarray | None, str]:
-    """The master's program with the columns `whole` (indices) integer, by HiGHS's branch and
-    bound within `seconds` and `nodes` nodes, and stopped at `stop_at` (perf_counter) from its
-    interrupt callbacks where given (its time limit is checked between nodes only); `options`
-    are HiGHS's. The values of the best solution found (None if none) and HiGHS's status in
-    lower case (`TIME_LIMIT` when the time stopped it)."""
+    """The master's program with the columns `whole` integer, by HiGHS within `seconds` and
+    `nodes` nodes, interrupted at `stop_at` (perf_counter) where given (its time limit is checked
+    between nodes only); `options` are HiGHS's. Returns the best solution's values (None if none)
+    and HiGHS's status in lower case (`TIME_LIMIT` when the time stopped it)."""
     import highspy
 
     from dcp.planner.ilp.solvers import _interrupt_at
@@ -253,9 +247,9 @@ def solve_integer(master: Master, whole: np.ndarray, seconds: float, nodes: int,
 
 def fill(members: Sequence[np.ndarray], columns: Sequence, copies: Sequence[int],
          group: Callable[[Callable[[np.ndarray], list[int]], object], object]) -> tuple[list, list[list[int]]]:
-    """Each column's copies as groups, and the samples left (per shape): `group(take, column)`
-    makes one copy's group (None where it took no sample), `take(a)` drawing a[t] samples of each
-    shape t in turn (fewer where fewer are left: the integer program may cover more)."""
+    """Each column's copies as groups, and the samples left per shape: `group(take, column)`
+    makes one copy's group (None if it took no sample), `take(a)` drawing a[t] samples of each
+    shape t (fewer where fewer are left: the integer program may cover more)."""
     pool = [list(m) for m in members]
 
     def take(a: np.ndarray) -> list[int]:

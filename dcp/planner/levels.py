@@ -1,9 +1,8 @@
-"""Level search, the one loop behind every "try a level, raise it or narrow it" in the planner:
-a monotone test (does a plan fit busy time theta, FFD pack at capacity c) that holds at every
-level above one where it holds. `climb` tries rising levels until one holds; `narrow` halves a
-bracket [lo, hi] (lo fails, hi holds). One stopping rule, checked before each try: the bracket
-is within `rtol` of hi or `atol` (`narrow`), the steps are spent, `stop()` (a deadline, a closed
-gap), or the test could not decide (`narrow`: it returned None).
+"""Level search, the one loop behind every "try a level, raise it or narrow it" in the planner, on a
+monotone test (does a plan fit busy time theta? does FFD pack at capacity c?). `climb` tries rising
+levels until one holds; `narrow` halves a bracket [lo, hi] (lo fails, hi holds). One stopping rule,
+checked before each try: the bracket within `rtol` or `atol`, the steps spent, `stop()` (a deadline,
+a closed gap), or an undecided test (None).
 """
 
 from __future__ import annotations
@@ -22,10 +21,10 @@ def geometric(start: float, factor: float) -> Iterator[float]:
 
 def climb(holds: Callable[[float], bool], levels: Iterable[float],
           stop: Callable[[], bool] | None = None) -> tuple[float | None, float | None]:
-    """The last level of `levels` at which `holds` failed and the first at which it held, trying
-    them in order (None for either when there is none: it held at the first, or at none before
-    the levels ran out or `stop()` said so). Cap an endless `levels` (`geometric`) with
-    `itertools.islice` unless the caller knows some level holds."""
+    """The last level of `levels` at which `holds` failed and the first at which it held, in
+    order (None for either where there is none: it held at the first, or at none before the
+    levels ran out or `stop()`). Cap an endless `levels` (`geometric`) with `itertools.islice`
+    unless some level surely holds."""
     failed = None
     for level in levels:
         if stop is not None and stop():
@@ -39,17 +38,14 @@ def climb(holds: Callable[[float], bool], levels: Iterable[float],
 def narrow(test: Callable[[float], bool | None] | Callable[[float], float], lo: float, hi: float, *,
            steps: int | None = None, rtol: float = 0.0, atol: float | None = None, stop: Callable[[], bool] | None = None,
            first: float | None = None, values: tuple[float, float] | None = None) -> tuple[float, float]:
-    """[lo, hi] narrowed, lo where the test fails and hi where it holds, at most `steps` tries
-    (no limit: None), until hi - lo <= `rtol` * hi or `atol`, or `stop()`: each try halves the
-    bracket, the first at `first` instead where that lies inside it (a caller's guess of the
-    threshold). A test that returns None (undecided: its time ran out) stops the search with the
-    bracket as it was: neither end may move on a guess.
+    """[lo, hi] narrowed, lo where the test fails and hi where it holds, in at most `steps` tries
+    (None: no limit), until hi - lo <= `rtol` * hi or `atol`, or `stop()`; each try halves the
+    bracket, the first at `first` instead where that lies inside. A test that returns None
+    (undecided: its time ran out) stops the search, the bracket as it was.
 
-    With `values` (its values at lo and hi) the test is an excess instead, a decreasing function
-    that holds where not positive, and each try is regula falsi (Illinois: the end kept twice
-    has its value halved), 1% inside the bracket: the bounds' work functions are smooth and an
-    evaluation is a pass over every sample, so interpolating takes fewer than halving, where a
-    yes/no test gives nothing to interpolate."""
+    With `values` (its values at lo and hi) the test is an excess, a decreasing function that
+    holds where not positive, and each try is regula falsi (Illinois), kept 1% inside the
+    bracket: the bounds' work functions are smooth and each evaluation a pass over every sample."""
     f_lo, f_hi = values if values is not None else (0.0, 0.0)
     side = 0
     for _ in range(steps) if steps is not None else itertools.count():

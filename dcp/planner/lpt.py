@@ -1,16 +1,12 @@
-"""Longest processing time first, a round of jobs at a time: the planner's one LPT.
+"""Longest processing time first, a round of jobs at a time: the planner's one LPT, for the
+baselines (`baselines.lpt_assign`), the ILP's spread (`pack.lpt_fast`) and the backfill's fillers
+(`backfill._lpt`, in micro-batches).
 
-`lpt` gives each job, in order, to the group that holds least, ties by the lower group: for the
-baselines (`baselines.lpt_assign`: dcp-greedy's classes, bucket's and packing's groups; its
-exact head, `least_loaded`, alone), the ILP's spread (`pack.lpt_fast`) and the backfill's
-fillers onto ranks that free up at different times, in micro-batches (`backfill._lpt`). A heap step per job is a
-Python step per job (docs/tuning-log.md, `LPT_SHORT_ROUND`).
-`least_loaded` takes the same decisions a round at a time: with the groups sorted by load (then
-index), the next r jobs go to the r least-loaded groups in that order, one each, as long as every
-group the round has given a job ends above the next group's load (strictly: a tie could pop in
-another order, so the round stops short of it). Every load is the same sum, in the same order,
-as the heap's, so the assignment is identical to the last bit. Where rounds come out short (few
-groups, or loads further apart than the jobs are long) heap steps are cheaper, and it takes them.
+`least_loaded` takes LPT's decisions a round at a time: with the groups sorted by load (then index),
+the next r jobs go to the r least-loaded groups, one each, while every group given a job ends
+strictly above the next group's load; each load is the same sum in the same order as a heap's, so
+the assignment is identical to the last bit, at a numpy step per round instead of a Python step per
+job. Where rounds come out short it takes heap steps (docs/tuning-log.md, `LPT_SHORT_ROUND`).
 """
 
 from __future__ import annotations
@@ -26,20 +22,16 @@ import dcp.planner.knobs as knobs
 def lpt(times: np.ndarray, groups: int, loads: np.ndarray | None = None, water_from: int = 0,
         batches: tuple[np.ndarray, np.ndarray, float, float] | None = None) -> np.ndarray:
     """The group of every job (`times` longest first), LPT onto `groups` holding `loads` (default
-    empty; updated in place): job by job the first `knobs.LPT_HEAD` per group and every job above
-    `knobs.LPT_SHARE` of the mean level per group (loads and jobs), the shorter rest by water
-    filling (`water_fill`: within one of them of LPT's balance, at one numpy pass instead of a
-    step each), but only where more than `water_from` per group are left to it.
+    empty; updated in place): one by one the first `knobs.LPT_HEAD` per group and every job above
+    `knobs.LPT_SHARE` of the mean level per group, the shorter rest by `water_fill` (within one job
+    of LPT's balance, in one numpy pass) where more than `water_from` per group are left.
 
-    Two variants, as job times are of two kinds. The baselines' and the ILP's are whole: each
-    job adds its time to its group, the head is LPT proper (`least_loaded`) and the level stays
-    put. The backfill's (`batches`: each job's tokens and marginal time, a micro-batch's fixed
-    time and token capacity) are not: a job opens a micro-batch on its group, paying the whole
-    fixed time, when the group's open one cannot hold it, so its time depends on the group and
-    `times` are estimates (the marginal time plus the tokens' share of the fixed time). Its head
-    goes in rounds that see that (`_rounds`, up to the first short job, with no `LPT_HEAD`
-    minimum), and water fills only a long tail (`water_from`): a run that crosses a capacity
-    pays a fixed time the level did not see (docs/tuning-log.md, `BACKFILL_WATER_FROM`)."""
+    Whole jobs (the baselines', the ILP's) add their time to their group: the head is LPT proper
+    (`least_loaded`). With `batches` (each job's tokens and marginal time, a micro-batch's fixed
+    time and token capacity: the backfill's) a job opens a micro-batch, paying the fixed time,
+    when its group's open one cannot hold it, so `times` are estimates; the head goes in
+    `_rounds`, which see that (no `LPT_HEAD` minimum), and only a long tail is water filled
+    (docs/tuning-log.md, `BACKFILL_WATER_FROM`)."""
     times = np.asarray(times, dtype=np.float64)
     loads = np.zeros(groups) if loads is None else loads
     owner = np.empty(len(times), dtype=np.int64)
@@ -58,15 +50,11 @@ def lpt(times: np.ndarray, groups: int, loads: np.ndarray | None = None, water_f
 
 def _rounds(times: np.ndarray, loads: np.ndarray, tokens: np.ndarray, marg: np.ndarray, fixed: float, cap: float,
             owner: np.ndarray, water_from: int) -> int:
-    """`lpt`'s head with micro-batches (`lpt`'s `batches`): each round gives its next m jobs to
-    the m groups that end first below the water level (the mean level per group), the longest to
-    the first: those within the round's longest job of the first, a group whose open micro-batch
-    that job would overflow counting as ending `fixed` later. Each group's micro-batches fill in
-    arrival order up to `cap` tokens; `loads` take each job's marginal time and `fixed` per
-    micro-batch opened. A round of many groups is one numpy step, where LPT proper is a heap step
-    per job (thousands of fillers per rank). Fills `owner` until a round would start at a job
-    `lpt` water fills (checked every round: the level moves as exact times replace the
-    estimates) and returns where it stopped."""
+    """`lpt`'s head with micro-batches: each round gives its next m jobs to the m groups that end
+    first below the water level, the longest to the first, a group whose open micro-batch the job
+    would overflow counting `fixed` later; micro-batches fill in arrival order up to `cap`
+    tokens. Fills `owner` until a round would start at a job `lpt` water fills (checked every
+    round: exact times replace the estimates) and returns where it stopped."""
     groups = len(loads)
     held = np.zeros(groups)  # tokens of each group's open micro-batch (0: none)
     left = float(times.sum())
@@ -91,9 +79,9 @@ def _rounds(times: np.ndarray, loads: np.ndarray, tokens: np.ndarray, marg: np.n
 
 
 def least_loaded(times: np.ndarray, groups: int, loads: np.ndarray | None = None) -> np.ndarray:
-    """The group of every job, jobs taken in the order of `times`, each to the group with the
-    least load so far (ties by the lower index); the `groups` start at `loads` (default empty;
-    updated in place, each load summed in the order its jobs came, as a heap sums it)."""
+    """The group of every job, in the order of `times`, each to the group of least load so far
+    (ties by the lower index), from `loads` (default empty; updated in place, summed as a heap
+    would)."""
     times = np.asarray(times, dtype=np.float64)
     owner = np.empty(len(times), dtype=np.int64)
     loads = np.zeros(groups) if loads is None else loads
@@ -129,7 +117,7 @@ def balanced_s(classes: Iterable[tuple[float, int, float]]) -> float:
 def hand_out(groups: dict[int, int], sizes: Sequence[int], left: int, key: Callable[[int], tuple],
              most: dict[int, int] | None = None) -> None:
     """GPUs `left` over, a group at a time, to the class of `groups` (groups per size index) of
-    the largest `key` whose size still fits (and that has fewer than `most` groups), in place."""
+    largest `key` whose size still fits (and has fewer than `most` groups), in place."""
     while fits := [j for j in groups if sizes[j] <= left and (most is None or groups[j] < most[j])]:
         j = max(fits, key=key)
         groups[j] += 1
@@ -144,8 +132,8 @@ def by_group(owner: np.ndarray, groups: int) -> list[np.ndarray]:
 
 
 def _heap_steps(times: np.ndarray, at: int, stop: int, loads: np.ndarray, owner: np.ndarray) -> int:
-    """`least_loaded`'s jobs `at` to `stop` one heap step each, `loads` and `owner` updated in
-    place; returns `stop`."""
+    """`least_loaded`'s jobs `at` to `stop`, a heap step each (`loads`, `owner` updated in
+    place); returns `stop`."""
     heap = [(v, g) for g, v in enumerate(loads.tolist())]
     heapq.heapify(heap)
     for k, t in enumerate(times[at:stop].tolist(), start=at):
@@ -158,10 +146,9 @@ def _heap_steps(times: np.ndarray, at: int, stop: int, loads: np.ndarray, owner:
 
 
 def water_fill(loads: np.ndarray, costs: np.ndarray) -> np.ndarray:
-    """The group of each job of `costs` (in order) on groups holding `loads`: the level L at which
-    the groups' room below it holds every job, and each group a run of them, in order, filling
-    its room to within one job (a job goes where its middle falls). LPT's rest when the jobs are
-    short against the groups: one numpy pass instead of a heap step each."""
+    """The group of each job of `costs` (in order) on groups holding `loads`: the level at which
+    the groups' room below it holds every job, each group taking a run of them that fills its
+    room to within one job (a job goes where its middle falls)."""
     by_load = np.lexsort((np.arange(len(loads)), loads))
     low = loads[by_load]
     level = (float(costs.sum()) + np.cumsum(low)) / np.arange(1, len(low) + 1)  # k groups under it

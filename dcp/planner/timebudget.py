@@ -1,19 +1,10 @@
-"""How one ILP solve divides its time limit among its stages: one object, from one table.
-
-`dcp.planner.phases.solve_phased` runs these stages, each timed from the start of `solve`:
-
-    floor & setup   input checks, bounds, the cost table, the backfill's first target and the
-                    baselines of the warm start: never cut (the floor), inside the next window
-    single layout   the ILP (`dcp.planner.ilp`: warm start, program), until `single_s`
-    nested columns  few shapes and few samples a GPU: from the single layout's end to the search
-                    deadline (`dcp.planner.nested_columns`)
-    phase search    splits of the batch, in what is left before the search deadline
-    report          chaining, validating and noting the plan: the margin after it
-
-`TimeBudget.divide` computes the windows from the shares in `dcp.planner.knobs` (the table),
-`explain` prints them; `IlpOptions.explain_budget` shows them for a limit and a batch size.
-Inside the single layout, `dcp.planner.ilp.budget.Budget` keeps the deadline and shares what is
-left among the ILP's own steps.
+"""How one solve divides its time limit among the stages `dcp.planner.phases.solve_phased` runs,
+each window timed from the start of `solve`: floor & setup (input checks, bounds, the cost table,
+the warm start's baselines: never cut), the single layout (the ILP, until `single_s`), the nested
+column plans and the phase search (what is left before the search deadline), and the report
+(chaining, validating, noting: the margin after it). `TimeBudget.divide` computes the windows from
+the shares in `dcp.planner.knobs`; `explain` prints them (`--explain-budget`). Inside the single
+layout `dcp.planner.ilp.budget.Budget` shares out its own.
 """
 
 from __future__ import annotations
@@ -43,17 +34,17 @@ class TimeBudget:
     limit_s: float
     stages: tuple[Stage, ...]
     search_deadline_s: float
-    """When the nested column plans and the phase search must stop (from the start): what
-    follows is the report's margin."""
+    """When the nested column plans and the phase search must stop, from the start; the report's
+    margin follows."""
 
     @classmethod
     def divide(cls, limit_s: float, final_pricing_s: float, *, search: bool = False, reaching: bool = False,
                nested_columns: bool = False) -> TimeBudget:
         """The windows for a solve of `limit_s` whose plan takes about `final_pricing_s` to
-        assemble (`ilp.budget.final_pricing_s` of the batch), with a phase search (`search`;
-        `reaching`: a split's bound meets the batch's, `knobs.REACHING_SHARE` instead of
-        `knobs.PHASE_SHARE`) and nested column plans (`nested_columns`) or not. A phase search
-        shorter than `knobs.MIN_SEARCH_S` gets no window: it would only cut the single layout."""
+        assemble, with a phase search (`search`; `reaching`: a split's bound meets the batch's,
+        `knobs.REACHING_SHARE` instead of `knobs.PHASE_SHARE`) and nested column plans or not. A
+        phase search shorter than `knobs.MIN_SEARCH_S` gets no window: it would only cut the
+        single layout."""
         margin_s = min(knobs.REPORT_MARGIN_PRICINGS * final_pricing_s, limit_s / 4)
         search_s = (knobs.REACHING_SHARE if reaching else knobs.PHASE_SHARE) * limit_s if search else 0.0
         search_s = search_s if search_s >= knobs.MIN_SEARCH_S else 0.0
@@ -91,8 +82,8 @@ class TimeBudget:
 
 
 def explain_budget(limit_s: float, samples: int) -> str:
-    """How a limit of `limit_s` is divided for a batch of `samples`, in every case the search
-    can meet (whether a phase search or nested column plans run depends on the batch)."""
+    """How a limit of `limit_s` is divided for `samples` samples, in every case the search can
+    meet (whether a phase search or nested column plans run depends on the batch)."""
     from dcp.planner.ilp.budget import final_pricing_s
 
     pricing_s = final_pricing_s(samples)

@@ -1,32 +1,23 @@
-"""The ILP planner: per global batch, a PuLP mixed-integer program picks the SP group sizes, the
-class of every sample and (through the canonical micro-batching) each micro-batch's checkpointed
-layers, minimizing the step time under the memory limit.
+"""The ILP planner: per global batch, a mixed-integer program picks the SP group sizes, each
+sample's class and (through the canonical micro-batching) each micro-batch's checkpointed layers,
+minimizing the step time under the memory limit.
 
-The phases, all inside `IlpOptions.time_limit_s` (`budget`: each gets what is left, every loop
-and solver call is bounded by it; only the final assembly is kept back as a small reserve):
+Its phases share `IlpOptions.time_limit_s` (`budget`: each gets what is left; only the final
+assembly is kept back, as a small reserve):
 
-1. setup (`search.Search`): the per-sample cost table (`costs`), the capacity bound the search
-   runs on and the makespan bound the plan reports (`bounds`), all vectorized;
-2. warm start (`warm`): a quick heuristic (`heuristic`), dcp-greedy, then every other baseline
-   that a lower bound on its own step time does not rule out, few large micro-batches where
-   fixed costs are heavy (`fill`; under ZeRO-3 first, its slots lined up, `slots`), improved by
-   local search (`pack`), then (below ZeRO-3, batches of many shapes) best fit by SP size with
-   the larger groups' room filled (`bestfit`); every candidate is priced exactly (`incumbent`),
-   so the plan is never worse than any of them; under ZeRO-3 the best candidates' slots are lined up after it and
-   after the program (`Incumbent.align_slots`);
-3. the program: for tiny batches the exact program over every group, micro-batch and checkpoint
-   level (`exact`), proven optimal; otherwise the aggregated program (`model`, with the cuts
-   of `cuts`) over length classes (`classes`: at most a fixed number of rows however many
-   samples), disaggregated over groups (`pack`), and beside it the configuration program
-   (`patterns`: the large samples packed exactly at a level between the bound and the
-   incumbent); the better candidate gets small exact re-solves of the slowest group's
-   neighbourhood (`lns`) and moves and swaps (`pack`);
-4. finish: the incumbent assembled and validated, with the gap to the best proven bound (max of
-   `bounds.single_layout_bound` and the solver's dual bound + gradient sync) and a status that says
-   when the time limit cut the search short or left the program no time (`dcp.planner.status`):
-   every step that stops at a deadline records it, so a status without it means the same plan
-   on any machine.
-   On solver failure the warm start is returned with a warning.
+1. setup (`search.Search`): the cost table (`costs`), the capacity bound the search runs on and the
+makespan bound the plan reports (`bounds`), all vectorized; 2. warm start (`warm`): dcp-greedy, a
+quick heuristic (`heuristic`), every baseline a bound on its own step does not rule out, few large
+micro-batches where fixed costs are heavy (`fill`; under ZeRO-3 first, its slots lined up), local
+search (`pack`), best fit by SP size (`bestfit`); each candidate priced exactly (`incumbent`), so
+the plan is never worse than any; under ZeRO-3 the best candidates' slots lined up
+(`Incumbent.align_slots`); 3. the program: for tiny batches the exact one (`exact`), proven optimal;
+otherwise the aggregated program over length classes (`model`, `cuts`, `classes`: a bounded number
+of rows however many samples), spread over groups (`pack`), beside the configuration programs
+(`columns`, `patterns`); the better candidate gets neighbourhood re-solves (`lns`) and local search;
+4. finish: the incumbent assembled and validated, its gap to the best proven bound, and a status
+that says where the time limit cut a step (`dcp.planner.status`); a status without such a cut means
+the same plan on any machine. On solver failure the warm start is returned with a warning.
 """
 
 from __future__ import annotations
@@ -58,9 +49,8 @@ SECONDS = "seconds: "
 
 @dataclass
 class Beaten:
-    """What `solve_ilp_against` returns when its plan cannot run faster than the step it was
-    given: the program's status and notes, as the plan would have had them (not assembled),
-    and no bound (the plan's, `finish`'s, is computed in its assembly)."""
+    """What `solve_ilp_against` returns when its plan cannot beat the step it was given: the
+    program's status and notes as the plan would have had them, and no bound."""
 
     solver_status: str
     notes: list[str]
@@ -69,12 +59,11 @@ class Beaten:
 
 def solve_ilp(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, started: float | None = None,
               arrays: BatchArrays | None = None, *, warn: bool = True) -> Plan:
-    """Plan one global batch with the ILP planner (see the module docstring); the time limit
-    counts from `started` (perf_counter, default now: `dcp.planner.solve` passes its own start,
-    so that checking the inputs is inside the limit too). `arrays`, when given, are the batch's
-    (`BatchArrays.of(batch)`), which saves reading tens of thousands of samples again. A solver
-    failure is always in the plan's notes, and a warning too with `warn` (the phase search's
-    parts are candidates it prices against the single layout, not the user's plan)."""
+    """Plan one global batch (module docstring); the time limit counts from `started`
+    (perf_counter; default now: `dcp.planner.solve` passes its own start, so checking the inputs
+    counts too). `arrays`, when given, are `BatchArrays.of(batch)`. A solver failure is always in
+    the plan's notes, and with `warn` a warning too (the phase search's parts are not the user's
+    plan)."""
     plan = solve_ilp_against(batch, cm, options, started, arrays, warn=warn)
     assert isinstance(plan, Plan)
     return plan
@@ -83,10 +72,9 @@ def solve_ilp(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, start
 def solve_ilp_against(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, started: float | None = None,
                       arrays: BatchArrays | None = None, *, warn: bool = True,
                       beat_s: float | None = None, costs: tuple[Pricer, CostTable] | None = None) -> Plan | Beaten:
-    """`solve_ilp`, against a plan in hand that runs `beat_s`: when no step the incumbent can
-    have (its busy time plus the least synchronization, or its fastest scheduled step) is faster,
-    the plan is not assembled (assembly is a pass over every sample) and its status and notes come back.
-    `costs`, when given, are the batch's (`costs.batch_costs`), already built for the backfill."""
+    """`solve_ilp` against a plan in hand that runs `beat_s` seconds: when no step the incumbent
+    can have is faster, its plan is not assembled (a pass over every sample) and `Beaten` comes
+    back. `costs`, when given, are `costs.batch_costs` already built for the backfill."""
     budget = Budget.start(options.time_limit_s, len(batch), started)
     sizes = allowed_sp_sizes(cm, options.sp_sizes)
     arrays = arrays if arrays is not None else BatchArrays.of(batch)
@@ -155,9 +143,8 @@ def _notes(search: Search) -> list[str]:
 
 
 def _status(search: Search) -> str:
-    """The program's outcome, and whether (and where) the time limit cut the search: a status
-    without `CUT_SHORT` means no step stopped at a deadline, so the plan is the same on any
-    machine."""
+    """The program's outcome, and whether (and where) the time limit cut the search: without
+    `CUT_SHORT` no step stopped at a deadline, so the plan is the same on any machine."""
     budget = search.budget
     parts = [f"{len(what)} step{'s' * (len(what) > 1)} {how}"
              for what, how in ((budget.cut, "skipped"), (budget.stopped, "cut short")) if what]

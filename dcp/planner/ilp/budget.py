@@ -1,13 +1,11 @@
 """The ILP planner's clock: one deadline for the whole solve, shared out by phase.
 
-`IlpOptions.time_limit_s` covers everything, warm start and baselines included, except the final
-pricing and validation of the chosen plan, which is kept back as a reserve measured in samples
-(`final_pricing_s`). Each phase asks for its share of what is left (`until`), every loop checks
-the clock between steps, and every solver call gets the remaining time as its own limit, so the
-limit holds by construction, not by a quiet machine. What a phase had to skip or cut short is
-recorded and ends up in the plan's status and notes: every step that can stop at a deadline
-takes a `Deadline`, which records the step when it does, so a plan that depends on the
-machine's load always says so, and one whose status records no cut is the same on any machine.
+`IlpOptions.time_limit_s` covers everything but the final pricing and validation of the chosen plan,
+a reserve measured in samples (`final_pricing_s`). Each phase asks for its share of what is left
+(`until`), loops check the clock between steps and every solver call gets the time left as its own
+limit, so the limit holds by construction. Every step that can stop at a deadline takes a
+`Deadline`, which records it when it does: a plan that depends on the machine's load says so in its
+status and notes.
 """
 
 from __future__ import annotations
@@ -22,17 +20,16 @@ import dcp.planner.knobs as knobs
 
 
 def final_pricing_s(samples: int, microbatches: int = 0, groups: int = 0, slowdown: float = 2.0) -> float:
-    """Seconds kept back for assembling and validating the chosen plan."""
+    """Seconds kept back for assembling and validating the chosen plan, at `slowdown`."""
     return knobs.FINAL_PRICING_S + slowdown * (knobs.PER_SAMPLE_S * samples + knobs.PER_MICROBATCH_S * microbatches
                                          + knobs.PER_GROUP_S * groups)
 
 
 @contextmanager
 def paused_gc() -> Iterator[None]:
-    """No cyclic garbage collection inside: a time-limited solve allocates many short-lived
-    objects, and in a process with a large heap, a training script's or a long benchmark's, a
-    full collection in the middle of the final assembly overran the limit (docs/tuning-log.md). Reference
-    counting still frees everything the solve drops; the previous state is restored after."""
+    """No cyclic garbage collection inside (reference counting still frees what the solve drops;
+    the previous state is restored after): in a process with a large heap a full collection in
+    the final assembly overran the limit (docs/tuning-log.md)."""
     collecting = gc.isenabled()
     gc.disable()
     try:
@@ -43,8 +40,8 @@ def paused_gc() -> Iterator[None]:
 
 
 def machine_probe_s() -> float:
-    """The faster of two runs of a fixed loop of `knobs.PROBE_STEPS` steps, without garbage collection
-    (a collection is not the machine's speed)."""
+    """The faster of two runs of a fixed loop of `knobs.PROBE_STEPS` steps, without garbage
+    collection."""
     with paused_gc():
         runs = []
         for _ in range(2):
@@ -70,11 +67,11 @@ class Budget:
     stopped: list[str] = field(default_factory=list)
     """What the limit stopped before it finished, in words."""
     probe_s: float = 0.0
-    """How long `machine_probe_s` took at the start: how much slower than the benchmark machine
-    this one runs now (`slowdown`)."""
+    """`machine_probe_s` at the start: how much slower than the benchmark machine this one runs
+    now (`slowdown`)."""
     pricing_s: float = 0.0
-    """The longest a candidate's exact pricing took: kept back from every search step that
-    ends in one (`search_deadline`)."""
+    """The longest a candidate's exact pricing took, kept back from every search step that ends
+    in one (`search_deadline`)."""
     cpu_started: float = field(default_factory=time.process_time)
     wall_started: float = field(default_factory=time.perf_counter)
     """The process's CPU time, and the wall clock, when the budget began (`slowdown`)."""
@@ -97,16 +94,15 @@ class Budget:
 
     def _reserve(self, samples: int, microbatches: int, groups: int) -> float:
         """What assembling and validating the incumbent will take: `final_pricing_s` at the
-        slowdown, and at least `knobs.FINISH_PRICINGS` times the longest candidate pricing so far (it
-        runs much of the same work on this batch, on this machine, now), at most half the limit."""
+        slowdown and at least `knobs.FINISH_PRICINGS` times the longest candidate pricing so far,
+        at most half the limit."""
         return min(max(final_pricing_s(samples, microbatches, groups, self.slowdown()),
                        knobs.FINISH_PRICINGS * self.pricing_s), self.limit_s / 2)
 
     @property
     def search_deadline(self) -> float:
         """When a search step must stop so that pricing its result ends by `deadline`: the
-        longest pricing so far, with `knobs.PRICING_MARGIN` (a loaded machine prices the next one
-        slower)."""
+        longest pricing so far times `knobs.PRICING_MARGIN` before it."""
         return self.deadline - knobs.PRICING_MARGIN * self.pricing_s
 
     def slowdown(self) -> float:

@@ -1,16 +1,15 @@
 """Length classes: the aggregated program's rows, and their samples handed back out.
 
-Samples are grouped into
-- exact types: length bands of large samples (their least marginal time, `CostTable.marg`, is
-  at least `knobs.CLASS_FLUID_SHARE` of the incumbent U; where none is, `knobs.CHEAPEST_LARGE` of it at the size where
-  they cost the fewest GPU-seconds; identical samples always together), counted per class, each
-  at its least member's load and solo time; at most `knobs.CLASS_MAX_EXACT`;
-- fluid buckets: the other samples, whose load ratios across SP sizes agree within a tolerance,
-  split by fractions. A bucket's coefficient at size p is its exact summed load at its reference
-  size times the smallest ratio in the bucket, so the program stays a relaxation and loses only
-  the ratio spread (`knobs.CLASS_RATIO_TOL`, doubled until at most `knobs.CLASS_MAX_BUCKETS` buckets remain).
-However many samples the batch has, the program has at most knobs.CLASS_MAX_EXACT + knobs.CLASS_MAX_BUCKETS rows;
-`split_fluid` disaggregates a bucket's fractions back into samples.
+- exact types: length bands of large samples (least marginal time at least `knobs.CLASS_FLUID_SHARE`
+  of the incumbent's busy time U; if none is, `knobs.CHEAPEST_LARGE` of it at their cheapest size),
+  counted per class at their least member's load and solo time; at most `knobs.CLASS_MAX_EXACT`;
+- fluid buckets: the other samples, whose load ratios across SP sizes agree within
+  `knobs.CLASS_RATIO_TOL` (doubled until at most `knobs.CLASS_MAX_BUCKETS` remain), split by
+  fractions, each at its summed load times the smallest ratio in it, so the program stays a
+  relaxation.
+
+So the program's rows do not grow with the batch; `split_fluid` hands a bucket's fractions back out
+as samples.
 """
 
 from __future__ import annotations
@@ -44,21 +43,16 @@ class Item:
 
 
 def program_items(table: CostTable, upper: float) -> list[Item]:
-    """Exact types and fluid buckets; a sample's classes are the sizes where it runs alone
-    within U (no plan better than the incumbent puts it elsewhere). The program's size does not
-    grow with the batch: at most `knobs.CLASS_MAX_EXACT` length bands of large samples (`_bands`), and
-    buckets of samples whose load ratios across sizes agree to within `knobs.CLASS_RATIO_TOL`, the
-    tolerance doubled until at most `knobs.CLASS_MAX_BUCKETS` remain."""
+    """Exact types and fluid buckets (module docstring); a sample's classes are the sizes where
+    it runs alone within `upper` (no plan better than the incumbent puts it elsewhere)."""
     n = len(table.tokens)
     opts = (table.ckpt >= 0) & (table.solo <= upper * (1 + 1e-9))
-    # Large by what a sample adds beyond micro-batch fixed costs (with fixed costs of tens of
-    # ms, weight traffic, every sample's solo time would count as large), at its least.
+    # Large by its least marginal time: with heavy fixed costs every solo time would be large.
     best_marg = table.marg.min(axis=1)
     large = np.flatnonzero(best_marg >= knobs.CLASS_FLUID_SHARE * upper)
     if not len(large):
-        # A program without exact types has no integrality at all. At the largest sizes every
-        # sample's time can be small: then those that take `knobs.CHEAPEST_LARGE` of U at the size
-        # where they cost the fewest GPU-seconds are exact (only then: docs/tuning-log.md).
+        # Without exact types the program has no integrality: at their cheapest size then
+        # (docs/tuning-log.md, `CHEAPEST_LARGE`).
         gpu_s = np.where(opts, table.load * np.asarray(table.sizes, dtype=np.float64)[None, :], np.inf)
         best_marg = table.marg[np.arange(n), np.argmin(gpu_s, axis=1)]
         large = np.flatnonzero(best_marg >= knobs.CHEAPEST_LARGE * upper)
@@ -92,9 +86,8 @@ def program_items(table: CostTable, upper: float) -> list[Item]:
     climb(few, geometric(knobs.CLASS_RATIO_TOL, 2.0))  # ends: the cells merge as tol grows
     order = np.lexsort((fluid, bucket))
     starts = np.flatnonzero(np.concatenate([[True], bucket[order][1:] != bucket[order][:-1]]))
-    # Per bucket at once: the least ratio and least marginal cost per unit of reference load at
-    # every size (a bucket's members share their sizes, so the reference size too). A minimum is
-    # the same in any order; a sum's rounding is not, so the loads are summed bucket by bucket.
+    # Per bucket: the least ratio and marginal cost per unit of reference load at every size
+    # (minima in one pass; sums bucket by bucket, as their rounding depends on the order).
     low = np.minimum.reduceat(ratio[order], starts, axis=0)
     with np.errstate(divide="ignore", invalid="ignore"):
         marg_low = np.minimum.reduceat(table.marg[fluid[order]] / ref_load[order][:, None], starts, axis=0)
@@ -110,12 +103,10 @@ def program_items(table: CostTable, upper: float) -> list[Item]:
 
 
 def _bands(table: CostTable, large: np.ndarray, opts: np.ndarray, best_size: np.ndarray) -> list[np.ndarray]:
-    """The large samples in length bands: the same sizes open to them, token counts and attention
-    pairs each within a factor 1 + tolerance (`knobs.CLASS_BAND_TOL`, grown by half until at most `knobs.CLASS_MAX_EXACT`
-    bands remain; so every cost, a positive combination of both, is too), each band's members in
-    ascending tokens. Videos of equal tokens but other frame counts differ in pairs several-fold:
-    a band by tokens alone would price them all at the cheapest. Identical samples always share a band; past the growth
-    steps the longest bands are kept and the rest go fluid."""
+    """The large samples in length bands, each band's members in ascending tokens: the same sizes
+    open, token counts and pairs each within a factor 1 + `knobs.CLASS_BAND_TOL` (grown by half
+    until at most `knobs.CLASS_MAX_EXACT` remain; the longest bands are kept, the rest go fluid).
+    Pairs too, as videos of equal tokens but other frame counts differ several-fold in pairs."""
     if not len(large):
         return []
     mask = (opts[large] * (1 << np.arange(opts.shape[1]))).sum(axis=1)
@@ -151,10 +142,10 @@ def _unique_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def split_fluid(it: Item, table: CostTable, share: dict[int, float]) -> tuple[list[tuple[int, list[int]]], list[int]]:
-    """A fluid bucket's samples over its classes, `share[j]` the fraction of the bucket's load
-    at class j: largest samples to the largest sizes, each class up to its share (a sample goes
-    while the class's load before it plus half its own stays within the share). Returns the
-    (class, samples) taken and the samples rounding left over."""
+    """A fluid bucket's samples over its classes, `share[j]` the fraction of its load at class j:
+    largest samples to the largest sizes, each class up to its share (a sample goes while the
+    load before it plus half its own stays within it). Returns (class, samples) and the samples
+    left."""
     ref = it.options[0]
     members = it.members[np.lexsort((it.members, -table.tokens[it.members]))]
     load = table.load[members, ref]

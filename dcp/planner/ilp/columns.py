@@ -1,31 +1,26 @@
 """The configuration program by column generation (Gilmore and Gomory 1961), for batches of few
 distinct sample shapes (video workloads: a few dozen resolutions and frame counts).
 
-A configuration is a group: an SP size p and how many samples of each shape t it holds, a[t].
-At a busy-time level theta, the linear program
+A configuration is a group: an SP size p and how many samples of each shape t it holds, a[t]. At a
+busy-time level theta the linear program
 
     min  sum_q p_q z_q   s.t.  sum_q a[t,q] z_q >= n_t  (every sample placed),  z >= 0
 
-over the configurations that fit theta asks how many GPUs the batch needs when no group runs
-longer than theta. Columns come from a bounded knapsack per SP size on the duals
-(`colgen.knapsack`, on the weights in `knobs.COLUMN_UNITS` steps of theta), the generation from
-`colgen.generate`. Two uses:
+over the configurations that fit theta asks how many GPUs the batch needs when no group runs longer
+than theta. Columns come from a bounded knapsack per SP size on the duals (`colgen.knapsack`,
+weights in `knobs.COLUMN_UNITS` steps of theta), run by `colgen.generate`.
 
-- bound: a configuration fits when fixed(p, 0) + sum_t a[t] m_tp <= theta (m: `CostTable.marg`,
-  the least a sample adds to any micro-batch; every group runs at least one micro-batch) and
-  each of its samples alone runs within theta; weights round down. When even the fractional
-  program needs more than N GPUs (Farley's bound proves it before the columns run out), no plan
-  runs within theta: the busy time is above it. Much tighter than counting cuts when a few
-  large videos fill each group.
-- plan: weights are the additive estimates (`CostTable.add`, each sample's share of the fixed
-  cost included, rounded up) within theta; the integer program over the columns found gives
-  groups that fit theta by that estimate (the canonical packing's rounding can add up to one
-  micro-batch's fixed cost), priced exactly afterwards; when
-  it finds none within its share of the time (`knobs.COLUMN_IP_SHARE`), the fractional optimum rounded
-  (`_rounded`) is the start the local search takes instead.
+- bound: a configuration fits when fixed(p, 0) + sum_t a[t] m_tp <= theta (m: `CostTable.marg`;
+  every group runs at least one micro-batch) and each sample alone runs within theta, weights
+  rounded down. When even the fractional program needs more than N GPUs (Farley's bound), no plan
+  runs within theta. Much tighter than counting cuts when a few large videos fill a group.
+- plan: weights are the additive estimates (`CostTable.add`, rounded up); the integer program over
+  the columns found gives groups within theta by that estimate, priced exactly afterwards; when it
+  finds none in `knobs.COLUMN_IP_SHARE` of the time, the fractional optimum rounded (`_rounded`) is
+  the local search's start.
 
-Every solve is bounded by the deadline (HiGHS's time limit and interrupt, node limits); a cut is
-recorded there.
+Every solve is bounded by the deadline (HiGHS's time limit and interrupt, node limits), which
+records a cut.
 """
 
 from __future__ import annotations
@@ -77,9 +72,8 @@ def runnable(table: CostTable, shapes: Shapes, theta: float) -> list[np.ndarray]
 
 def _generate(master: Master, table: CostTable, shapes: Shapes, theta: float, num_gpus: int, plan: bool,
               deadline: Deadline) -> bool | None:
-    """`colgen.generate` at level theta, a knapsack's column per size: for a bound it stops once
-    the program fits N GPUs, for a plan it goes on while columns improve it (the integer program
-    needs them)."""
+    """`colgen.generate` at level theta, one knapsack column per size: for a bound it stops once
+    the program fits N GPUs, for a plan it goes on while columns improve it."""
     weights, rows, ok = table.add if plan else table.marg, shapes.first, runnable(table, shapes, theta)
 
     def price(y: np.ndarray) -> list[Priced]:
@@ -135,10 +129,10 @@ def column_bound(table: CostTable, shapes: Shapes, num_gpus: int, lower: float, 
 
 def column_plan(table: CostTable, shapes: Shapes, num_gpus: int, theta: float, deadline: Deadline,
                 start: Columns = ()) -> Groups | None:
-    """Groups that fit theta by the additive estimate, from the integer program over the columns
-    column generation finds at theta (from those of `start` that fit), or its last fractional
-    optimum rounded (`_rounded`) when the integer program or the time runs out; None when the
-    program needs more than the GPUs or never solved in time."""
+    """Groups within theta by the additive estimate, from the integer program over the columns
+    generated at theta (from those of `start` that fit), or its last fractional optimum rounded
+    (`_rounded`) when the integer program or the time runs out; None when the program needs more
+    than the GPUs or never solved in time."""
 
     rows = shapes.first
     fit = [(j, a) for j, a in start
@@ -159,10 +153,9 @@ def column_plan(table: CostTable, shapes: Shapes, num_gpus: int, theta: float, d
 
 
 def integer_plan(master: Master, shapes: Shapes, num_gpus: int, deadline: Deadline) -> np.ndarray | None:
-    """Whole copies of each of the program's columns covering every sample within N GPUs: the
-    integer program (`integer_copies`) over the columns its fractional optimum uses and the
-    single-sample ones (a tenth of the columns, its root node a tenth of the time), then over
-    all of them when that finds nothing. Any solution will do: every column fits the level."""
+    """Whole copies of the program's columns covering every sample within N GPUs
+    (`integer_copies`): first over the columns its fractional optimum uses and the single-sample
+    ones (a tenth of the columns), then over all. Any solution will do: every column fits."""
     values = master.last_values()
     single = np.array([a.sum() == 1 for _, a in master.cols])
     for use in (np.flatnonzero((values > 1e-9) | single), np.arange(len(master.cols))):
@@ -182,13 +175,10 @@ def _group(take: Callable[[np.ndarray], list[int]], column: Column) -> tuple[int
 
 
 def _rounded(cols: Columns, values: np.ndarray, shapes: Shapes, table: CostTable, num_gpus: int) -> Groups | None:
-    """When the integer program finds nothing in time: the fractional optimum rounded down (it
-    fits the GPUs), then, while GPUs remain, a copy of the column that places the most of the
-    samples still unplaced per GPU (each sample counted at its fewest GPU-seconds, so the
-    largest, which fit few groups, go first), and the samples still left each to the
-    least-loaded group that can run it (by the additive estimate); None if one fits no group.
-    The local search takes it from there. (Rounding up the largest fractions instead left a
-    long video to a group already at the level: docs/tuning-log.md, `COLUMN_IP_SHARE`.)"""
+    """The fractional optimum rounded down, then, while GPUs remain, copies of the column that
+    places the most unplaced samples per GPU (each at its fewest GPU-seconds, so the largest go
+    first), and the rest each to the least-loaded group that runs it (additive estimate); None if
+    one fits no group. Why not rounding up: docs/tuning-log.md, `COLUMN_IP_SHARE`."""
     copies = np.floor(values + 1e-9).astype(np.int64)
     gpus = np.array([table.sizes[j] for j, _ in cols])
     a = np.stack([col for _, col in cols]).astype(np.int64)  # columns x shapes

@@ -1,24 +1,20 @@
 """Per-sample cost tables for the ILP planner, and the canonical micro-batching of one group.
 
-For every sample i and allowed SP size p the table holds (from `CostModel.linear_time` and
-`max_tokens`, see `pricing`):
+Per sample i and allowed SP size p (from `CostModel.linear_time` and `max_tokens`, `pricing`):
 
-    r[i, p]     fewest checkpointed layers with which sample i fits alone at p (-1: never)
-    solo[i, p]  t_ip = fixed(p, r) + per_token(p, r) T_i + per_pair(p, r) A_i, its time alone
-                (exact with rings, whose linear form is a lower bound: `CostModel.time_s`)
-    load[i, p]  g_ip, a lower bound on what sample i adds to its group's busy time, whatever it
-                shares a micro-batch with (see `cost_table`)
-    add[i, p]   a_ip, the additive estimate the local search uses: solo time for a sample that
-                needs checkpointing (it runs alone), else its marginal cost plus its token
-                share of one micro-batch's fixed cost
-    marg[i, p]  m_ip = per_token(p, r) T_i + per_pair(p, r) A_i, what sample i adds to any
-                micro-batch besides its fixed cost (r its fewest layers: every coefficient
-                grows with the layers a micro-batch checkpoints)
+    r[i, p]     fewest checkpointed layers with which i fits alone at p (-1: never)
+    solo[i, p]  its time alone (exact with rings, whose linear form is a lower bound)
+    load[i, p]  a lower bound on what i adds to its group's busy time, whatever it shares a
+                micro-batch with (`cost_table`)
+    add[i, p]   the local search's additive estimate: solo time for a sample that needs
+                checkpointing (it runs alone), else its marginal cost plus its token share of one
+                micro-batch's fixed cost
+    marg[i, p]  per_token(p, r) T_i + per_pair(p, r) A_i: what i adds to any micro-batch besides
+                its fixed cost (every coefficient grows with the layers checkpointed)
 
-A group runs its samples canonically: a sample that needs checkpointing at p runs alone with
-its fewest layers; the others are packed, longest first, into micro-batches of at most
-max_tokens(p, 0) tokens, so they need no checkpointing at all. Every array is built for all
-samples at once: tens of thousands of samples cost milliseconds.
+A group runs its samples canonically: one that needs checkpointing at p runs alone at its fewest
+layers; the others are packed, longest first, into micro-batches of at most max_tokens(p, 0) tokens,
+checkpointing nothing. Every array is built for all samples at once.
 """
 
 from __future__ import annotations
@@ -78,15 +74,13 @@ class CostTable:
 
     def exposure(self, tokens: np.ndarray, pairs: np.ndarray, j: np.ndarray | int,
                  microbatches: np.ndarray | int = 1) -> np.ndarray:
-        """What a group at size index j whose samples that need no checkpointing hold these
-        tokens and pairs in this many micro-batches runs at least beyond the estimate's linear
-        part (fixed(p, 0) per micro-batch and the per-token and per-pair `marg`, each the least
-        over the size's layouts), elementwise (broadcasting); 0 at sizes with a ring-free layout.
-        In the group's layout its micro-batches run at least that layout's own linear form at
-        their totals plus K (c - 1) (max(0, latency + transfer T - step compute) forward and
-        backward) each, whose sum is at least its value at the totals (max(0, .) is
-        subadditive); the least over the layouts, less the linear part. So the estimate stays
-        below every layout's exact time."""
+        """What a group at size index j whose non-checkpointing samples hold these tokens and
+        pairs in this many micro-batches runs at least beyond the estimate's linear part,
+        elementwise; 0 at sizes with a ring-free layout. Each micro-batch runs at least its
+        layout's linear form plus K (c - 1) max(0, latency + transfer T - step compute) forward
+        and backward, whose sum is at least its value at the totals (max(0, .) is subadditive);
+        the least over the layouts, less the linear part, so the estimate stays below every
+        layout's exact time."""
         tokens, pairs, j, microbatches = np.broadcast_arrays(tokens, pairs, j, microbatches)
         out = np.zeros(tokens.shape)
         ring = self._ring_sizes[j] & (tokens > 0)
@@ -115,12 +109,10 @@ class CostTable:
 
 
 def cost_table(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], pricer: Pricer | None = None) -> CostTable:
-    """Build the table; infeasible (sample, size) cells hold r = -1 and infinite costs.
-
-    load: a micro-batch at (p, r') holding sample i (so r' >= r) costs at least the sum over its
-    samples of marginal(p, r') + fixed(p, r') * T_j / cap(p, r'), because its tokens are at most
-    cap(p, r'). Either r' = r, or r' > r and the marginal alone at r + 1 is already a lower bound
-    (all coefficients grow with r)."""
+    """Build the table; infeasible (sample, size) cells hold r = -1 and infinite costs. load: a
+    micro-batch at (p, r') holding i (r' >= r) costs at least the sum over its samples of
+    marginal(p, r') + fixed(p, r') T_j / cap(p, r'); either r' = r, or the marginal alone at r +
+    1 is a lower bound (all coefficients grow with r)."""
     pricer = pricer or Pricer(cm, sizes)
     n, m, k = len(arrays.tokens), len(sizes), cm.model.num_layers
     tokens, pairs = arrays.tokens, arrays.pairs
@@ -160,7 +152,7 @@ def cost_table(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], pricer:
 
 
 def batch_costs(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int]) -> tuple[Pricer, CostTable]:
-    """The pricer of `sizes` and the batch's cost table on it: what the ILP's search and the
+    """The pricer of `sizes` and the batch's cost table on it, which the ILP's search and the
     backfill both read (`dcp.planner.phases` builds them once for both)."""
     pricer = Pricer(cm, sizes)
     return pricer, cost_table(arrays, cm, sizes, pricer)
@@ -169,9 +161,8 @@ def batch_costs(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int]) -> tup
 def form_microbatches(ids: Sequence[int] | np.ndarray, j: int, table: CostTable, cm: CostModel,
                       max_microbatches: int | None = None) -> list[list[int]] | None:
     """Canonical micro-batches of one group at size index j: checkpointing samples alone, the
-    rest packed longest first into capacity max_tokens(p, 0) (`pack_tokens`). With a cap on
-    micro-batches, the two smallest are merged (checkpointing more) until it holds; None if it
-    cannot."""
+    rest packed longest first into max_tokens(p, 0) (`pack_tokens`). With `max_microbatches`, the
+    two smallest merge (checkpointing more) until it holds; None if it cannot."""
     ids = np.asarray(ids, dtype=np.int64)
     ckpt, tokens = table.ckpt[ids, j], table.tokens[ids]
     long_ids = ids[ckpt > 0][np.lexsort((ids[ckpt > 0], -tokens[ckpt > 0]))]
@@ -192,11 +183,10 @@ def form_microbatches(ids: Sequence[int] | np.ndarray, j: int, table: CostTable,
 
 
 def pack_tokens(tokens: np.ndarray, ids: np.ndarray, capacity: float) -> list[list[int]]:
-    """Bins of at most `capacity` tokens (the `ids` of each), longest first (ties by id).
-
-    Samples above capacity / 8 go first fit, one at a time; the smaller rest, still longest
-    first, fill the bins in order and then new ones, each bin taking the longest run that fits
-    (so it loses at most one small sample's tokens). Bins cost one loop step each, not samples."""
+    """Bins of at most `capacity` tokens (the `ids` of each), longest first (ties by id): samples
+    above capacity / `knobs.FIRST_FIT_PARTS` first fit one at a time, then the rest fill the bins
+    in order, each taking the longest run that fits (losing at most one small sample's tokens),
+    at one loop step per bin."""
     if not len(ids):
         return []
     order = np.lexsort((ids, -tokens))

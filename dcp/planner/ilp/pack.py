@@ -1,12 +1,8 @@
-"""From SP classes to concrete groups: longest-processing-time packing, a local search that
-moves and swaps samples between groups to shorten the slowest one, a re-spread of the small
-samples across every group and size (`rebalance`), and the layout of groups.
-
-A solution here is a list of groups `(j, sample indices)`, j indexing `CostTable.sizes`.
-Group time is estimated as (sum over checkpointing samples of their solo time) + (sum over
-the others of their marginal time) + fixed(p, 0) * ceil(their tokens / max_tokens(p, 0)):
-the canonical micro-batching of `costs` with perfect packing, so never above its exact price
-(`to_layout`, then `pricing.price_layout`).
+"""From SP classes to concrete groups: longest processing time first, a local search that moves and
+swaps samples off the slowest group (`improve`), a re-spread of the small samples over every group
+and size (`rebalance`), and the groups' layout. A solution is a list of groups `(j, sample
+indices)`, j indexing `CostTable.sizes`, estimated by `group_estimate`: the canonical micro-batching
+of `costs` packed perfectly, so never above its exact price.
 """
 
 from __future__ import annotations
@@ -53,8 +49,8 @@ def group_estimate(table: CostTable, base: np.ndarray | float, tok: np.ndarray |
 
 
 class _Loads:
-    """Vectorized group-time estimates: per group, the sum of solo/marginal times and the tokens
-    of samples that need no checkpointing (they share micro-batches)."""
+    """Vectorized group estimates: per group, its samples' summed solo/marginal times and the
+    tokens and pairs of those that need no checkpointing (they share micro-batches)."""
 
     def __init__(self, groups: Groups, table: CostTable) -> None:
         self.t = table
@@ -101,19 +97,15 @@ class _Loads:
 
 def improve(groups: Groups, table: CostTable, deadline: float | Deadline, max_iter: int = 2000,
             num_gpus: int | None = None) -> Groups:
-    """Local search: repeatedly apply the move or swap involving the slowest group that most
-    lowers the larger of the two touched groups' times, while that stays below the slowest
-    group's time. Swaps consider the slowest group's `knobs.SWAP_TOP` largest samples against every
-    other sample. With `num_gpus`, the GPUs no group holds become empty groups of the smallest
-    size first (`with_free_groups`), so that moves can use them; groups left empty are dropped.
-    Halfway (in steps and in time) the small samples are re-spread (`rebalance`), kept unless
-    that raises the slowest group: one move at a time off the slowest group cannot lower a
-    level that hundreds of groups share. When no move or swap helps, the slowest group and the least-loaded one
-    of its size become one group of twice the size if that is faster (`_merge`), else the
-    slowest group doubles, or sends one of its samples to a group of its own, on GPUs freed from
-    the least-loaded groups, whose samples are spread over the rest (`_grow`).
-    Deterministic (ties go to the lowest index) unless `deadline` stops it, which it then
-    records."""
+    """Local search: apply the move or swap off the slowest group that most lowers the larger of
+    the two touched groups' times, while that stays below the slowest group's time (swaps: its
+    `knobs.SWAP_TOP` largest samples against others). With `num_gpus`, free GPUs become empty
+    groups of the smallest size first (`with_free_groups`); groups left empty are dropped.
+    Halfway (in steps and time) the small samples are re-spread (`rebalance`), kept unless that
+    raises the slowest group: single moves cannot lower a level hundreds of groups share. When
+    nothing helps, the slowest group merges with the least-loaded one of its size (`_merge`),
+    else grows or sheds a sample onto GPUs freed from the least-loaded groups (`_grow`).
+    Deterministic (ties to the lowest index) unless `deadline` stops it, which it then records."""
     if num_gpus is not None:
         groups = with_free_groups(groups, table, num_gpus)
     if len(groups) < 2:
@@ -198,12 +190,11 @@ def _search(groups: Groups, table: CostTable, deadline: Deadline, max_iter: int)
 
 
 def rebalance(groups: Groups, table: CostTable, deadline: float | Deadline = math.inf) -> Groups:
-    """The small samples (those sharing micro-batches, each below `knobs.REBALANCE_SMALL_SHARE` of the mean group
-    load) taken out of every group and put back, longest first, each where the group's estimate
-    after it is least (the least-loaded group of every size that can share it, ties to the lower
-    index): across classes, which spreading class by class cannot balance, at a heap step per
-    sample. Groups on rings keep theirs (their estimate is not additive). Groups left empty are
-    dropped. At `deadline` the samples not yet placed stay where they were."""
+    """The small samples (sharing micro-batches, each below `knobs.REBALANCE_SMALL_SHARE` of the
+    mean group load) taken out of every group and put back, longest first, each where the group's
+    estimate after it is least (ties to the lower index): across classes, at a heap step per
+    sample. Ring groups keep theirs (their estimate is not additive); empty groups are dropped;
+    at `deadline` the samples not yet placed stay where they were."""
     if len(groups) < 2:
         return [g for g in groups if g[1]]
     st = _Loads(groups, table)
@@ -259,10 +250,9 @@ def rebalance(groups: Groups, table: CostTable, deadline: float | Deadline = mat
 
 
 def _merge(st: _Loads, c: int, loads: np.ndarray) -> Groups | None:
-    """The slowest group c and the least-loaded other group of its size as one group of twice
-    the size (every sample runs there: memory per GPU only shrinks), when its estimate is below
-    c's: what no move or swap can do when c's time is one large sample's. None otherwise (at
-    the cost of the two groups' samples)."""
+    """The slowest group c and the least-loaded other group of its size as one group of twice the
+    size, when that estimates below c (what no move can do when c's time is one large sample's);
+    else None."""
     table, j = st.t, int(st.gj[c])
     p = table.sizes[j]
     if 2 * p not in table.sizes:
@@ -286,10 +276,9 @@ def _merge(st: _Loads, c: int, loads: np.ndarray) -> Groups | None:
 
 def _grow(st: _Loads, c: int, loads: np.ndarray, deadline: Deadline) -> Groups | None:
     """The slowest group c at twice its size, or one of its samples alone in a new group, on GPUs
-    freed from the least-loaded groups, whose samples go, longest first, each to the group whose
-    estimate it raises least: what no move, swap or merge can do when c holds a large sample and
-    every group that could take c's others is about as full. The first that leaves every group faster than c was, else None (also once
-    `deadline` has passed)."""
+    freed from the least-loaded groups, whose samples go longest first where they raise an
+    estimate least: the first try that leaves every group faster than c was, else None (also past
+    `deadline`)."""
     table, j = st.t, int(st.gj[c])
     p = table.sizes[j]
     mine = st.held(c)
@@ -311,10 +300,9 @@ def _grow(st: _Loads, c: int, loads: np.ndarray, deadline: Deadline) -> Groups |
 
 
 def _carved(st: _Loads, c: int, loads: np.ndarray, j2: int, s: int, deadline: Deadline) -> Groups | None:
-    """`_grow`'s one try: group c (s = -1) or its sample s alone in a new group at size index j2.
-    Each freed sample goes to the least-loaded group of the size where its estimate is least (a
-    heap per size without rings, as `rebalance`: hundreds of them at 8 samples a GPU); None past
-    `deadline`."""
+    """`_grow`'s one try at size index j2 (s = -1: all of group c, else its sample s), freed
+    samples to the least-loaded group of the size where they estimate least (a heap per ring-free
+    size); None past `deadline`."""
     table = st.t
     size_of = np.asarray(table.sizes)
     sizes = size_of[st.gj]
@@ -375,9 +363,8 @@ def _carved(st: _Loads, c: int, loads: np.ndarray, j2: int, s: int, deadline: De
 
 
 def with_free_groups(groups: Groups, table: CostTable, num_gpus: int) -> Groups:
-    """`groups` and, on the GPUs none of them holds, as many empty groups of the smallest SP size
-    as fit: sizes are powers of two, so any set of them summing to at most `num_gpus` still has
-    an aligned layout (`place`)."""
+    """`groups` plus, on the GPUs none holds, as many empty groups of the smallest SP size as fit
+    (sizes are powers of two: any set summing to at most `num_gpus` has an aligned layout)."""
     j = int(np.argmin(table.sizes))
     free = num_gpus - sum(table.sizes[g] for g, _ in groups)
     return list(groups) + [(j, []) for _ in range(max(0, free) // table.sizes[j])]
@@ -390,9 +377,8 @@ def _groups_of(where: np.ndarray, gj: np.ndarray) -> Groups:
 
 def spread(ids: Sequence[int], n_groups: int, j: int, table: CostTable) -> list[list[int]]:
     """One class's samples over `n_groups` groups by their additive estimates at size index j:
-    MULTIFIT (Coffman, Garey, Johnson 1978) when a group gets few samples, whose packing it
-    improves over LPT; longest processing time first otherwise, where LPT is within a small
-    sample of the mean and MULTIFIT would cost a pass per sample per bisection step."""
+    MULTIFIT (Coffman, Garey, Johnson 1978), which packs few samples a group better than LPT, or
+    LPT where there are many and MULTIFIT would cost a pass per sample per bisection step."""
     if n_groups == 0:
         return []
     ids = np.asarray(sorted(ids), dtype=np.int64)
@@ -402,8 +388,7 @@ def spread(ids: Sequence[int], n_groups: int, j: int, table: CostTable) -> list[
 
 
 def lpt_fast(sizes: np.ndarray, ids: np.ndarray, n_groups: int) -> list[list[int]]:
-    """`lpt.lpt` of the samples `ids` (their `sizes`, longest first, ties by id) on `n_groups`
-    empty groups: each group's samples."""
+    """`lpt.lpt` of `ids` (their `sizes`, longest first, ties by id) on `n_groups` empty groups."""
     order = np.lexsort((ids, -sizes))
     owner = np.empty(len(ids), dtype=np.int64)
     owner[order] = lpt(sizes[order], n_groups)
@@ -411,8 +396,8 @@ def lpt_fast(sizes: np.ndarray, ids: np.ndarray, n_groups: int) -> list[list[int
 
 
 def multifit(ids: np.ndarray, n_groups: int, j: int, table: CostTable, rounds: int = 12) -> list[list[int]]:
-    """MULTIFIT: bisect on a capacity for which first-fit-decreasing packs every sample into
-    `n_groups` groups; LPT's packing when it is better."""
+    """MULTIFIT: bisect on a capacity at which first-fit-decreasing packs every sample into
+    `n_groups` groups; LPT's packing when better."""
     size = table.add[ids, j].astype(np.float64)
     best = lpt_fast(size, ids, n_groups) if len(ids) > n_groups else \
         [[int(i)] for i in ids] + [[] for _ in range(n_groups - len(ids))]
@@ -447,8 +432,8 @@ def estimate(groups: Groups, table: CostTable) -> float:
 
 
 def groups_of_layout(layout: Layout, table: CostTable) -> Groups | None:
-    """A layout's groups in table indices; None if a sample cannot run alone at its group's
-    size in the table (an SP size outside it)."""
+    """A layout's groups in table indices; None if a sample cannot run alone at its group's size
+    in the table."""
     out: Groups = []
     for _, p, mbs in layout:
         if p not in table.sizes:
@@ -471,8 +456,8 @@ def place(groups: Sequence[tuple[int, T]], cluster: Cluster) -> list[tuple[int, 
 
 def to_layout(groups: Groups, cm: CostModel, table: CostTable,
               max_microbatches: int | None) -> Layout | None:
-    """Aligned ranks and canonical micro-batches of batch indices (`pricing.price_layout`
-    prices them exactly, at their fewest layers). None when a group cannot meet the cap."""
+    """Aligned ranks and canonical micro-batches of batch indices (priced exactly by
+    `pricing.price_layout`); None when a group cannot meet `max_microbatches`."""
     layout: Layout = []
     for start, p, (j, ids) in place([(table.sizes[j], (j, ids)) for j, ids in groups if len(ids)], cm.cluster):
         mbs = form_microbatches(ids, j, table, cm, max_microbatches)

@@ -1,26 +1,21 @@
 """The configuration program at one busy-time level theta: can every group run within theta?
 
-The aggregated program (`model`) bounds each class's large samples with counting cuts, which
-miss how a handful of large videos actually combine in groups. Here the large samples of each
-class are packed exactly, as patterns (Gilmore-Gomory configurations): a pattern of size p is a
-multiset of large types whose loads sum to at most theta. Smaller samples stay counts and
-fractions per class, filling the room the patterns leave (`classes.program_items`: exact types and
-fluid buckets; large means load above theta / `knobs.PATTERN_PARTS` at that size).
+The aggregated program (`model`) bounds each class's large samples by counting cuts, which miss how
+a handful of large videos combine. Here they are packed exactly, as patterns (Gilmore-Gomory
+configurations): a pattern of size p is a multiset of large types whose loads sum to at most theta
+(large: load above theta / `knobs.PATTERN_PARTS` at that size). Smaller samples stay counts and
+fractions per class (`classes.program_items`) filling the room left.
 
     find z[p,q] >= 0 integer (groups of size p with pattern q), c[t,p] (integer), y[b,p] in [0, 1]
     (P1) sum_{p,q} a[q,t] z[p,q] + sum_p c[t,p] = |t|;  sum_p y[b,p] = 1      every sample placed
     (P2) sum_t g[t,p] c[t,p] + sum_b G[b,p] y[b,p] <= sum_q (theta - g_q) z[p,q]  room per class
     (P3) sum_{p,q} p z[p,q] <= N                                             groups fit the cluster
 
-with a[q,t] the copies of type t in pattern q and g_q its load. A plan whose every group runs
-within theta gives a solution (each group's large samples form one of its class's patterns, its
-other samples fit the rest), so an infeasible program proves busy time > theta, and a feasible
-one is a packable class assignment to turn into groups.
-
-Every pattern is a column from the start (enumerated, not generated: an infeasible program must
-prove theta too low, which a program over the columns generated so far cannot), posed on the
-column master of `dcp.planner.colgen` (HiGHS, the planner's one LP back end) and solved whole
-(`colgen.solve_integer`) with HiGHS whichever MILP solver the options name.
+with a[q,t] the copies of type t in pattern q and g_q its load. Every plan within theta is a
+solution, so an infeasible program proves busy time > theta, and a feasible one is a packable class
+assignment. Every pattern is a column from the start (an infeasibility proof needs them all), on
+`colgen`'s master, solved whole by HiGHS (`colgen.solve_integer`) whichever MILP solver the options
+name.
 """
 
 from __future__ import annotations
@@ -42,15 +37,15 @@ from dcp.planner.ilp.solvers import stopped_on_time
 _HIGHS_OPTIONS: dict[str, float | int | str | bool] = {
     "mip_rel_gap": 0.01, "mip_feasibility_tolerance": 1e-7,
     "presolve": "off", "mip_heuristic_run_rins": False, "mip_heuristic_run_rens": False}
-"""A solution within 1% of the optimum will do (the local search takes it on). Measured on the
-64-GPU video batches: presolve and the sub-MIP heuristics cost more than they find on these
-programs (a few dozen rows, a thousand columns); the bound is unaffected."""
+"""A solution within 1% of the optimum will do (the local search takes it on); on the 64-GPU
+video batches presolve and the sub-MIP heuristics cost more than they find here (a few dozen
+rows, a thousand columns), and the bound is unaffected."""
 
 
 @dataclass
 class PatternResult:
-    """`groups` (sample indices per group) when the program is feasible; `infeasible` when it
-    is proven infeasible (no plan runs within theta); neither when the solver gave up."""
+    """`groups` (sample indices per group) when the program is feasible; `infeasible` when it is
+    proven infeasible (no plan runs within theta); neither when the solver gave up."""
 
     groups: Groups | None
     infeasible: bool
@@ -87,9 +82,9 @@ def _patterns(items: list[Item], big: list[int], j: int, theta: float, most: int
 def solve_patterns(table: CostTable, num_gpus: int, upper: float, theta: float,
                    deadline: float | Deadline) -> PatternResult | None:
     """The program at level `theta` (at most `upper`, the incumbent's busy time, at which the
-    items are built); None when it is too large to pose. An exact type may only go where it runs
-    alone within theta; a fluid bucket keeps all its sizes (a relaxation either way). When the
-    time left makes the program smaller than `knobs.MAX_PATTERNS` allows, `deadline` records it."""
+    items are built); None when too large to pose. An exact type goes only where it runs alone
+    within theta; a fluid bucket keeps all its sizes. When the time left allows fewer patterns
+    than `knobs.MAX_PATTERNS`, `deadline` records it."""
     deadline = Deadline.of(deadline)
     sizes = table.sizes
     items = program_items(table, upper)
@@ -119,10 +114,8 @@ def solve_patterns(table: CostTable, num_gpus: int, upper: float, theta: float,
         if parts <= 2:
             return None
         parts //= 2
-    # The program on the column master (`colgen`): a column per pattern and per smaller class's
-    # count or fraction; rows P1 (one per item), P2 (one per size), P3. HiGHS's pick among
-    # solutions of equal cost follows the column order: this one (by name: counts c, fractions y,
-    # patterns z) is the order the planner's benchmarks measured.
+    # A column per pattern and per smaller class's count or fraction; rows P1 (per item), P2 (per
+    # size), P3. Columns sorted by name (c, y, z): HiGHS breaks ties by column order.
     rows, room = len(items) + len(sizes) + 1, len(items)
     need = np.array([len(it.members) if it.exact else 1 for it in items], dtype=np.float64)
     program = Master(np.concatenate([need, np.zeros(len(sizes)), [-np.inf]]), sizes,
@@ -161,7 +154,7 @@ def solve_patterns(table: CostTable, num_gpus: int, upper: float, theta: float,
 def _groups(items: list[Item], table: CostTable, pats: dict[int, list[dict[int, int]]], z: dict[tuple[int, int], int],
             small: dict[tuple[int, int], int], val: np.ndarray) -> Groups:
     """Groups from a solution: one per pattern copy with its large samples, then each class's
-    smaller samples, largest first, to its least-loaded group (by the additive estimate)."""
+    smaller samples, largest first, to its least-loaded group (additive estimate)."""
     pool = {t: list(it.members) for t, it in enumerate(items)}
     populated = {j for (j, _), var in z.items() if int(round(val[var])) > 0}
     groups: Groups = []
@@ -194,8 +187,7 @@ def _groups(items: list[Item], table: CostTable, pats: dict[int, list[dict[int, 
         if not mine:
             groups.append((j, []))
             mine = [len(groups) - 1]
-        # The least-loaded group (the first on a tie) from a heap of (load, position): a heap
-        # step per sample, not an argmin over every group's load (docs/tuning-log.md).
+        # The least-loaded group (first on a tie), a heap step per sample (docs/tuning-log.md).
         heap = [(float(table.add[groups[g][1], j].sum()), k) for k, g in enumerate(mine)]
         heapq.heapify(heap)
         add = table.add[:, j]

@@ -1,19 +1,12 @@
 """The ILP's warm start: never worse than any strategy the planner could have run.
 
-dcp-greedy always runs first (the fallback, tens of milliseconds at tens of thousands of
-samples: the plan is never worse than it, under any load), then a quick heuristic on the cost
-table; under ZeRO-3 dcp-greedy-inter and the fill run between the two (`knobs.ZERO3_FILL_FIRST_STAGE`).
-Every other baseline (dcp-greedy-inter, bucket-per-batch, packed-per-batch, and bucket and
-packing at each larger static SP size: the static `bucket` and `packed` run at one of them, and
-packing there wins under ZeRO-3's heavy per-micro-batch costs) either is proven unable to beat
-the step it would have to beat by a lower bound on its own busy time (`baseline_bound`,
-`Incumbent.winning_busy_s`), or runs and is offered; only past the search deadline is one
-skipped, and the status says so. Then, while the warm share lasts, the few large micro-batches
-of `fill` where fixed costs are heavy (below ZeRO-3), the heuristic's other targets, and local
-search (`pack.improve`) on the heuristic's groups and the incumbent's; each records it when the
-time limit skips or stops it; last, below ZeRO-3, the best-fit packings by SP size (`bestfit`)
-and a local search on the best of them. A baseline is re-priced with the fewest checkpointed
-layers of each micro-batch, never slower than itself.
+dcp-greedy runs first (the fallback: tens of milliseconds at tens of thousands of samples), then a
+quick heuristic; under ZeRO-3 (`knobs.ZERO3_FILL_FIRST_STAGE`) dcp-greedy-inter and the fill run
+between the two. Every other baseline runs and is offered unless a bound on its own busy time
+(`baseline_bound`) proves it cannot win; the time limit never skips one. Then, while the warm share
+lasts: the fill (below ZeRO-3), the heuristic's other targets, local search on the heuristic's
+groups and the incumbent's, and best fit by SP size (`bestfit`, below ZeRO-3). A baseline is
+re-priced at each micro-batch's fewest layers.
 """
 
 from __future__ import annotations
@@ -53,9 +46,8 @@ from dcp.planner.sample import Sample
 def baseline_options(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int]) -> list[StrategyOptions]:
     """The strategies the ILP must never lose to, dcp-greedy first: dcp-greedy, dcp-greedy-inter,
     bucket-per-batch, packed-per-batch, and bucket and packing at every larger static SP size
-    that fits the batch: the static baselines `bucket` and `packed` run at one of those (the size
-    the dataset's longest sample needs), and with ZeRO-3's per-micro-batch parameter gathers few
-    large micro-batches at a larger size can beat all."""
+    that fits (the static baselines run at one of those; under ZeRO-3 few large micro-batches at
+    a larger size can beat all)."""
     sp = tuple(sizes)
     smallest = smallest_fitting_sp(max(s.tokens for s in batch), cm, sizes)
     larger = [p for p in sizes if p > smallest]
@@ -74,8 +66,8 @@ def describe(options: StrategyOptions) -> str:
 
 def baseline_plans(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int],
                    notes: list[str] | None = None) -> list[Plan]:
-    """The baseline strategies' plans for this batch (those that succeed); why one failed goes to
-    `notes`. What the ILP's result is checked against."""
+    """The baselines' plans for this batch (those that succeed; why one failed goes to `notes`):
+    what the ILP's result is checked against."""
     solvers = {GreedyOptions: solve_greedy, BucketOptions: solve_bucket, PackedOptions: solve_packed}
     plans = []
     for opts in baseline_options(batch, cm, sizes):
@@ -121,10 +113,9 @@ def baseline_bound(options: StrategyOptions, batch: Sequence[Sample], cm: CostMo
 
 
 def _packed_work(options: PackedOptions, p: int, cm: CostModel, arrays: BatchArrays, pricer: Pricer) -> float:
-    """Group-seconds packing's micro-batches take at least. First fit leaves at most one bin at
-    most half full (a later bin's items would have fit it), so every other micro-batch holds
-    more than half the token budget and checkpoints at least the layers that takes; the one bin
-    holds at most half the budget, at most the batch's densest pairs per token."""
+    """Group-seconds packing's micro-batches take at least: first fit leaves at most one bin at
+    most half full, so every other bin holds over half the token budget and checkpoints at least
+    the layers that takes; that bin holds at most the batch's densest pairs per token."""
     k = cm.model.num_layers
     tokens, pairs = float(arrays.tokens.sum()), float(arrays.pairs.sum())
     budget = options.token_budget or min(cm.max_tokens(p, k), group_share(int(tokens), p, cm.cluster.num_gpus))
@@ -139,8 +130,8 @@ def _packed_work(options: PackedOptions, p: int, cm: CostModel, arrays: BatchArr
 
 def warm_start(inc: Incumbent, budget: Budget, batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int],
                arrays: BatchArrays, pricer: Pricer, table: CostTable, floor_s: float, notes: list[str]) -> None:
-    """Fill the incumbent (see the module docstring); `floor_s` is a proven bound on the busy
-    time (the heuristic's target)."""
+    """Fill the incumbent (module docstring); `floor_s` is a proven busy bound, the heuristic's
+    target."""
     warm_until = budget.until(knobs.WARM_SHARE)
     n = cm.cluster.num_gpus
     options = baseline_options(batch, cm, sizes)
@@ -157,11 +148,8 @@ def warm_start(inc: Incumbent, budget: Budget, batch: Sequence[Sample], cm: Cost
         for layout in layouts:
             inc.offer_layout(layout, "fill", aligned=lockstep)
 
-    # dcp-greedy always runs first: it is the fallback (tens of milliseconds at tens of thousands
-    # of samples), so the plan is never worse than it, whatever the load. Under ZeRO-3
-    # (`knobs.ZERO3_FILL_FIRST_STAGE`) dcp-greedy-inter too, then the fill, with most of the time: its lined-up
-    # slots are the likely winner there, and the plans its step rules out by their slots'
-    # collectives alone are not priced on the schedule (`Incumbent`). Then the heuristic.
+    # dcp-greedy first, whatever the load; under ZeRO-3 dcp-greedy-inter and the fill too, with
+    # most of the time: its lined-up slots likely win, and rule out plans unpriced (`Incumbent`).
     head = 2 if lockstep else 1  # the baselines run before the heuristic
     for opts in options[:head]:  # under ZeRO-3 dcp-greedy lines its slots up itself
         _offer(opts, inc, notes, batch, cm, sizes, arrays, pricer, aligned=lockstep)
@@ -173,8 +161,7 @@ def warm_start(inc: Incumbent, budget: Budget, batch: Sequence[Sample], cm: Cost
         inc.offer_groups(first, "heuristic")
     else:
         budget.skip("the heuristic")
-    # Every other baseline runs unless a bound on its own step time proves it cannot win; the
-    # time limit never skips one (the floor: a plan never worse than any baseline, at any load).
+    # Every other baseline, unless its bound rules it out (the limit never skips one).
     for opts in options[head:]:
         bound = baseline_bound(opts, batch, cm, sizes, arrays, pricer)
         if bound >= inc.winning_busy_s:
@@ -208,8 +195,8 @@ def warm_start(inc: Incumbent, budget: Budget, batch: Sequence[Sample], cm: Cost
 
 def _best_fit(inc: Incumbent, budget: Budget, table: CostTable, n: int, floor_s: float) -> None:
     """The best-fit packings (`bestfit`) between the bound and the incumbent's busy time, each
-    offered, the least level's locally searched, in `knobs.BEST_FIT_SHARE` of the time left. Batches
-    of few shapes skip it: the column program packs them exactly, and needs the time."""
+    offered and the least level's locally searched, in `knobs.BEST_FIT_SHARE` of the time left.
+    Skipped for batches of few shapes: the column program packs them exactly and needs the time."""
     if shapes_of(table) is not None or inc.busy_s <= floor_s * (1 + 1e-9):
         return  # (or the incumbent's busy time meets the floor already)
     if time.perf_counter() >= budget.search_deadline:
