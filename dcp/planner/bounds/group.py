@@ -1,16 +1,10 @@
-"""A lower bound that charges the longest sample's group: the pooled work bound (`work`) lets the
-GPUs of the group that runs the longest sample spend their idle time at a single GPU's price, which
-they cannot.
-
-The longest sample i runs in a group of some size p, busy at least i's time alone, so within a
-makespan M the group has at most p (M - lin_p(i)) GPU-seconds for the others, each costing it at
-least p times its marginal cost at p; the other N - p GPUs offer (N - p) M, where each sample costs
-at least its cheapest GPU-seconds within M. Whether some split fits both is a fractional knapsack; M
-is below every plan's busy time when no size p admits one, and feasibility only grows with M, so
-bisection finds the bound. With rings a second linear form counts their transfers as never hidden,
-and the split must fit both. It matters where one sample needs a large group (docs/tuning-log.md).
-Proofs, with the fixed floor and the reduction chain: docs/design.md, Why each bound holds.
-"""
+"""A lower bound that charges the longest sample's group, whose idle time the pooled work bound
+(`work`) lets it spend at a single GPU's price. Within a makespan M that group, of size p, has at
+most p (M - lin_p(i)) GPU-seconds for the others, each at least its marginal cost at p; the other
+N - p GPUs offer (N - p) M, each sample at its cheapest. M is below every plan's busy time when
+no size admits such a split (a fractional knapsack); bisection finds the bound. It matters where
+one sample needs a large group (docs/tuning-log.md). Proofs: docs/design.md, Why each bound
+holds."""
 
 from __future__ import annotations
 
@@ -33,8 +27,7 @@ _FEAS_RTOL = 1e-9
 
 class _GroupOf:
     """The longest sample's costs per size and every sample's marginal GPU-seconds there, in two
-    lower-bound forms: the linear one, and the linear one plus a ring's transfers as if never
-    hidden (max(0, y - x) >= y - x: a form that can price attention-heavy samples below zero)."""
+    lower-bound forms: linear, and linear plus a ring's transfers as if never hidden."""
 
     def __init__(self, cm: CostModel, sizes: Sequence[int], tokens: np.ndarray, pairs: np.ndarray,
                  longest: int, memory_cap: dict[int, np.ndarray], coef: dict[int, tuple[np.ndarray, ...]]) -> None:
@@ -129,11 +122,9 @@ def _room_or_saved(cost: np.ndarray, marg: np.ndarray, rest: np.ndarray, room: f
 @dataclass(frozen=True)
 class _Own:
     """What the group's ranks take off the others in micro-batches of their own, with `own_s`
-    seconds for them in a plan of busy time M: at most `rate` = 1 + a + F / (M - own_s)
-    cheapest-cost GPU-seconds per GPU-second past the least fixed part F (`floor`), not the one
-    `_room_or_saved` counts, so a room little longer than F takes little. `rate` is None where a
-    condition of the argument fails (then the plain count holds); each fails only as M grows, so
-    feasibility still only grows with M. Proof: docs/design.md, Why each bound holds."""
+    seconds for them in a plan of busy time M: at most `rate` = 1 + a + F / (M - own_s) cost per
+    second past the least fixed part F (`floor`), or None where the argument's conditions fail
+    (the plain count then; proof: docs/design.md, Why each bound holds)."""
 
     share: float
     """a: the most any level's fixed cost is of its full micro-batch's token time."""
@@ -166,11 +157,10 @@ class _Own:
 
     def capped(self, plain: float, cost: np.ndarray, marg: np.ndarray, rest: np.ndarray, p: int, m: float,
                joins_s: float, own_s: float) -> float:
-        """`plain` (what the plain count lets the group's p ranks take off the others), capped
-        where `rate` holds: samples join the longest sample's micro-batch within `joins_s`
-        seconds of marginal time per rank, and the ranks run micro-batches of their own within
-        `own_s` (<= `joins_s`) seconds of what is left; at most max(KS(p (joins_s - F)) + p rate
-        (own_s - F), KS(p joins_s)), KS the knapsack `_saved`."""
+        """`plain` (the plain count of what the group's p ranks take off the others) capped where
+        `rate` holds, with joins within `joins_s` and micro-batches of their own within `own_s`
+        seconds per rank: max(KS(p (joins_s - F)) + p rate (own_s - F), KS(p joins_s)), KS the
+        knapsack `_saved`."""
         rate = self.rate(m, own_s)
         if rate is None:
             return plain
@@ -181,17 +171,12 @@ class _Own:
 def group_bound(work: object, cm: CostModel, sizes: Sequence[int], lo: float,
                 fixed_floor_s: float | None = None, group: LongestGroup | None = None,
                 chain: tuple[float, float] | None = None) -> float:
-    """The largest M (at least `lo`, a proven busy bound) proven below every plan's busy time by the
-    longest sample's group (module docstring). `work` is the pooled bound's `work._Work` on the
-    batch's distinct samples; `group` what `longest_group` built, if already.
-
-    With `fixed_floor_s` (the least time any micro-batch takes), for every plan the executor can
-    run, multi-phase included: the group's ranks may run other micro-batches, but each takes at
-    least that, so their room is counted by `_room_or_saved` and `_Own.capped`. With `chain` =
-    (`least_exposed_s`, chain seconds after layer K-1) too, stages 0-2: the largest step S (`lo`
-    a proven step bound) proven below every plan's step by the same group and the gradient
-    reductions, as a rank that runs anything after the long sample ends past its end plus the
-    chain. Proofs: docs/design.md, Why each bound holds."""
+    """The largest M (at least `lo`, a proven busy bound) proven below every single-layout plan's
+    busy time by the longest sample's group; `work` is the pooled bound's `work._Work`, `group`
+    what `longest_group` built. With `fixed_floor_s` (the least time of any micro-batch) it holds
+    for every plan, multi-phase included; with `chain` = (`least_exposed_s`, chain seconds after
+    layer K-1) too it bounds the step instead (`lo` a proven step bound) by the group and the
+    gradient reductions. Proofs: docs/design.md, Why each bound holds."""
     if len(work.tokens) < 2 or not math.isfinite(lo) or lo <= 0:
         return lo
     n = cm.cluster.num_gpus
@@ -230,11 +215,10 @@ def group_bound(work: object, cm: CostModel, sizes: Sequence[int], lo: float,
 
 def _taken(own: _Own, cost: np.ndarray, marg: np.ndarray, rest: np.ndarray, p: int, m: float, joins_s: float,
            own_s: float) -> float:
-    """The most cheapest-cost GPU-seconds the group's p ranks take off the others when samples
-    join the longest sample's micro-batch within `joins_s` seconds of marginal time per rank and,
-    where `own_s` reaches the least fixed part, the ranks run micro-batches of their own for
-    `own_s` seconds: the less of the joins' knapsack plus p `own_s` and `_room_or_saved`, capped
-    by `_Own.capped`."""
+    """What the group's p ranks take off the others with joins within `joins_s` and, where
+    `own_s` reaches the least fixed part, micro-batches of their own for `own_s` seconds per
+    rank: the less of the joins' knapsack plus p `own_s` and `_room_or_saved`, capped by
+    `_Own.capped`."""
     if own_s < own.floor:
         return _saved(cost, marg, rest, p * joins_s)
     plain = min(_room_or_saved(cost, marg, rest, p * joins_s), p * own_s + _saved(cost, marg, rest, p * joins_s))

@@ -102,14 +102,11 @@ def _makespan_bound(work: _Work, n: int, start: float = 0.0, extra: float = 0.0)
 
 
 def _exposure_bound(coarse: _Work, cm: CostModel, sizes: Sequence[int], start_s: float, chain: np.ndarray) -> float:
-    """Stages 0-2: `start_s` (a proven step bound, seconds) raised by every rank's need to hide
-    the reduction `chain` after its own last micro-batch: the step S is at least (work'(S -
-    least_exposed) + N chain[K-1]) / N, work' charging each micro-batch its time less its
-    backward below the top layer; where the chain is over `knobs.BOUND_CAPPED_CHAIN_SHARE` of the
-    step, each charge is also capped at S - chain[K-1] (`_Work(capped=True)`). Holds for
-    multi-phase plans (proof: docs/design.md, Why each bound holds). Skipped, returning
-    `start_s`, where the largest charged-over-time ratio of the work bound plus the chain fits
-    already."""
+    """Stages 0-2: `start_s` (a proven step bound) raised by every rank's need to hide the
+    reduction `chain` after its own last micro-batch, charging each micro-batch its time less its
+    backward below the top layer (and, where the chain is over `knobs.BOUND_CAPPED_CHAIN_SHARE`
+    of the step, capping each charge at S - chain[K-1]); skipped where it cannot raise `start_s`.
+    Holds for multi-phase plans (proof: docs/design.md, Why each bound holds)."""
     n, least = cm.cluster.num_gpus, least_exposed_s(cm)
     extra = n * (float(chain[-1]) - least)
     ratio = 0.0
@@ -174,15 +171,12 @@ def round_down(tokens: np.ndarray, pairs: np.ndarray, weight: np.ndarray,
 
 
 class _Work:
-    """work(M): the GPU-seconds the batch needs if no group runs longer than M (`lower_bound`), over
-    every level (p, r) that can be a sample's cheapest (`SizeLevels.candidates`); inf when some
-    sample fits no micro-batch within M. `longest`: the largest least solo time of a sample.
-
-    Sample i at level l costs p (per_token t_i + per_pair a_i) + p t_i fixed / cap, with fixed /
-    cap = max(fixed / memory_cap, fixed per_token / (M - fixed - per_pair a_i)), open where t_i
-    fits memory_cap and its solo time is at most M. Arrays are (level slots) x (distinct
-    samples), weighted by the samples each stands for; all but M is computed once. With `capped`
-    (and `below`) M caps each micro-batch's charge instead of its time (`_exposure_bound`)."""
+    """work(M): the GPU-seconds the batch needs if no group runs longer than M (`lower_bound`),
+    each sample at its cheapest level (p, r) among `SizeLevels.candidates`, open where it fits
+    and runs alone within M, charged p (per_token t + per_pair a) plus its share of the fixed
+    cost (`_charged`); inf when a sample fits nowhere. Arrays are (level slots) x (distinct
+    samples, weighted); all but M is computed once. `capped` (with `below`): M caps each
+    micro-batch's charge instead of its time (`_exposure_bound`)."""
 
     def __init__(self, tokens: np.ndarray, pairs: np.ndarray, weight: np.ndarray, cm: CostModel,
                  sizes: Sequence[int], below: bool = False, longest: float | None = None,

@@ -1,18 +1,12 @@
-"""Best fit by SP size at a busy-time level, the room of each size's groups filled from the sizes
-below: a warm start for batches of few samples per GPU, where a group's last sample decides how
-much of its time idles and the programs' class loads round badly.
+"""Best fit by SP size at a busy-time level, each size's leftover room filled from the sizes below:
+a warm start for batches of few samples per GPU, where a group's last sample decides how much of its
+time idles and the programs' class loads round badly.
 
-At a level theta every sample has a home: the SP size of least GPU-seconds (its additive
-estimate times p) among those where it runs alone within theta. Sizes are packed largest first:
-first the size's own samples, longest first, each into the group it fills best (the least room
-left that still takes it, by `pack`'s group estimate, which never exceeds the exact price), else
-into a new group; then the room those groups have left takes samples homed at smaller sizes,
-longest first, each where it fits best. That room would idle otherwise: a sample costs more
-GPU-seconds there than at home, but the sizes below need fewer groups. The level is bisected
-between a proven bound and the incumbent's busy time for the least at which the groups fit the
-cluster.
-
-Its gain is in docs/tuning-log.md (the planner grid, with it and before it).
+At a level theta each sample's home is the size of least GPU-seconds where it runs alone within
+theta. Sizes are packed largest first: the size's own samples, longest first, each into the group it
+fills best by `pack`'s estimate (else a new group), then the room left takes samples homed at
+smaller sizes, which would otherwise idle. The level is bisected between a proven bound and the
+incumbent's busy time. Its gain: docs/tuning-log.md.
 """
 
 from __future__ import annotations
@@ -32,8 +26,8 @@ from dcp.planner.levels import narrow
 def best_fit(table: CostTable, num_gpus: int, lower: float, upper: float,
              deadline: float | Deadline = math.inf) -> list[Groups]:
     """The packings found whose groups fit `num_gpus`, at levels bisected in [lower, upper], the
-    least level last: the step, not only the busy time, decides which is best, so each is worth
-    pricing. Empty when even `upper` needs more GPUs (or the deadline came first)."""
+    least last (the step, not only the busy time, decides the best, so each is worth pricing).
+    Empty when even `upper` needs more GPUs or the deadline came first."""
     deadline = Deadline.of(deadline)
     first = _at(table, upper, num_gpus, deadline)
     if first is None:
@@ -51,8 +45,8 @@ def best_fit(table: CostTable, num_gpus: int, lower: float, upper: float,
 
 
 def _at(table: CostTable, theta: float, num_gpus: int, deadline: Deadline) -> Groups | None:
-    """Groups whose estimates stay within theta (see the module docstring); None when they need
-    more than `num_gpus`, when a sample runs alone within theta at no size, or on the deadline."""
+    """Groups whose estimates stay within theta (module docstring); None when they need more than
+    `num_gpus`, a sample runs alone within theta at no size, or at the deadline."""
     sizes = table.sizes
     ok = table.solo <= theta
     gpu_s = np.where(ok, table.gpu_seconds(), np.inf)
@@ -86,8 +80,8 @@ def _at(table: CostTable, theta: float, num_gpus: int, deadline: Deadline) -> Gr
 
 
 class _Bins:
-    """One SP size's groups at level theta: their estimate terms, members, and rooms (theta less
-    the estimate) kept sorted for best fit."""
+    """One SP size's groups at level theta: estimate terms, members, and rooms (theta less the
+    estimate) kept sorted for best fit."""
 
     def __init__(self, table: CostTable, j: int, theta: float) -> None:
         self.table, self.j, self.theta = table, j, theta
@@ -181,9 +175,8 @@ class _Bins:
                         self.pairs[g] + self.s_pairs[candidates]) <= self.theta
 
     def _fill_runs(self, candidates: np.ndarray) -> np.ndarray:
-        """Ring sizes: each group, in turn, takes the longest run of the candidates left (in
-        order) that fits, from the first that fits it alone (judged once per group), up to
-        `knobs.BEST_FIT_RING_RUNS` times."""
+        """Ring sizes: each group in turn takes the longest run of the candidates left (in order)
+        that fits, from the first that fits it alone, up to `knobs.BEST_FIT_RING_RUNS` times."""
         left = np.ones(len(candidates), dtype=bool)
         for g in range(len(self.members)):
             alone = self._alone(g, candidates)

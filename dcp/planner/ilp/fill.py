@@ -1,15 +1,12 @@
-"""Few large micro-batches, balanced on exact prices: a warm start for fixed-cost-heavy settings.
+"""Few large micro-batches, balanced on exact prices: a warm start where fixed costs are heavy.
 
-The ILP's own search prices groups by its canonical micro-batching (`costs`): samples that
-need no checkpointing share micro-batches of at most max_tokens(p, 0) tokens. Under ZeRO-3 every
-micro-batch gathers all parameters (seconds for a 70B model), so the best plans run one or two
-large micro-batches per group, checkpointing as much as their tokens need, which that model
-cannot express; packing at a static SP size can, but balances tokens, not time. Here, for each
-SP size p, the cluster is cut into groups of p and every sample, longest first, goes to the
-micro-batch that least lengthens its group (micro-batch times exact: fewest checkpointed layers
-that fit, `pricing.Pricer`); past the longest `knobs.FILL_ONE_BY_ONE`, the short rest goes a round of one
-per group at a time (a pass per round, not per sample). Under ZeRO-3 the warm start now takes
-`lockstep_layouts` instead (the same sizes, their slots lined up across groups).
+The ILP's search prices groups by its canonical micro-batching (`costs`, micro-batches of at most
+max_tokens(p, 0) tokens). Under ZeRO-3 every micro-batch gathers all parameters, so the best plans
+run one or two large micro-batches per group, which that cannot express (and packing at a static
+size balances tokens, not time). Here, per SP size p, every sample, longest first, goes to the
+micro-batch that least lengthens its group (exact times, `pricing.Pricer`); past the longest
+`knobs.FILL_ONE_BY_ONE` the rest go in rounds of one per group. Under ZeRO-3 the warm start takes
+`lockstep_layouts` instead.
 """
 
 from __future__ import annotations
@@ -31,12 +28,10 @@ from dcp.planner.slots import align
 
 def fill_layouts(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], pricer: Pricer,
                  deadline: float | Deadline = math.inf, upper: float = math.inf) -> list[Layout]:
-    """One layout (micro-batches of batch indices) per SP size at which every sample fits and
-    fixed costs are worth it (`knobs.FILL_WORTH_IT`), while time remains before `deadline` (a fill the
-    deadline interrupts is dropped, and the deadline records it). The sizes go in the order of
-    a bound on the fill's busy time there (its longest sample alone, its marginal work over its
-    groups), the lowest first, and those where it is at least `upper` (the incumbent's) are not
-    filled: with the warm start's share nearly spent the fill most likely to win runs first."""
+    """One layout per SP size at which every sample fits and fixed costs are worth it
+    (`knobs.FILL_WORTH_IT`), until `deadline` (which drops an interrupted fill and records it).
+    Sizes go lowest bound on their busy time first (`_ranked`), none at or above `upper` (the
+    incumbent's): the fill most likely to win runs first."""
     layouts = []
     k = cm.model.num_layers
     deadline = Deadline.of(deadline)
@@ -56,9 +51,8 @@ def fill_layouts(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], price
 
 
 def _ranked(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], pricer: Pricer, upper: float) -> list[int]:
-    """The sizes by a bound on the busy time of a plan at that size alone (`bounds.one_size_busy`),
-    the lowest first (ties: the larger size), those
-    where it is at least `upper` or where some sample fits nowhere left out."""
+    """The sizes by `bounds.one_size_busy`, lowest first (ties: the larger size), leaving out
+    those at or above `upper` or where a sample fits nowhere."""
     ranked = []
     for p in sizes:
         bound = one_size_busy(arrays, cm, p, pricer)
@@ -69,10 +63,10 @@ def _ranked(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], pricer: Pr
 
 def lockstep_layouts(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], pricer: Pricer,
                      deadline: Deadline, upper: float = math.inf) -> Iterator[Layout]:
-    """ZeRO-3's fill: at each SP size p where every sample fits (in `fill_layouts`' order), the
-    samples over the N / p groups longest first by their marginal time, each group's micro-batches
-    cut into slots that line up across the groups (`slots.align`). Lining the slots up is what
-    decides the step there, and the fill's exact placement costs too much for it. Yields each as it is built, until the deadline (which records a stop)."""
+    """ZeRO-3's fill: at each size (in `_ranked` order) the samples over the N / p groups by
+    their marginal time, longest first, each group's micro-batches cut into slots that line up
+    (`slots.align`: what decides the step there). Yields each until the deadline, which records
+    it."""
     k, n = cm.model.num_layers, cm.cluster.num_gpus
     link = slot_link_s(cm)
     for p in _ranked(arrays, cm, sizes, pricer, upper):

@@ -19,11 +19,11 @@ from dcp.planner.lpt import balanced_s, hand_out
 
 def class_counts(loads: dict[int, float], sizes: Sequence[int], num_gpus: int,
                  items: dict[int, np.ndarray] | None = None) -> dict[int, int]:
-    """Groups per class (keyed by size index) for class loads (group-seconds): the smallest
-    per-group time T with sum_p p * n_p(T) <= N (bisection), n_p(T) = ceil(load_p / T) but at
-    least one group per item above T / 2 plus one per two items in (T / 3, T / 2] when the class's
-    `items` (their sizes) are given: lumpy items do not pack like sand. Left-over GPUs go one
-    group at a time to the class with the most load per group."""
+    """Groups per class (keyed by size index) for class loads (group-seconds): the least
+    per-group time T with sum_p p n_p(T) <= N (bisection), n_p(T) = ceil(load_p / T), but with
+    the class's `items` (their sizes) at least one group per item above T / 2 plus one per two
+    items in (T / 3, T / 2]: lumpy items do not pack like sand. Left-over GPUs go a group at a
+    time to the class of most load per group."""
     used = sorted(j for j, v in loads.items() if v > 0)
 
     def counts_at(t: float) -> dict[int, int]:
@@ -53,11 +53,10 @@ def class_counts(loads: dict[int, float], sizes: Sequence[int], num_gpus: int,
 
 def heuristic(table: CostTable, num_gpus: int, target: float, deadline: float | Deadline = math.inf,
               targets: Sequence[float] = knobs.HEURISTIC_TARGETS) -> Groups:
-    """A quick solution, the best by estimate over `targets` (while time remains; a target the
-    deadline skips is recorded there):
-    each sample to the SP size with the least GPU-seconds among those where it runs alone
-    within the target (else its fastest), classes merged upward until they fit the cluster, GPUs
-    shared by `class_counts`, samples spread (`spread`)."""
+    """A quick solution, the best by estimate over `targets` (times `target`; one the deadline
+    skips is recorded): each sample to the size of least GPU-seconds where it runs alone within
+    the target (else its fastest), classes merged upward until they fit, GPUs shared by
+    `class_counts`, samples spread (`spread`)."""
     best: Groups | None = None
     best_est = math.inf
     deadline = Deadline.of(deadline)
@@ -93,11 +92,10 @@ def _heuristic_at(table: CostTable, num_gpus: int, target: float) -> Groups:
 
 
 def _fold_small_classes(table: CostTable, choice: np.ndarray, num_gpus: int) -> dict[int, int]:
-    """Group counts for the classes in `choice` (changed in place): while the class with the least
-    load holds a single group that would idle most of the step, its samples run at the next
-    larger size in use instead (they fit there: memory per GPU only shrinks), as long as that
-    shortens the step estimate (the largest load per group). Without it a few long samples at
-    each of several SP sizes can hold most GPUs while the short ones queue on the rest."""
+    """Group counts for the classes in `choice` (changed in place): while the least-loaded class
+    holds one group that would idle most of the step, its samples move to the next larger size in
+    use (they fit: memory per GPU only shrinks), as long as that shortens the step estimate; else
+    a few long samples at several sizes can hold most GPUs while the short ones queue."""
 
     def counts_of(ch: np.ndarray) -> tuple[dict[int, int], float]:
         used = sorted(set(ch.tolist()))

@@ -1,18 +1,12 @@
 """The best plan found so far, exactly priced, and the groups the search continues from.
 
-Candidates come as layouts (a baseline's own micro-batching, the exact program's, `fill`'s) or as
-groups of the search (`pack.Groups`), which get the canonical micro-batching of `costs` first.
-Every candidate is priced exactly (`pricing.price_layout`, each micro-batch at its fewest
-layers) before it can become the incumbent; a group solution whose estimate (never above its
-exact price) cannot beat the incumbent is not priced at all. Nothing is assembled into a `Plan`
-until the end (`finish`), so a candidate costs array operations, not objects.
-
-The search minimizes the busy time (the slowest group). The step is not the busy time plus a
-constant: under ZeRO-3 its slots run in lockstep, and at stages 0-2 how much of the gradient
-reductions the groups' last backward passes hide depends on the plan (dcp.costmodel.schedule:
-candidates of one busy time can differ in step). So the incumbent also keeps the candidate of the fastest
-scheduled step (`fastest_step`), which `finish` returns when it beats the busiest-time one; a
-candidate whose busy time plus the least synchronization is already above that step cannot.
+Candidates come as layouts (a baseline's, the exact program's, the fill's) or as the search's
+groups, micro-batched canonically (`costs`) first. Each is priced exactly before it can win; groups
+whose estimate (never above their price) cannot win are not priced. Nothing becomes a `Plan` until
+`finish`. The search minimizes the busy time, but the step is not the busy time plus a constant
+(ZeRO-3's lockstep slots; at stages 0-2 how much of the reductions the last backward passes hide),
+so the incumbent also keeps the candidate of the fastest scheduled step (`fastest_step`), which
+`finish` returns when it beats the least busy one.
 """
 
 from __future__ import annotations
@@ -70,11 +64,9 @@ class Incumbent:
 
     @property
     def winning_busy_s(self) -> float:
-        """The busy time a candidate must stay below to win: the least-busy candidate's or, when
-        higher, the fastest scheduled step less the least synchronization. Where the reductions
-        the last backward passes hide decide the step, one of more busy time can beat its step,
-        and under ZeRO-3 a plan of few large micro-batches can step faster than the least busy
-        one's unaligned slots."""
+        """The busy time a candidate must stay below to win: the least busy candidate's or, when
+        higher, the fastest scheduled step less the least synchronization (a busier plan can step
+        faster where the hidden reductions or ZeRO-3's slots decide the step)."""
         least_busy = self.busy_s * (1 - _TOL)
         if not self.scheduled or self.fastest_step is None:
             return least_busy
@@ -89,12 +81,10 @@ class Incumbent:
         return self.best.source if self.best is not None else ""
 
     def offer_layout(self, layout: Layout, source: str, groups: Groups | None = None, aligned: bool = False) -> bool:
-        """Price a layout at its fewest layers; True if it is the new incumbent. The time it
-        took counts as a pricing for the budget (`Budget.pricing_s`): under ZeRO-3 a step of
-        hundreds of lockstep slots takes tenths of a second to price, and the search must stop in
-        time for one. At stages 0-2 a baseline's layout is not what the search prices (its
-        candidates count in `offer_groups`): counted, a large baseline's pricing pushed the
-        search's margins past its heuristic (docs/tuning-log.md)."""
+        """Price a layout at its fewest layers; True if it is the new incumbent. Under ZeRO-3 its
+        pricing time counts for the budget (`Budget.pricing_s`: hundreds of lockstep slots take
+        tenths of a second); at stages 0-2 only the search's candidates count (`offer_groups`:
+        docs/tuning-log.md)."""
         if self.cap is not None and any(len(mbs) > self.cap for _, _, mbs in layout):
             return False
         t0 = time.perf_counter()
@@ -139,10 +129,9 @@ class Incumbent:
         return better
 
     def align_slots(self, deadline: Deadline) -> None:
-        """ZeRO-3: the fastest-step candidate and the least busy one, each re-cut into slots that
-        line up (`slots.align`: the same groups, every group's j-th micro-batch about as long as
-        the others'), offered as candidates; the program and the warm start's plans minimize the
-        busy time, blind to the lockstep slots."""
+        """ZeRO-3: the fastest-step candidate and the least busy one, re-cut into slots that line
+        up across groups (`slots.align`), offered; the program and the warm start are blind to
+        the slots."""
         fastest = self.fastest_step[1] if self.fastest_step is not None else None
         done: list[Candidate] = []
         for cand in (fastest, self.best):

@@ -1,13 +1,12 @@
-"""Large-neighbourhood search: re-solve exactly, as a small MILP, the assignment of every sample
-in the slowest group and a few others with slack, keeping their sizes. It finds the
-multi-sample rearrangements single moves and swaps miss (a class program's solution that LPT
-cannot pack, say). Each neighbourhood is an unrelated-machines makespan problem:
+"""Large-neighbourhood search: re-solve exactly, as a small MILP, the assignment of every sample of
+the slowest group and a few others with slack, keeping their sizes, to find the rearrangements
+single moves and swaps miss. Each neighbourhood is an unrelated-machines makespan problem:
 
     min Z   s.t.  sum_g c[t, g] = |t|                 (L1) every sample of type t placed
                   sum_t a[t, g] c[t, g] <= Z          (L2) every group within Z
 
-with a[t, g] the additive time estimate of a type-t sample at group g's size and c integer
-(identical samples share one count). Warm-started from the current assignment.
+a[t, g] the additive estimate of a type-t sample at group g's size, c integer (identical samples
+share one count), warm-started from the current assignment.
 """
 
 from __future__ import annotations
@@ -102,9 +101,8 @@ def _solve(groups: Groups, hood: list[int], table: CostTable, solver: str,
 
 def lns(groups: Groups, table: CostTable, solver: str, deadline: float | Deadline, rounds: int,
         target: float = 0.0) -> Groups:
-    """Up to `rounds` neighbourhood solves, each accepted when it lowers the slowest group; stops
-    early once the slowest group's estimate is at most `target` (or at `deadline`, which then
-    records it)."""
+    """Up to `rounds` neighbourhood solves, each kept when it lowers the slowest group; stops
+    once that group's estimate is at most `target`, or at `deadline` (which records it)."""
     groups = [(j, list(ids)) for j, ids in groups]
     deadline = Deadline.of(deadline)
     variant = failures = 0

@@ -1,10 +1,8 @@
-"""The aggregated mixed-integer program: how many groups of each SP size, which samples in which
-size class, minimizing the slowest group's busy time B (the step time less the gradient sync).
-
-Symmetric groups are aggregated: a class of n_p identical groups of size p is one capacity
-n_p * B, not n_p slots. Its rows are the batch's length classes (`classes`): exact types of
-large samples with an integer count c[t, p] per SP class, and fluid buckets of small ones with a
-fraction y[b, p] per class, so its size does not grow with the batch.
+"""The aggregated mixed-integer program: how many groups of each SP size and which samples in which
+size class, minimizing the slowest group's busy time B (the step less the gradient sync). A class of
+n_p identical groups of size p is one capacity n_p B, and its rows are the length classes
+(`classes`: exact types with an integer count c[t, p], fluid buckets with a fraction y[b, p]), so
+its size does not grow with the batch.
 
 The program (g: `CostTable.load`, t: solo time, U: incumbent busy time, L: proven bound):
 
@@ -17,9 +15,8 @@ The program (g: `CostTable.load`, t: solo time, U: incumbent busy time, L: prove
     (E5) t[t,p] (c[t,p] > 0) <= B                                     a sample alone fits in B
     (C*) bin-packing cuts at levels theta in (L, U], off when B >= theta (`cuts.level_cuts`)
 
-Every coefficient is a lower bound on what a sample adds to its group, every cut holds for any
-plan with busy time at most U, so the solver's dual bound, capped at U, is a proven lower bound
-on B (a plan with B > U is no better than the incumbent).
+Every coefficient is a lower bound on what a sample adds to its group and every cut holds for any
+plan of busy time at most U, so the solver's dual bound, capped at U, is a proven bound on B.
 """
 
 from __future__ import annotations
@@ -50,9 +47,9 @@ class ClassSolution:
 
 def solve_classes(table: CostTable, num_gpus: int, upper: float, lower: float, start: Groups | None,
                   solver: str, deadline: float, gap: float) -> ClassSolution | None:
-    """Solve the program; None when the solver gives no solution. `upper` (U) is the incumbent's
-    busy time, `lower` a proven bound on B; `start` the incumbent's groups (warm start); the
-    solver stops at `deadline` (time.perf_counter()) at the latest."""
+    """Solve the program; None when the solver gives no solution. `upper` (U): the incumbent's
+    busy time; `lower`: a proven bound on B; `start`: the incumbent's groups (warm start);
+    `deadline`: perf_counter time by which the solver stops."""
     sizes, m = table.sizes, len(table.sizes)
     items = program_items(table, upper)
     prob = pulp.LpProblem("dcp_ilp", pulp.LpMinimize)

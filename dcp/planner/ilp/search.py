@@ -1,8 +1,7 @@
 """One ILP solve's state and its program phases: the cost table, the incumbent, the proven bound,
-the exact program for tiny batches and the aggregated one with its configuration rounds.
-
-Work budgets are counts (nodes, rounds, steps), so the same inputs give the same plan unless the
-wall-clock limit cuts a phase short, which the status then reports.
+the exact program for tiny batches and the aggregated one with its configuration rounds. Work
+budgets are counts (nodes, rounds, steps), so the same inputs give the same plan unless the time
+limit cuts a phase short, which the status then reports.
 """
 
 from __future__ import annotations
@@ -48,11 +47,8 @@ class Search:
         self.pricer, self.table = costs if costs is not None else batch_costs(self.arrays, cm, sizes)
         self.sync = cm.grad_sync_s()
         bound_arrays = (self.arrays.tokens, self.arrays.pairs)
-        # Proven bounds on the busy time. The search (class program's floor B >= L, cut and
-        # configuration levels, early stop) runs on the capacity bound, the one its load
-        # coefficients share: as the floor, the makespan bound flattens the program's objective
-        # above its relaxation (any assignment meeting it is "optimal") and the spread plans got
-        # worse (docs/tuning-log.md). The plan reports `single_layout_bound` if larger.
+        # The search runs on the capacity bound, which its load coefficients share (the makespan
+        # bound flattened the program's objective: docs/tuning-log.md); plans report the larger.
         self.proven = capacity_busy(batch, cm, sizes, bound_arrays)
         self.makespan_bound_s = single_layout_bound(batch, cm, sizes, bound_arrays)
         self.incumbent = Incumbent(cm, self.table, self.arrays, self.pricer, options.max_microbatches, budget)
@@ -107,9 +103,9 @@ class Search:
 
     # -- the aggregated program ----------------------------------------------------------------
     def aggregated_program(self) -> None:
-        """The class program, its answer spread over groups; the configuration program's packing
-        beside it; the better one (by estimate) searched and priced. A later round starts from
-        the better incumbent with tighter cuts; configuration rounds follow while they improve."""
+        """The class program spread over groups beside the configuration program's packing, the
+        better one (by estimate) searched and priced; later rounds start from the better
+        incumbent with tighter cuts, then configuration rounds while they improve."""
         t0 = time.perf_counter()
         self.column_program()
         rounds = max(1, int(knobs.ROUNDS_PER_S * self.options.time_limit_s))
@@ -154,8 +150,8 @@ class Search:
         self.budget.record("program", t0)
 
     def column_program(self) -> None:
-        """Batches of few distinct shapes (`columns`): the configuration program's bound by
-        column generation, then its integer plan just above the bound, searched and priced."""
+        """Batches of few shapes (`columns`): the column bound, then integer plans at levels just
+        above it, each searched and priced."""
         shapes = shapes_of(self.table)
         if shapes is None or self.gap() <= self.options.mip_rel_gap:
             return
@@ -178,10 +174,9 @@ class Search:
         try:
             bound, feasible, start = column_bound(self.table, shapes, n, self.proven, self.incumbent.busy_s, bounding)
             self.proven = max(self.proven, bound)
-            # The levels from the bound, or, when the deadline left the bisection short, from
-            # just below the lowest level found feasible (below it the plan rarely fits).
+            # Levels from the bound or, if the bisection stopped short, just below the lowest
+            # feasible level; the highest without a plan and the lowest with one below the incumbent.
             base = max(self.proven, feasible / knobs.COLUMN_LEVELS[0])
-            # The highest level without a plan and the lowest with one, levels below the incumbent's.
             lo, hi = climb(lambda theta: planned(theta, start),
                            takewhile(lambda theta: theta < self.incumbent.busy_s, (base * v for v in knobs.COLUMN_LEVELS)),
                            lambda: self.spent(lambda: math.inf, lambda: None))
@@ -194,7 +189,7 @@ class Search:
 
     def spent(self, left: Callable[[], float], record: Callable[[], object]) -> bool:
         """Whether a level search stops before its next program: the gap closed, or `left()`
-        seconds are too few for one (then `record()`: it stopped for time)."""
+        seconds are too few for one (then `record()`)."""
         if self.gap() <= self.options.mip_rel_gap:
             return True
         short = left() < knobs.PROGRAM_MIN_S
@@ -203,15 +198,14 @@ class Search:
         return short
 
     def configurations(self, upper: float) -> Groups | None:
-        """The configuration program (`patterns`) at a level theta `knobs.PATTERN_STEP` of the way
-        from the proven bound to `upper` (the best busy time in hand): infeasible proves busy time
-        > theta (then a higher level); feasible gives groups packing the large samples as the
-        class program's counting cuts cannot, locally searched. None when it finds none."""
+        """The configuration program (`patterns`) at levels `knobs.PATTERN_STEP` of the way from
+        the proven bound to `upper`: infeasible raises the bound (then a higher level); feasible
+        gives groups that pack the large samples, locally searched. None when it finds none."""
         found: list[Groups | None] = []
 
         def holds(theta: float) -> bool:
-            """Whether the program does not prove theta infeasible (`found` then holds its groups,
-            or None); where it does, the proven bound rises to theta."""
+            """Whether the program does not prove theta infeasible (`found` then holds its groups
+            or None)."""
             cap = min(self.budget.search_deadline, time.perf_counter() + knobs.PATTERN_SOLVE_SHARE * self.options.time_limit_s)
             try:
                 res = solve_patterns(self.table, self.cm.cluster.num_gpus, self.incumbent.busy_s, theta,
@@ -234,9 +228,9 @@ class Search:
         return None if not found or found[0] is None else self.improve(found[0])
 
     def spreads(self, counts: dict[int, int], classes: dict[int, list[int]]) -> list[Groups]:
-        """The program's classes over groups, by its own group counts and by counts re-derived
-        from the classes' exact additive loads (`pack.class_counts`: the program's coefficients
-        are lower bounds, so its counts can leave a class short); the better one by estimate."""
+        """The program's classes over groups by its own counts and by counts re-derived from the
+        classes' exact additive loads (its coefficients are lower bounds, so its counts can leave
+        a class short); the better by estimate."""
         out = []
         for c in (counts, self._recount(counts, classes)):
             groups = _spread(c, classes, self.table) if c is not None else None
@@ -256,8 +250,8 @@ class Search:
                        self.cm.cluster.num_gpus)
 
     def search(self, found: list[tuple[Groups, str]]) -> bool:
-        """Neighbourhood search on the best candidate (by estimate), then local search; True if
-        it is the new incumbent."""
+        """Neighbourhood search on the best candidate by estimate, then local search; True if it
+        is the new incumbent."""
         groups, source = min(found, key=lambda f: estimate(f[0], self.table))
         target = (self.proven + self.sync) / (1 - self.options.mip_rel_gap) - self.sync
         groups = lns(groups, self.table, self.options.solver, self.budget.deadline_for("neighbourhood search"),
@@ -272,8 +266,8 @@ class Search:
 
 
 def _spread(counts: dict[int, int], classes: dict[int, list[int]], table: CostTable) -> Groups | None:
-    """Each class's samples over its groups (`pack.spread`); samples the rounding left in a
-    class without groups go to the smallest populated size where they fit (None if none)."""
+    """Each class's samples over its groups (`pack.spread`); samples left in a class without
+    groups go to the smallest populated size where they fit (None if none)."""
     populated = sorted(j for j, c in counts.items() if c > 0)
     members = {j: list(classes.get(j, [])) for j in populated}
     for j, ids in sorted(classes.items()):

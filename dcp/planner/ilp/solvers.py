@@ -33,8 +33,8 @@ class SolveResult:
 
 
 def stopped_on_time(status: str) -> bool:
-    """Whether a `SolveResult.status` says the time limit stopped the solver (HiGHS: "time
-    limit reached", also for `_interrupt_at`; CBC: "stopped on time")."""
+    """Whether a `SolveResult.status` says the time limit stopped the solver (HiGHS: "time limit
+    reached", also from `_interrupt_at`; CBC: "stopped on time")."""
     return "time limit" in status or "stopped on time" in status
 
 
@@ -48,10 +48,9 @@ def new_var(prob: pulp.LpProblem, name: str, low: float | None = None, up: float
 
 @functools.cache
 def _silence_highs_banner() -> None:
-    """HiGHS prints a banner to stdout (file descriptor 1, below Python) when the process builds
-    its first Highs object; it would corrupt machine-readable output such as
-    `dcp plan --format json`. Build that first object with fd 1 on /dev/null. Once per process;
-    output another thread writes in that instant is lost too."""
+    """Build the process's first Highs object with fd 1 on /dev/null: HiGHS prints a banner to
+    stdout then, which would corrupt machine-readable output (`dcp plan --format json`). Once per
+    process; what another thread writes in that instant is lost too."""
     import highspy
 
     sys.stdout.flush()
@@ -107,9 +106,9 @@ def _highs_class() -> type:
 
 
 def _interrupt_at(model: object, deadline: float) -> None:
-    """Stop HiGHS at `deadline` (time.perf_counter()) from its own interrupt callbacks: its time
-    limit is checked between nodes, and one node of a small program (a root with cuts and
-    heuristics) has run three times past it. A highspy without callbacks keeps the time limit."""
+    """Stop HiGHS at `deadline` (perf_counter) from its interrupt callbacks: its time limit is
+    checked between nodes only, and one node of a small program has run three times past it. A
+    highspy without callbacks keeps the time limit."""
     import highspy
 
     cb = getattr(highspy, "cb", None)
@@ -128,8 +127,8 @@ def _interrupt_at(model: object, deadline: float) -> None:
 def run_solver(prob: pulp.LpProblem, solver: str, time_limit_s: float, gap: float,
                start: dict[pulp.LpVariable, float] | None, max_nodes: int = knobs.SOLVER_MAX_NODES,
                highs_options: dict[str, float | int] | None = None) -> SolveResult:
-    """Solve `prob` within `time_limit_s` (wall clock); never raises on solver trouble (the
-    status says what happened), only on an unknown or missing solver."""
+    """Solve `prob` within `time_limit_s` (wall clock); solver trouble is in the status, never
+    raised; an unknown or missing solver raises."""
     limit = max(time_limit_s, 0.01)
     if solver == "highs":
         cls = _highs_class()
@@ -185,8 +184,8 @@ def _cbc_status(text: str) -> str:
 
 
 def _cbc_bound(text: str, solved: bool, prob: pulp.LpProblem, gap: float) -> float | None:
-    """CBC prints 'Lower bound:' when it stops early; at proven optimality (within gapRel) the
-    bound is the objective times (1 - gapRel)."""
+    """CBC's 'Lower bound:' when it stops early; at proven optimality (within gapRel) the
+    objective times (1 - gapRel)."""
     m = re.search(r"Lower bound:\s*([-+0-9.eE]+)", text)
     if m:
         return float(m.group(1))
