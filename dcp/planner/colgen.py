@@ -31,8 +31,7 @@ class Master:
     """The linear program over the columns found so far (HiGHS, columns added in place)."""
 
     def __init__(self, counts: np.ndarray, sizes: Sequence[int], upper: np.ndarray | None = None) -> None:
-        """Rows `counts` <= a z <= `upper` (default unbounded); a column costs its size's GPUs
-        unless `add` gives it a cost."""
+        """Rows `counts` <= a z <= `upper` (None: unbounded); `add` sets costs (default: GPUs)."""
         import highspy
 
         from dcp.planner.ilp.solvers import _silence_highs_banner
@@ -92,9 +91,8 @@ class Master:
         return values
 
     def values_at(self, costs: np.ndarray, deadline: Deadline) -> np.ndarray | None:
-        """The columns' values at the optimum with `costs` in place of theirs (another vertex
-        near the optimum); None if HiGHS gave none in time. The costs are restored, `last` left
-        as it was."""
+        """The columns' values at the optimum with `costs` in place of theirs (a nearby vertex);
+        None if HiGHS gave none in time. The costs are restored and `last` left as it was."""
         import highspy
 
         n = len(self.cols)
@@ -116,11 +114,10 @@ def generate(master: Master, price: Callable[[np.ndarray], list[Priced]], add: C
              num_gpus: int, deadline: Deadline, rounds: int, stop_when_fits: bool = False,
              tail: tuple[int, float] | None = None) -> bool | None:
     """Whether the fractional program fits `num_gpus`: True once it does and no column improves
-    it (at once with `stop_when_fits`) or the last tail[0] rounds lowered it by less than tail[1]
-    of the GPUs; False when Farley's bound proves it needs more over every column `price` can
-    find; out of `rounds`, whether it fits (None if not); None when the time ran out. `price(y)`
-    lists the columns at the duals y in the order to add them; `add(*column)` adds one, returning
-    whether it was new."""
+    it (at once with `stop_when_fits`) or the last tail[0] rounds gained less than tail[1] of the
+    GPUs; False when Farley's bound proves it needs more; out of `rounds`, whether it fits (None
+    if not); None when the time ran out. `price(y)` lists the columns at the duals y, in the
+    order to add them; `add(*column)` adds one, returning whether it was new."""
     enough = num_gpus * (1 + 1e-9)
     seen: list[float] = []
     for _ in range(rounds):

@@ -22,9 +22,8 @@ def geometric(start: float, factor: float) -> Iterator[float]:
 def climb(holds: Callable[[float], bool], levels: Iterable[float],
           stop: Callable[[], bool] | None = None) -> tuple[float | None, float | None]:
     """The last level of `levels` at which `holds` failed and the first at which it held, in
-    order (None for either where there is none: it held at the first, or at none before the
-    levels ran out or `stop()`). Cap an endless `levels` (`geometric`) with `itertools.islice`
-    unless some level surely holds."""
+    order (None for either where none: it held at the first, or at none before the levels ran out
+    or `stop()`). Cap an endless `levels` with `itertools.islice` unless some level surely holds."""
     failed = None
     for level in levels:
         if stop is not None and stop():

@@ -30,8 +30,8 @@ def lpt(times: np.ndarray, groups: int, loads: np.ndarray | None = None, water_f
     (`least_loaded`). With `batches` (each job's tokens and marginal time, a micro-batch's fixed
     time and token capacity: the backfill's) a job opens a micro-batch, paying the fixed time,
     when its group's open one cannot hold it, so `times` are estimates; the head goes in
-    `_rounds`, which see that (no `LPT_HEAD` minimum), and only a long tail is water filled
-    (docs/tuning-log.md, `BACKFILL_WATER_FROM`)."""
+    `_rounds`, which see that, and only a long tail is water filled (docs/tuning-log.md,
+    `BACKFILL_WATER_FROM`)."""
     times = np.asarray(times, dtype=np.float64)
     loads = np.zeros(groups) if loads is None else loads
     owner = np.empty(len(times), dtype=np.int64)
@@ -79,9 +79,8 @@ def _rounds(times: np.ndarray, loads: np.ndarray, tokens: np.ndarray, marg: np.n
 
 
 def least_loaded(times: np.ndarray, groups: int, loads: np.ndarray | None = None) -> np.ndarray:
-    """The group of every job, in the order of `times`, each to the group of least load so far
-    (ties by the lower index), from `loads` (default empty; updated in place, summed as a heap
-    would)."""
+    """Each job's group, in the order of `times`, each to the least-loaded group (ties: lower
+    index), from `loads` (default empty; updated in place, summed as a heap sums them)."""
     times = np.asarray(times, dtype=np.float64)
     owner = np.empty(len(times), dtype=np.int64)
     loads = np.zeros(groups) if loads is None else loads
@@ -132,8 +131,7 @@ def by_group(owner: np.ndarray, groups: int) -> list[np.ndarray]:
 
 
 def _heap_steps(times: np.ndarray, at: int, stop: int, loads: np.ndarray, owner: np.ndarray) -> int:
-    """`least_loaded`'s jobs `at` to `stop`, a heap step each (`loads`, `owner` updated in
-    place); returns `stop`."""
+    """`least_loaded`'s jobs `at` to `stop`, a heap step each, in place; returns `stop`."""
     heap = [(v, g) for g, v in enumerate(loads.tolist())]
     heapq.heapify(heap)
     for k, t in enumerate(times[at:stop].tolist(), start=at):

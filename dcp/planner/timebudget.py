@@ -1,10 +1,8 @@
-"""How one solve divides its time limit among the stages `dcp.planner.phases.solve_phased` runs,
-each window timed from the start of `solve`: floor & setup (input checks, bounds, the cost table,
-the warm start's baselines: never cut), the single layout (the ILP, until `single_s`), the nested
-column plans and the phase search (what is left before the search deadline), and the report
-(chaining, validating, noting: the margin after it). `TimeBudget.divide` computes the windows from
-the shares in `dcp.planner.knobs`; `explain` prints them (`--explain-budget`). Inside the single
-layout `dcp.planner.ilp.budget.Budget` shares out its own.
+"""How one solve divides its time limit among the stages of `phases.solve_phased`, each window timed
+from the start of `solve`: floor & setup (checks, bounds, cost table, the warm start's baselines:
+never cut), the single layout (the ILP), the nested column plans and the phase search (until the
+search deadline), and the report (the margin after it). `TimeBudget.divide` computes them from the
+shares in `knobs`; `--explain-budget` prints them.
 """
 
 from __future__ import annotations
@@ -34,17 +32,15 @@ class TimeBudget:
     limit_s: float
     stages: tuple[Stage, ...]
     search_deadline_s: float
-    """When the nested column plans and the phase search must stop, from the start; the report's
-    margin follows."""
+    """When the nested columns and phase search stop (from the start): the report's margin after."""
 
     @classmethod
     def divide(cls, limit_s: float, final_pricing_s: float, *, search: bool = False, reaching: bool = False,
                nested_columns: bool = False) -> TimeBudget:
         """The windows for a solve of `limit_s` whose plan takes about `final_pricing_s` to
-        assemble, with a phase search (`search`; `reaching`: a split's bound meets the batch's,
-        `knobs.REACHING_SHARE` instead of `knobs.PHASE_SHARE`) and nested column plans or not. A
-        phase search shorter than `knobs.MIN_SEARCH_S` gets no window: it would only cut the
-        single layout."""
+        assemble, with a phase search (`search`; `reaching`, a split's bound meets the batch's:
+        `knobs.REACHING_SHARE`, not `knobs.PHASE_SHARE`) and nested column plans or not; a search
+        under `knobs.MIN_SEARCH_S` gets no window (it would only cut the single layout)."""
         margin_s = min(knobs.REPORT_MARGIN_PRICINGS * final_pricing_s, limit_s / 4)
         search_s = (knobs.REACHING_SHARE if reaching else knobs.PHASE_SHARE) * limit_s if search else 0.0
         search_s = search_s if search_s >= knobs.MIN_SEARCH_S else 0.0

@@ -3,8 +3,7 @@
 most p (M - lin_p(i)) GPU-seconds for the others, each at least its marginal cost at p; the other
 N - p GPUs offer (N - p) M, each sample at its cheapest. M is below every plan's busy time when
 no size admits such a split (a fractional knapsack); bisection finds the bound. It matters where
-one sample needs a large group (docs/tuning-log.md). Proofs: docs/design.md, Why each bound
-holds."""
+one sample needs a large group (docs/tuning-log.md; proofs: docs/design.md)."""
 
 from __future__ import annotations
 
@@ -79,8 +78,7 @@ def _form(fixed: np.ndarray, per_token: np.ndarray, per_pair: np.ndarray, e0: fl
           r0: int, r: np.ndarray, t0: float, a0: float, tokens: np.ndarray, pairs: np.ndarray, p: int,
           k: int) -> tuple[float, np.ndarray]:
     """The longest sample's least time at its levels (r0..K) and every sample's least marginal
-    GPU-seconds at the levels where it fits (inf where none), under one linear form plus the
-    exposure terms."""
+    GPU-seconds where it fits (inf where none), under one linear form plus the exposure terms."""
     alone = float((fixed[r0:] + per_token[r0:] * t0 + per_pair[r0:] * a0).min()) + e0 + e_tok * t0 + e_pair * a0
     marg = np.full(len(tokens), math.inf)
     for level in range(k + 1):
@@ -157,10 +155,9 @@ class _Own:
 
     def capped(self, plain: float, cost: np.ndarray, marg: np.ndarray, rest: np.ndarray, p: int, m: float,
                joins_s: float, own_s: float) -> float:
-        """`plain` (the plain count of what the group's p ranks take off the others) capped where
-        `rate` holds, with joins within `joins_s` and micro-batches of their own within `own_s`
-        seconds per rank: max(KS(p (joins_s - F)) + p rate (own_s - F), KS(p joins_s)), KS the
-        knapsack `_saved`."""
+        """`plain` (the plain count of what the group's p ranks take) capped where `rate` holds,
+        with joins within `joins_s` and own micro-batches within `own_s` seconds per rank:
+        max(KS(p (joins_s - F)) + p rate (own_s - F), KS(p joins_s)), KS the knapsack `_saved`."""
         rate = self.rate(m, own_s)
         if rate is None:
             return plain
@@ -216,9 +213,8 @@ def group_bound(work: object, cm: CostModel, sizes: Sequence[int], lo: float,
 def _taken(own: _Own, cost: np.ndarray, marg: np.ndarray, rest: np.ndarray, p: int, m: float, joins_s: float,
            own_s: float) -> float:
     """What the group's p ranks take off the others with joins within `joins_s` and, where
-    `own_s` reaches the least fixed part, micro-batches of their own for `own_s` seconds per
-    rank: the less of the joins' knapsack plus p `own_s` and `_room_or_saved`, capped by
-    `_Own.capped`."""
+    `own_s` reaches the least fixed part, own micro-batches for `own_s` seconds per rank: the
+    less of the joins' knapsack plus p `own_s` and `_room_or_saved`, capped by `_Own.capped`."""
     if own_s < own.floor:
         return _saved(cost, marg, rest, p * joins_s)
     plain = min(_room_or_saved(cost, marg, rest, p * joins_s), p * own_s + _saved(cost, marg, rest, p * joins_s))

@@ -79,8 +79,7 @@ def size_levels(cm: CostModel, p: int, below: bool = False) -> SizeLevels:
 
 def _makespan_bound(work: _Work, n: int, start: float = 0.0, extra: float = 0.0) -> float:
     """The largest M proven below every plan's busy time: from max(longest sample, work(inf) / N,
-    `start`), raised while work(M) + `extra` > N M by regula falsi (Illinois) on that decreasing
-    function."""
+    `start`), raised while work(M) + `extra` > N M (regula falsi on that decreasing function)."""
 
     def excess(m: float) -> float:
         return work(m) + extra - n * m
@@ -134,8 +133,7 @@ def _exposure_bound(coarse: _Work, cm: CostModel, sizes: Sequence[int], start_s:
 
 
 def _front(tokens: np.ndarray, pairs: np.ndarray) -> np.ndarray:
-    """The indices of the samples that no other has at least as many tokens and pairs as, with
-    more of one (equal ones all kept)."""
+    """The samples no other matches in tokens and pairs with more of one (ties all kept)."""
     order = np.lexsort((-pairs, -tokens))  # most tokens first, then most pairs
     t, a = tokens[order], pairs[order]
     first = np.concatenate([[True], t[1:] != t[:-1]])  # each token count's most pairs come first
@@ -158,8 +156,7 @@ def _coarse(work: _Work) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def round_down(tokens: np.ndarray, pairs: np.ndarray, weight: np.ndarray,
                most: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """At most about `most` classes of samples on a geometric grid of token counts, each at its
-    members' least tokens and least pairs: every cost grows with both, so the bound can only
-    fall."""
+    members' least tokens and pairs: every cost grows with both, so the bound only falls."""
     spread = math.log(float(tokens.max()) / float(tokens.min())) if len(tokens) else 0.0
     step = max(spread / most, 1e-6)
     key = np.floor(np.log(tokens) / step).astype(np.int64)
@@ -229,8 +226,7 @@ class _Work:
                 least = np.minimum(least, np.where(r0 <= k, alone, math.inf))
             solo[front] = least
         self.solo_best = solo
-        """Per sample, its least time alone where it fits, on the (tokens, pairs) front; 0 off it
-        (everywhere when `longest` is given)."""
+        """Least time alone per sample on the tokens-pairs front; 0 off it or given `longest`."""
         self.longest = longest if longest is not None else float(solo.max()) if len(solo) else 0.0
         self.memory_share = memory_share
         self.time_share = charge[0] * per_token  # over M - busy: fixed seconds per token when time caps it
@@ -283,12 +279,10 @@ class _Work:
         return np.where(open_, self.marginal[rows] + self.row_sizes[rows, None] * fixed * w, np.inf)
 
     def weigh(self, makespan: float) -> dict[int, int]:
-        """Charge each size's fixed costs by the weighting (`_weigh`; 0: the token shares) under
+        """Charge each size's fixed costs by the weighting (`_weigh`; 0: token shares) under
         which the work at `makespan` is largest, the other sizes' as they stand, size after size,
-        over the sizes again while one changes (at most `knobs.BOUND_WEIGH_PASSES` passes); a
-        choice is taken only where it raises the work. Returns the sizes that took one, and
-        which. Every weighting sums to at most 1 over a micro-batch's samples, so every choice is
-        a valid bound at every M."""
+        again while one changes (at most `knobs.BOUND_WEIGH_PASSES` passes), only where it raises
+        the work. Returns the sizes that took one, and which; each weighting is valid at every M."""
         self.weighting = None
         cost = self._charged(makespan)
         rows = cost.shape[0]
@@ -320,11 +314,10 @@ _WEIGHTINGS = ("time share", "over half the time", "over half the memory")
 
 
 def _weigh(k: int, var_s: np.ndarray, room_s: np.ndarray, memory_used: np.ndarray | None) -> np.ndarray:
-    """Weighting k of `_WEIGHTINGS`: fixed-cost weights per (row, sample) that sum to at most 1
-    over any micro-batch's samples in a plan of busy time M. 1: x, the marginal time `var_s` as a
-    share of `room_s` (M less the fixed time); 2: 1 where x > 1/2; 3: 1 where the memory share
-    `memory_used` (read by 3 only) is over 1/2. Why they sum to at most 1: docs/design.md, Why
-    each bound holds."""
+    """Weighting k of `_WEIGHTINGS`: fixed-cost weights per (row, sample) summing to at most 1
+    over any micro-batch in a plan of busy time M (docs/design.md, Why each bound holds). 1: x,
+    the marginal time `var_s` as a share of `room_s` (M less the fixed time); 2: 1 where x > 1/2;
+    3: 1 where the memory share `memory_used` (read by 3 only) is over 1/2."""
     if k == 3:
         assert memory_used is not None
         return np.where(memory_used > 0.5, 1.0, 0.0)

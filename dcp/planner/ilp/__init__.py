@@ -1,23 +1,18 @@
 """The ILP planner: per global batch, a mixed-integer program picks the SP group sizes, each
 sample's class and (through the canonical micro-batching) each micro-batch's checkpointed layers,
-minimizing the step time under the memory limit.
+minimizing the step time under the memory limit. Its phases share `IlpOptions.time_limit_s`
+(`budget`; only the final assembly is kept back, a small reserve):
 
-Its phases share `IlpOptions.time_limit_s` (`budget`: each gets what is left; only the final
-assembly is kept back, as a small reserve):
-
-1. setup (`search.Search`): the cost table (`costs`), the capacity bound the search runs on and the
-makespan bound the plan reports (`bounds`), all vectorized; 2. warm start (`warm`): dcp-greedy, a
-quick heuristic (`heuristic`), every baseline a bound on its own step does not rule out, few large
-micro-batches where fixed costs are heavy (`fill`; under ZeRO-3 first, its slots lined up), local
-search (`pack`), best fit by SP size (`bestfit`); each candidate priced exactly (`incumbent`), so
-the plan is never worse than any; under ZeRO-3 the best candidates' slots lined up
-(`Incumbent.align_slots`); 3. the program: for tiny batches the exact one (`exact`), proven optimal;
-otherwise the aggregated program over length classes (`model`, `cuts`, `classes`: a bounded number
-of rows however many samples), spread over groups (`pack`), beside the configuration programs
-(`columns`, `patterns`); the better candidate gets neighbourhood re-solves (`lns`) and local search;
-4. finish: the incumbent assembled and validated, its gap to the best proven bound, and a status
-that says where the time limit cut a step (`dcp.planner.status`); a status without such a cut means
-the same plan on any machine. On solver failure the warm start is returned with a warning.
+1. setup (`search.Search`): the cost table (`costs`) and the bounds (`bounds`), vectorized; 2. warm
+start (`warm`): dcp-greedy, a heuristic, every baseline no bound rules out, the fill, local search
+and best fit, each priced exactly (`incumbent`), so the plan is never worse than any; under ZeRO-3
+the best candidates' slots lined up (`Incumbent.align_slots`); 3. the program: for tiny batches the
+exact one (`exact`), proven optimal; otherwise the aggregated program over length classes (`model`,
+`cuts`, `classes`), spread over groups (`pack`), beside the configuration programs (`columns`,
+`patterns`), the better candidate re-solved by neighbourhoods (`lns`) and locally searched; 4.
+finish: the incumbent assembled and validated, its gap to the best proven bound, and a status that
+says where the time limit cut a step (`dcp.planner.status`): without such a cut, the same plan on
+any machine. On solver failure the warm start is returned with a warning.
 """
 
 from __future__ import annotations
@@ -59,11 +54,10 @@ class Beaten:
 
 def solve_ilp(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, started: float | None = None,
               arrays: BatchArrays | None = None, *, warn: bool = True) -> Plan:
-    """Plan one global batch (module docstring); the time limit counts from `started`
-    (perf_counter; default now: `dcp.planner.solve` passes its own start, so checking the inputs
-    counts too). `arrays`, when given, are `BatchArrays.of(batch)`. A solver failure is always in
-    the plan's notes, and with `warn` a warning too (the phase search's parts are not the user's
-    plan)."""
+    """Plan one global batch (module docstring), the limit counted from `started` (perf_counter;
+    default now: `dcp.planner.solve` passes its start, so checking the inputs counts too).
+    `arrays`: `BatchArrays.of(batch)` if in hand. A solver failure is in the plan's notes, and
+    with `warn` a warning too (the phase search's parts are not the user's plan)."""
     plan = solve_ilp_against(batch, cm, options, started, arrays, warn=warn)
     assert isinstance(plan, Plan)
     return plan

@@ -1,12 +1,10 @@
 """Best fit by SP size at a busy-time level, each size's leftover room filled from the sizes below:
-a warm start for batches of few samples per GPU, where a group's last sample decides how much of its
-time idles and the programs' class loads round badly.
-
-At a level theta each sample's home is the size of least GPU-seconds where it runs alone within
-theta. Sizes are packed largest first: the size's own samples, longest first, each into the group it
-fills best by `pack`'s estimate (else a new group), then the room left takes samples homed at
-smaller sizes, which would otherwise idle. The level is bisected between a proven bound and the
-incumbent's busy time. Its gain: docs/tuning-log.md.
+a warm start for few samples per GPU, where a group's last sample decides how much of its time idles
+and the programs' class loads round badly. At level theta each sample's home is the size of least
+GPU-seconds where it runs alone within theta; sizes are packed largest first, own samples longest
+first into the group each fills best by `pack`'s estimate (else a new group), then the room left
+takes samples homed below. The level is bisected between a proven bound and the incumbent's busy
+time. Its gain: docs/tuning-log.md.
 """
 
 from __future__ import annotations
@@ -80,8 +78,7 @@ def _at(table: CostTable, theta: float, num_gpus: int, deadline: Deadline) -> Gr
 
 
 class _Bins:
-    """One SP size's groups at level theta: estimate terms, members, and rooms (theta less the
-    estimate) kept sorted for best fit."""
+    """One size's groups at theta: their estimate terms, members and rooms, sorted for best fit."""
 
     def __init__(self, table: CostTable, j: int, theta: float) -> None:
         self.table, self.j, self.theta = table, j, theta

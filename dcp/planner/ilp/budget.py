@@ -40,8 +40,7 @@ def paused_gc() -> Iterator[None]:
 
 
 def machine_probe_s() -> float:
-    """The faster of two runs of a fixed loop of `knobs.PROBE_STEPS` steps, without garbage
-    collection."""
+    """The faster of two runs of a `knobs.PROBE_STEPS`-step loop, with garbage collection paused."""
     with paused_gc():
         runs = []
         for _ in range(2):
@@ -67,17 +66,14 @@ class Budget:
     stopped: list[str] = field(default_factory=list)
     """What the limit stopped before it finished, in words."""
     probe_s: float = 0.0
-    """`machine_probe_s` at the start: how much slower than the benchmark machine this one runs
-    now (`slowdown`)."""
+    """`machine_probe_s` at the start: how much slower than the benchmark machine this one runs."""
     pricing_s: float = 0.0
-    """The longest a candidate's exact pricing took, kept back from every search step that ends
-    in one (`search_deadline`)."""
+    """The longest exact pricing of a candidate, kept back from each search step ending in one."""
     cpu_started: float = field(default_factory=time.process_time)
     wall_started: float = field(default_factory=time.perf_counter)
     """The process's CPU time, and the wall clock, when the budget began (`slowdown`)."""
     plan_dims: tuple[int, int, int] | None = None
-    """The incumbent's samples, micro-batches and groups (`plan_size`): the reserve follows the
-    slowdown as it changes."""
+    """The incumbent's samples, micro-batches and groups: the reserve follows the slowdown."""
 
     @classmethod
     def start(cls, limit_s: float, samples: int, started: float | None = None) -> Budget:
@@ -93,9 +89,8 @@ class Budget:
         return self.started + self.limit_s - self.reserve_s
 
     def _reserve(self, samples: int, microbatches: int, groups: int) -> float:
-        """What assembling and validating the incumbent will take: `final_pricing_s` at the
-        slowdown and at least `knobs.FINISH_PRICINGS` times the longest candidate pricing so far,
-        at most half the limit."""
+        """What assembling the incumbent will take: `final_pricing_s` at the slowdown, at least
+        `knobs.FINISH_PRICINGS` longest candidate pricings so far, at most half the limit."""
         return min(max(final_pricing_s(samples, microbatches, groups, self.slowdown()),
                        knobs.FINISH_PRICINGS * self.pricing_s), self.limit_s / 2)
 

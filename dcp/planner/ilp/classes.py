@@ -38,8 +38,7 @@ class Item:
     solo: dict[int, float]
     """The least solo time of a member at each option (exact types; empty for fluid ones)."""
     marg: dict[int, float]
-    """Like `coef`, for the marginal cost (`CostTable.marg`): what the item adds to its
-    micro-batches besides their fixed costs."""
+    """Like `coef`, for `CostTable.marg`: what the item adds to micro-batches beyond fixed costs."""
 
 
 def program_items(table: CostTable, upper: float) -> list[Item]:
@@ -143,9 +142,8 @@ def _unique_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def split_fluid(it: Item, table: CostTable, share: dict[int, float]) -> tuple[list[tuple[int, list[int]]], list[int]]:
     """A fluid bucket's samples over its classes, `share[j]` the fraction of its load at class j:
-    largest samples to the largest sizes, each class up to its share (a sample goes while the
-    load before it plus half its own stays within it). Returns (class, samples) and the samples
-    left."""
+    largest samples to the largest sizes, each class while the load before a sample plus half its
+    own stays within its share. Returns (class, samples) and the samples left."""
     ref = it.options[0]
     members = it.members[np.lexsort((it.members, -table.tokens[it.members]))]
     load = table.load[members, ref]

@@ -1,26 +1,20 @@
 """The configuration program by column generation (Gilmore and Gomory 1961), for batches of few
-distinct sample shapes (video workloads: a few dozen resolutions and frame counts).
-
-A configuration is a group: an SP size p and how many samples of each shape t it holds, a[t]. At a
-busy-time level theta the linear program
+distinct sample shapes (videos: a few dozen resolutions and frame counts). A configuration is a
+group: an SP size p and how many samples of each shape t it holds, a[t]. At a busy-time level theta
+the linear program
 
     min  sum_q p_q z_q   s.t.  sum_q a[t,q] z_q >= n_t  (every sample placed),  z >= 0
 
 over the configurations that fit theta asks how many GPUs the batch needs when no group runs longer
-than theta. Columns come from a bounded knapsack per SP size on the duals (`colgen.knapsack`,
-weights in `knobs.COLUMN_UNITS` steps of theta), run by `colgen.generate`.
+than theta; columns come from a bounded knapsack per size on the duals (`colgen.knapsack`, in
+`knobs.COLUMN_UNITS` steps of theta). Two uses:
 
-- bound: a configuration fits when fixed(p, 0) + sum_t a[t] m_tp <= theta (m: `CostTable.marg`;
-  every group runs at least one micro-batch) and each sample alone runs within theta, weights
-  rounded down. When even the fractional program needs more than N GPUs (Farley's bound), no plan
-  runs within theta. Much tighter than counting cuts when a few large videos fill a group.
-- plan: weights are the additive estimates (`CostTable.add`, rounded up); the integer program over
-  the columns found gives groups within theta by that estimate, priced exactly afterwards; when it
-  finds none in `knobs.COLUMN_IP_SHARE` of the time, the fractional optimum rounded (`_rounded`) is
-  the local search's start.
-
-Every solve is bounded by the deadline (HiGHS's time limit and interrupt, node limits), which
-records a cut.
+- bound (`column_bound`): a configuration fits when fixed(p, 0) + sum_t a[t] m_tp <= theta (m:
+  `CostTable.marg`) and each sample alone runs within theta, weights rounded down; when even the
+  fractional program needs more than N GPUs (Farley's bound), no plan runs within theta.
+- plan (`column_plan`): weights are the additive estimates (`CostTable.add`, rounded up); the
+  integer program over the columns found gives groups within theta by that estimate, or, when it
+  finds none in `knobs.COLUMN_IP_SHARE` of the time, the fractional optimum rounded (`_rounded`).
 """
 
 from __future__ import annotations
@@ -88,8 +82,7 @@ def _generate(master: Master, table: CostTable, shapes: Shapes, theta: float, nu
 
 
 def master_at(table: CostTable, shapes: Shapes, theta: float, columns: Columns = ()) -> Master:
-    """A program with `columns` (valid at theta) and one single-sample column per shape and size
-    where it runs within theta."""
+    """A program with `columns` (valid at theta) and a single-sample column per shape and size."""
     master = Master(shapes.counts, table.sizes)
     single = np.eye(len(shapes.first), dtype=np.int64)
     for j, ok in enumerate(runnable(table, shapes, theta)):
@@ -129,10 +122,9 @@ def column_bound(table: CostTable, shapes: Shapes, num_gpus: int, lower: float, 
 
 def column_plan(table: CostTable, shapes: Shapes, num_gpus: int, theta: float, deadline: Deadline,
                 start: Columns = ()) -> Groups | None:
-    """Groups within theta by the additive estimate, from the integer program over the columns
-    generated at theta (from those of `start` that fit), or its last fractional optimum rounded
-    (`_rounded`) when the integer program or the time runs out; None when the program needs more
-    than the GPUs or never solved in time."""
+    """Groups within theta by the additive estimate: the integer program over the columns
+    generated at theta (from `start`'s that fit), or its last fractional optimum rounded
+    (`_rounded`) when it or the time runs out; None when it needs more GPUs or never solved."""
 
     rows = shapes.first
     fit = [(j, a) for j, a in start

@@ -1,20 +1,15 @@
-"""Per-sample cost tables for the ILP planner, and the canonical micro-batching of one group.
+"""Per-sample cost tables for the ILP planner, and the canonical micro-batching of one group. Per
+sample i and allowed SP size p (from `CostModel.linear_time` and `max_tokens`):
 
-Per sample i and allowed SP size p (from `CostModel.linear_time` and `max_tokens`, `pricing`):
-
-    r[i, p]     fewest checkpointed layers with which i fits alone at p (-1: never)
+    ckpt[i, p]  r, the fewest checkpointed layers with which i fits alone at p (-1: never)
     solo[i, p]  its time alone (exact with rings, whose linear form is a lower bound)
-    load[i, p]  a lower bound on what i adds to its group's busy time, whatever it shares a
-                micro-batch with (`cost_table`)
-    add[i, p]   the local search's additive estimate: solo time for a sample that needs
-                checkpointing (it runs alone), else its marginal cost plus its token share of one
-                micro-batch's fixed cost
-    marg[i, p]  per_token(p, r) T_i + per_pair(p, r) A_i: what i adds to any micro-batch besides
-                its fixed cost (every coefficient grows with the layers checkpointed)
+    load[i, p]  a lower bound on what i adds to its group's busy time (`cost_table`)
+    add[i, p]   the additive estimate: solo time if i needs checkpointing (it runs alone), else
+                its marginal cost plus its token share of one micro-batch's fixed cost
+    marg[i, p]  per_token(p, r) T_i + per_pair(p, r) A_i: what i adds to any micro-batch
 
-A group runs its samples canonically: one that needs checkpointing at p runs alone at its fewest
-layers; the others are packed, longest first, into micro-batches of at most max_tokens(p, 0) tokens,
-checkpointing nothing. Every array is built for all samples at once.
+A group runs canonically: a sample that needs checkpointing at p alone at its fewest layers, the
+others packed longest first into micro-batches of max_tokens(p, 0) tokens.
 """
 
 from __future__ import annotations
@@ -55,8 +50,7 @@ class CostTable:
     line0_pair: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def gpu_seconds(self, rows: np.ndarray | slice = slice(None)) -> np.ndarray:
-        """The additive weights `add` of `rows` times each column's SP size: the GPU-seconds a
-        sample takes in a group of that size."""
+        """`add` of `rows` times each column's SP size: a sample's GPU-seconds at that size."""
         return self.add[rows] * np.asarray(self.sizes, dtype=np.float64)[None, :]
 
     def estimate_terms(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -74,13 +68,11 @@ class CostTable:
 
     def exposure(self, tokens: np.ndarray, pairs: np.ndarray, j: np.ndarray | int,
                  microbatches: np.ndarray | int = 1) -> np.ndarray:
-        """What a group at size index j whose non-checkpointing samples hold these tokens and
-        pairs in this many micro-batches runs at least beyond the estimate's linear part,
-        elementwise; 0 at sizes with a ring-free layout. Each micro-batch runs at least its
-        layout's linear form plus K (c - 1) max(0, latency + transfer T - step compute) forward
-        and backward, whose sum is at least its value at the totals (max(0, .) is subadditive);
-        the least over the layouts, less the linear part, so the estimate stays below every
-        layout's exact time."""
+        """What a group at size index j, whose non-checkpointing samples hold these tokens and
+        pairs in this many micro-batches, runs at least beyond the estimate's linear part
+        (elementwise; 0 at sizes with a ring-free layout): K (c - 1) max(0, latency + transfer T
+        - step compute) forward and backward per micro-batch, at least its value at the totals
+        (subadditive), the least over layouts: the estimate stays below the exact time."""
         tokens, pairs, j, microbatches = np.broadcast_arrays(tokens, pairs, j, microbatches)
         out = np.zeros(tokens.shape)
         ring = self._ring_sizes[j] & (tokens > 0)
@@ -185,8 +177,7 @@ def form_microbatches(ids: Sequence[int] | np.ndarray, j: int, table: CostTable,
 def pack_tokens(tokens: np.ndarray, ids: np.ndarray, capacity: float) -> list[list[int]]:
     """Bins of at most `capacity` tokens (the `ids` of each), longest first (ties by id): samples
     above capacity / `knobs.FIRST_FIT_PARTS` first fit one at a time, then the rest fill the bins
-    in order, each taking the longest run that fits (losing at most one small sample's tokens),
-    at one loop step per bin."""
+    in order, each the longest run that fits (losing at most one small sample's tokens)."""
     if not len(ids):
         return []
     order = np.lexsort((ids, -tokens))

@@ -1,10 +1,5 @@
-"""Bin-packing cuts for the aggregated program (`model`): valid for every plan whose busy time
-is below a level theta, and switched off by a binary when B >= theta.
-
-For each class p with n_p groups of capacity theta and exact item sizes g (Martello-Toth L2 /
-Fekete-Schepers dual feasible functions, and a plain count: no group within theta holds k + 1
-items larger than theta / (k + 1)).
-"""
+"""Bin-packing cuts for the aggregated program (`model`), valid for every plan whose busy time is
+below a level theta and switched off by a binary when B >= theta."""
 
 from __future__ import annotations
 
@@ -18,14 +13,13 @@ from dcp.planner.ilp.solvers import new_var
 
 def level_cuts(prob: pulp.LpProblem, items: list[Item], x: dict, n_groups: dict, busy: pulp.LpVariable,
                 lower: float, upper: float, m: int) -> dict[int, pulp.LpVariable]:
-    """Bin-packing cuts that hold whenever B < theta, for a geometric grid of levels theta in
-    (L, U]. zeta[l] = 1 (allowed only if B >= theta_l) switches level l's cuts off. For each class
-    p with n_p groups of capacity theta and exact item sizes g (Martello-Toth L2 / Fekete-Schepers
-    dual feasible functions):
-      (Ck) sum (ceil((k+1) g / theta) - 1) <= k n_p, k = 1..4 (k = 1: one item > theta/2 per group)
-      (C5) theta #{g > theta - a} + sum{a <= g <= theta - a} g <= theta n_p, for a in `_alphas`
-      (CN) #{g > theta / (k + 1)} <= k n_p, for the k smaller items give (`_count_rows`)
-    """
+    """Cuts that hold whenever B < theta, for a geometric grid of levels theta in (L, U]; zeta[l] =
+    1 (allowed only if B >= theta_l) switches level l's off. Per class p with n_p groups of capacity
+    theta and exact item sizes g (Martello-Toth L2 / Fekete-Schepers dual feasible functions, and a
+    count):
+        (Ck) sum (ceil((k+1) g / theta) - 1) <= k n_p, k = 1..4 (k = 1: one > theta/2 a group)
+        (C5) theta #{g > theta - a} + sum{a <= g <= theta - a} g <= theta n_p, for a in `_alphas`
+        (CN) #{g > theta / (k + 1)} <= k n_p, for the k smaller items give (`_count_rows`)"""
     zeta: dict[int, pulp.LpVariable] = {}
     exact = [t for t, it in enumerate(items) if it.exact]
     if lower <= 0 or not exact:
@@ -68,10 +62,8 @@ def level_cuts(prob: pulp.LpProblem, items: list[Item], x: dict, n_groups: dict,
 
 
 def _count_rows(g: np.ndarray, mult: np.ndarray, theta: float) -> list[tuple[str, np.ndarray, float, np.ndarray]]:
-    """(CN) a group within theta holds at most k items larger than theta / (k + 1): for each k
-    that some exact type's size gives (k = floor(theta / g), up to `knobs.COUNT_MAX_K`), the number of
-    items at least that large is at most k n_p. Written only where it can bind: when more such
-    items exist than k (with one group they would not fit)."""
+    """(CN): a group within theta holds at most k items larger than theta / (k + 1), for each k
+    some exact type gives (floor(theta / g), up to `knobs.COUNT_MAX_K`), where over k such exist."""
     rows = []
     on = np.flatnonzero((g > theta / (knobs.COUNT_MAX_K + 1)) & (g <= theta / 5))  # (C1)-(C4) cover the larger
     if not len(on):
@@ -86,8 +78,7 @@ def _count_rows(g: np.ndarray, mult: np.ndarray, theta: float) -> list[tuple[str
 
 def _alphas(sizes: np.ndarray, theta: float, most: int = 4) -> list[float]:
     """Parameters a in (0, theta/2] of the Martello-Toth cut: theta/3, theta/4, and theta - g for
-    up to `most` distinct sizes g > theta/2 (then every item >= g counts a whole group, and the
-    items that cannot join it count their size)."""
+    up to `most` distinct sizes g > theta/2."""
     big = np.unique(sizes[(sizes > theta / 2) & (sizes < theta)])
     if len(big) > most:
         big = big[np.linspace(0, len(big) - 1, most).round().astype(int)]

@@ -1,12 +1,9 @@
-"""The exact program for tiny batches: one variable per (sample, group slot, micro-batch slot)
-and per (micro-batch, checkpoint level). No aggregation, so its optimum is the true optimum of
-the cost model over every group layout, assignment, micro-batching and checkpointing.
-
-Used where it pays: a handful of samples on a few GPUs (`ilp.EXACT_MAX_*`); the brute-force
-tests check it, and through it the aggregated program's bounds. At SP sizes beyond the heads
-(Ulysses x ring) the costs are the linear lower bound (`CostModel.linear_time`: ring transfers
-hidden), so there its optimum is a proven bound and the plan, priced exactly, may sit above it
-(the reported gap says by how much).
+"""The exact program for tiny batches (`knobs.EXACT_MAX_SAMPLES` samples, `knobs.EXACT_MAX_GPUS`
+GPUs): a variable per (sample, group slot, micro-batch slot) and per (micro-batch, checkpoint
+level), no aggregation, so its optimum is the cost model's over every layout, assignment,
+micro-batching and checkpointing; the brute-force tests check it. At sizes with rings the costs are
+the linear lower bound, so there its optimum is a proven bound and the plan, priced exactly, may sit
+above it (the gap says by how much).
 """
 
 from __future__ import annotations
@@ -28,14 +25,13 @@ Layout = list[tuple[int, int, list[list[int]]]]
 
 
 def group_slots(sizes: Sequence[int], num_gpus: int) -> list[tuple[int, int]]:
-    """(SP size, index) of every group a plan could have: N/p slots of each size p. Any multiset
-    of sizes summing to at most N has an aligned placement (`pack.place`)."""
+    """(SP size, index) of every group a plan could have: N / p slots of each size p (any
+    multiset of sizes summing to at most N has an aligned placement, `pack.place`)."""
     return [(p, k) for p in sizes for k in range(num_gpus // p)]
 
 
 def ckpt_levels(batch: Sequence[Sample], cm: CostModel, p: int) -> list[int]:
-    """Checkpoint levels some micro-batch at p can need: the fewest layers of each subset's tokens
-    (the best level for a micro-batch is its fewest, since every cost grows with r)."""
+    """Each subset's fewest checkpointed layers at p: the levels a micro-batch there can need."""
     tokens = [s.tokens for s in batch]
     levels = set()
     for k in range(1, len(tokens) + 1):
@@ -48,9 +44,8 @@ def ckpt_levels(batch: Sequence[Sample], cm: CostModel, p: int) -> list[int]:
 
 def solve_exact(batch: Sequence[Sample], cm: CostModel, table: CostTable, options: IlpOptions,
                 upper: float, time_left_s: float) -> tuple[Layout | None, float, str] | None:
-    """Minimize the slowest group's busy time exactly. Returns (layout of sample ids or None when
-    the solver found nothing better than `upper`, proven lower bound on busy time, status), or
-    None when the solver failed."""
+    """Minimize the slowest group's busy time exactly: (layout of sample ids, or None when
+    nothing beats `upper`; proven busy bound; status), or None when the solver failed."""
     n, sizes = len(batch), table.sizes
     mb_slots = n if options.max_microbatches is None else min(n, options.max_microbatches)
     slots = group_slots(sizes, cm.cluster.num_gpus)

@@ -1,12 +1,9 @@
-"""Few large micro-batches, balanced on exact prices: a warm start where fixed costs are heavy.
-
-The ILP's search prices groups by its canonical micro-batching (`costs`, micro-batches of at most
-max_tokens(p, 0) tokens). Under ZeRO-3 every micro-batch gathers all parameters, so the best plans
-run one or two large micro-batches per group, which that cannot express (and packing at a static
-size balances tokens, not time). Here, per SP size p, every sample, longest first, goes to the
-micro-batch that least lengthens its group (exact times, `pricing.Pricer`); past the longest
-`knobs.FILL_ONE_BY_ONE` the rest go in rounds of one per group. Under ZeRO-3 the warm start takes
-`lockstep_layouts` instead.
+"""Few large micro-batches, balanced on exact prices: a warm start where fixed costs are heavy
+(under ZeRO-3 every micro-batch gathers all parameters), which the search's canonical micro-batching
+(`costs`) cannot express and static packing balances by tokens, not time. Per SP size, every sample,
+longest first, goes to the micro-batch that least lengthens its group (exact times,
+`pricing.Pricer`), past the longest `knobs.FILL_ONE_BY_ONE` in rounds of one per group. Under ZeRO-3
+the warm start takes `lockstep_layouts` instead.
 """
 
 from __future__ import annotations
@@ -64,9 +61,8 @@ def _ranked(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], pricer: Pr
 def lockstep_layouts(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], pricer: Pricer,
                      deadline: Deadline, upper: float = math.inf) -> Iterator[Layout]:
     """ZeRO-3's fill: at each size (in `_ranked` order) the samples over the N / p groups by
-    their marginal time, longest first, each group's micro-batches cut into slots that line up
-    (`slots.align`: what decides the step there). Yields each until the deadline, which records
-    it."""
+    marginal time, longest first, each group's micro-batches cut into slots that line up
+    (`slots.align`: what decides the step there), yielded until the deadline (which records it)."""
     k, n = cm.model.num_layers, cm.cluster.num_gpus
     link = slot_link_s(cm)
     for p in _ranked(arrays, cm, sizes, pricer, upper):

@@ -1,12 +1,9 @@
-"""The best plan found so far, exactly priced, and the groups the search continues from.
-
-Candidates come as layouts (a baseline's, the exact program's, the fill's) or as the search's
-groups, micro-batched canonically (`costs`) first. Each is priced exactly before it can win; groups
-whose estimate (never above their price) cannot win are not priced. Nothing becomes a `Plan` until
-`finish`. The search minimizes the busy time, but the step is not the busy time plus a constant
-(ZeRO-3's lockstep slots; at stages 0-2 how much of the reductions the last backward passes hide),
-so the incumbent also keeps the candidate of the fastest scheduled step (`fastest_step`), which
-`finish` returns when it beats the least busy one.
+"""The best plan found so far, exactly priced, and the groups the search continues from. Candidates
+are layouts (a baseline's, the exact program's, the fill's) or the search's groups, micro-batched
+canonically (`costs`); each is priced exactly before it can win, groups whose estimate cannot win
+are not priced, and nothing becomes a `Plan` until `finish`. As the step is not the busy time plus a
+constant (ZeRO-3's slots; the reductions the last backward passes hide), the incumbent also keeps
+the fastest scheduled step (`fastest_step`), which `finish` prefers.
 """
 
 from __future__ import annotations
@@ -30,8 +27,7 @@ _TOL = 1e-12
 
 @dataclass
 class Candidate:
-    """A priced layout, where it came from, and its groups in table indices (None when it does
-    not map onto the cost table)."""
+    """A priced layout, its source, and its groups in table indices (None if they do not map)."""
 
     source: str
     layout: Layout
@@ -83,7 +79,7 @@ class Incumbent:
     def offer_layout(self, layout: Layout, source: str, groups: Groups | None = None, aligned: bool = False) -> bool:
         """Price a layout at its fewest layers; True if it is the new incumbent. Under ZeRO-3 its
         pricing time counts for the budget (`Budget.pricing_s`: hundreds of lockstep slots take
-        tenths of a second); at stages 0-2 only the search's candidates count (`offer_groups`:
+        tenths of a second); at stages 0-2 only the search's do (`offer_groups`;
         docs/tuning-log.md)."""
         if self.cap is not None and any(len(mbs) > self.cap for _, _, mbs in layout):
             return False
@@ -129,9 +125,8 @@ class Incumbent:
         return better
 
     def align_slots(self, deadline: Deadline) -> None:
-        """ZeRO-3: the fastest-step candidate and the least busy one, re-cut into slots that line
-        up across groups (`slots.align`), offered; the program and the warm start are blind to
-        the slots."""
+        """ZeRO-3: the fastest-step and the least busy candidates re-cut into slots that line up
+        (`slots.align`) and offered: the program and the warm start are blind to the slots."""
         fastest = self.fastest_step[1] if self.fastest_step is not None else None
         done: list[Candidate] = []
         for cand in (fastest, self.best):

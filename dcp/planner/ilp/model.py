@@ -1,8 +1,7 @@
 """The aggregated mixed-integer program: how many groups of each SP size and which samples in which
-size class, minimizing the slowest group's busy time B (the step less the gradient sync). A class of
-n_p identical groups of size p is one capacity n_p B, and its rows are the length classes
-(`classes`: exact types with an integer count c[t, p], fluid buckets with a fraction y[b, p]), so
-its size does not grow with the batch.
+size class, minimizing the slowest group's busy time B (the step less the gradient sync). n_p
+identical groups are one capacity n_p B, and the rows are length classes (`classes`), so the program
+does not grow with the batch.
 
 The program (g: `CostTable.load`, t: solo time, U: incumbent busy time, L: proven bound):
 
@@ -16,7 +15,7 @@ The program (g: `CostTable.load`, t: solo time, U: incumbent busy time, L: prove
     (C*) bin-packing cuts at levels theta in (L, U], off when B >= theta (`cuts.level_cuts`)
 
 Every coefficient is a lower bound on what a sample adds to its group and every cut holds for any
-plan of busy time at most U, so the solver's dual bound, capped at U, is a proven bound on B.
+plan of busy time at most U, so the solver's dual bound, capped at U, bounds B.
 """
 
 from __future__ import annotations

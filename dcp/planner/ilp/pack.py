@@ -124,8 +124,7 @@ def improve(groups: Groups, table: CostTable, deadline: float | Deadline, max_it
 
 
 def _search(groups: Groups, table: CostTable, deadline: Deadline, max_iter: int) -> tuple[Groups, int]:
-    """`improve`'s moves and swaps, at most `max_iter`: the groups (empty ones kept) and the
-    steps left unused when no move helps."""
+    """`improve`'s moves and swaps, at most `max_iter`: the groups (empties kept), steps unused."""
     st = _Loads(groups, table)
     for it in range(max_iter):
         if it % 8 == 0 and deadline.passed():
@@ -251,8 +250,7 @@ def rebalance(groups: Groups, table: CostTable, deadline: float | Deadline = mat
 
 def _merge(st: _Loads, c: int, loads: np.ndarray) -> Groups | None:
     """The slowest group c and the least-loaded other group of its size as one group of twice the
-    size, when that estimates below c (what no move can do when c's time is one large sample's);
-    else None."""
+    size, if that estimates below c (no move can do it when c's time is one large sample's)."""
     table, j = st.t, int(st.gj[c])
     p = table.sizes[j]
     if 2 * p not in table.sizes:
@@ -276,9 +274,8 @@ def _merge(st: _Loads, c: int, loads: np.ndarray) -> Groups | None:
 
 def _grow(st: _Loads, c: int, loads: np.ndarray, deadline: Deadline) -> Groups | None:
     """The slowest group c at twice its size, or one of its samples alone in a new group, on GPUs
-    freed from the least-loaded groups, whose samples go longest first where they raise an
-    estimate least: the first try that leaves every group faster than c was, else None (also past
-    `deadline`)."""
+    freed from the least-loaded groups (their samples longest first where they raise an estimate
+    least): the first try leaving every group faster than c was; None if none or past `deadline`."""
     table, j = st.t, int(st.gj[c])
     p = table.sizes[j]
     mine = st.held(c)
@@ -300,9 +297,8 @@ def _grow(st: _Loads, c: int, loads: np.ndarray, deadline: Deadline) -> Groups |
 
 
 def _carved(st: _Loads, c: int, loads: np.ndarray, j2: int, s: int, deadline: Deadline) -> Groups | None:
-    """`_grow`'s one try at size index j2 (s = -1: all of group c, else its sample s), freed
-    samples to the least-loaded group of the size where they estimate least (a heap per ring-free
-    size); None past `deadline`."""
+    """`_grow`'s one try at size index j2 (s = -1: all of c, else its sample s), freed samples to
+    the least-loaded group where they estimate least; None past `deadline`."""
     table = st.t
     size_of = np.asarray(table.sizes)
     sizes = size_of[st.gj]
@@ -396,8 +392,7 @@ def lpt_fast(sizes: np.ndarray, ids: np.ndarray, n_groups: int) -> list[list[int
 
 
 def multifit(ids: np.ndarray, n_groups: int, j: int, table: CostTable, rounds: int = 12) -> list[list[int]]:
-    """MULTIFIT: bisect on a capacity at which first-fit-decreasing packs every sample into
-    `n_groups` groups; LPT's packing when better."""
+    """MULTIFIT (FFD packing, capacity bisected) into `n_groups` groups; LPT's when better."""
     size = table.add[ids, j].astype(np.float64)
     best = lpt_fast(size, ids, n_groups) if len(ids) > n_groups else \
         [[int(i)] for i in ids] + [[] for _ in range(n_groups - len(ids))]
@@ -432,8 +427,7 @@ def estimate(groups: Groups, table: CostTable) -> float:
 
 
 def groups_of_layout(layout: Layout, table: CostTable) -> Groups | None:
-    """A layout's groups in table indices; None if a sample cannot run alone at its group's size
-    in the table."""
+    """A layout's groups in table indices; None if a sample cannot run alone at its group's size."""
     out: Groups = []
     for _, p, mbs in layout:
         if p not in table.sizes:

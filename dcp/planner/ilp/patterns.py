@@ -1,10 +1,8 @@
-"""The configuration program at one busy-time level theta: can every group run within theta?
-
-The aggregated program (`model`) bounds each class's large samples by counting cuts, which miss how
-a handful of large videos combine. Here they are packed exactly, as patterns (Gilmore-Gomory
-configurations): a pattern of size p is a multiset of large types whose loads sum to at most theta
-(large: load above theta / `knobs.PATTERN_PARTS` at that size). Smaller samples stay counts and
-fractions per class (`classes.program_items`) filling the room left.
+"""The configuration program at one busy-time level theta: can every group run within theta? The
+aggregated program (`model`) bounds each class's large samples by counting cuts, which miss how a
+handful of large videos combine; here they are packed exactly, as patterns: a pattern of size p is a
+multiset of large types (load above theta / `knobs.PATTERN_PARTS` there) whose loads sum to at most
+theta. Smaller samples stay counts and fractions per class (`classes`):
 
     find z[p,q] >= 0 integer (groups of size p with pattern q), c[t,p] (integer), y[b,p] in [0, 1]
     (P1) sum_{p,q} a[q,t] z[p,q] + sum_p c[t,p] = |t|;  sum_p y[b,p] = 1      every sample placed
@@ -12,10 +10,9 @@ fractions per class (`classes.program_items`) filling the room left.
     (P3) sum_{p,q} p z[p,q] <= N                                             groups fit the cluster
 
 with a[q,t] the copies of type t in pattern q and g_q its load. Every plan within theta is a
-solution, so an infeasible program proves busy time > theta, and a feasible one is a packable class
-assignment. Every pattern is a column from the start (an infeasibility proof needs them all), on
-`colgen`'s master, solved whole by HiGHS (`colgen.solve_integer`) whichever MILP solver the options
-name.
+solution, so infeasible proves busy time > theta; feasible gives a packable class assignment. Every
+pattern is a column from the start (an infeasibility proof needs them all), on `colgen`'s master,
+solved whole by HiGHS (`colgen.solve_integer`) whatever MILP solver the options name.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""One ILP solve's state and its program phases: the cost table, the incumbent, the proven bound,
-the exact program for tiny batches and the aggregated one with its configuration rounds. Work
-budgets are counts (nodes, rounds, steps), so the same inputs give the same plan unless the time
-limit cuts a phase short, which the status then reports.
+"""One ILP solve's state and program phases: cost table, incumbent, proven bound, the exact program
+for tiny batches and the aggregated one with its configuration rounds. Work budgets are counts, so
+the same inputs give the same plan unless the time limit cuts a phase (the status says so).
 """
 
 from __future__ import annotations
@@ -150,8 +149,7 @@ class Search:
         self.budget.record("program", t0)
 
     def column_program(self) -> None:
-        """Batches of few shapes (`columns`): the column bound, then integer plans at levels just
-        above it, each searched and priced."""
+        """Few shapes (`columns`): the column bound, then integer plans just above it."""
         shapes = shapes_of(self.table)
         if shapes is None or self.gap() <= self.options.mip_rel_gap:
             return
@@ -188,8 +186,7 @@ class Search:
             self.notes.append(f"column program failed ({type(e).__name__}: {e})")
 
     def spent(self, left: Callable[[], float], record: Callable[[], object]) -> bool:
-        """Whether a level search stops before its next program: the gap closed, or `left()`
-        seconds are too few for one (then `record()`)."""
+        """Whether a level search stops: the gap closed, or `left()` too short (then `record()`)."""
         if self.gap() <= self.options.mip_rel_gap:
             return True
         short = left() < knobs.PROGRAM_MIN_S
@@ -204,8 +201,7 @@ class Search:
         found: list[Groups | None] = []
 
         def holds(theta: float) -> bool:
-            """Whether the program does not prove theta infeasible (`found` then holds its groups
-            or None)."""
+            """Whether the program leaves theta unproven (`found` then holds its groups or None)."""
             cap = min(self.budget.search_deadline, time.perf_counter() + knobs.PATTERN_SOLVE_SHARE * self.options.time_limit_s)
             try:
                 res = solve_patterns(self.table, self.cm.cluster.num_gpus, self.incumbent.busy_s, theta,
@@ -228,9 +224,8 @@ class Search:
         return None if not found or found[0] is None else self.improve(found[0])
 
     def spreads(self, counts: dict[int, int], classes: dict[int, list[int]]) -> list[Groups]:
-        """The program's classes over groups by its own counts and by counts re-derived from the
-        classes' exact additive loads (its coefficients are lower bounds, so its counts can leave
-        a class short); the better by estimate."""
+        """The program's classes over groups, by its counts and by counts from the classes' exact
+        loads (its lower-bound coefficients can leave a class short), the better by estimate."""
         out = []
         for c in (counts, self._recount(counts, classes)):
             groups = _spread(c, classes, self.table) if c is not None else None
@@ -250,8 +245,7 @@ class Search:
                        self.cm.cluster.num_gpus)
 
     def search(self, found: list[tuple[Groups, str]]) -> bool:
-        """Neighbourhood search on the best candidate by estimate, then local search; True if it
-        is the new incumbent."""
+        """Neighbourhood search, then local search, on the best candidate; True if it wins."""
         groups, source = min(found, key=lambda f: estimate(f[0], self.table))
         target = (self.proven + self.sync) / (1 - self.options.mip_rel_gap) - self.sync
         groups = lns(groups, self.table, self.options.solver, self.budget.deadline_for("neighbourhood search"),

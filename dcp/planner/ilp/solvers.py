@@ -184,8 +184,8 @@ def _cbc_status(text: str) -> str:
 
 
 def _cbc_bound(text: str, solved: bool, prob: pulp.LpProblem, gap: float) -> float | None:
-    """CBC's 'Lower bound:' when it stops early; at proven optimality (within gapRel) the
-    objective times (1 - gapRel)."""
+    """CBC's 'Lower bound:' when it stopped early; at optimality the objective times (1 -
+    gapRel)."""
     m = re.search(r"Lower bound:\s*([-+0-9.eE]+)", text)
     if m:
         return float(m.group(1))

@@ -44,10 +44,9 @@ from dcp.planner.sample import Sample
 
 
 def baseline_options(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int]) -> list[StrategyOptions]:
-    """The strategies the ILP must never lose to, dcp-greedy first: dcp-greedy, dcp-greedy-inter,
-    bucket-per-batch, packed-per-batch, and bucket and packing at every larger static SP size
-    that fits (the static baselines run at one of those; under ZeRO-3 few large micro-batches at
-    a larger size can beat all)."""
+    """The strategies the ILP must never lose to, dcp-greedy first: dcp-greedy-inter, bucket- and
+    packed-per-batch, and bucket and packing at each larger static size that fits (the static
+    baselines run at one; under ZeRO-3 few large micro-batches there can beat all)."""
     sp = tuple(sizes)
     smallest = smallest_fitting_sp(max(s.tokens for s in batch), cm, sizes)
     larger = [p for p in sizes if p > smallest]
@@ -66,8 +65,7 @@ def describe(options: StrategyOptions) -> str:
 
 def baseline_plans(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int],
                    notes: list[str] | None = None) -> list[Plan]:
-    """The baselines' plans for this batch (those that succeed; why one failed goes to `notes`):
-    what the ILP's result is checked against."""
+    """The baselines' plans (those that succeed; failures go to `notes`): the ILP's yardstick."""
     solvers = {GreedyOptions: solve_greedy, BucketOptions: solve_bucket, PackedOptions: solve_packed}
     plans = []
     for opts in baseline_options(batch, cm, sizes):
@@ -130,8 +128,7 @@ def _packed_work(options: PackedOptions, p: int, cm: CostModel, arrays: BatchArr
 
 def warm_start(inc: Incumbent, budget: Budget, batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int],
                arrays: BatchArrays, pricer: Pricer, table: CostTable, floor_s: float, notes: list[str]) -> None:
-    """Fill the incumbent (module docstring); `floor_s` is a proven busy bound, the heuristic's
-    target."""
+    """Fill the incumbent (module docstring); `floor_s`: a proven busy bound, the heuristic's."""
     warm_until = budget.until(knobs.WARM_SHARE)
     n = cm.cluster.num_gpus
     options = baseline_options(batch, cm, sizes)
