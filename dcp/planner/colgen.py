@@ -1,16 +1,12 @@
-"""Column generation: the engine of every column program of the planner (`ilp.columns`,
-`nested_columns`, `ilp.patterns`).
-
-Column c places a[t,c] samples of shape t on g_c GPUs. The restricted master (`Master`, HiGHS
-through highspy with columns added in place) is
+"""Column generation, the engine of every column program of the planner (`ilp.columns`,
+`nested_columns`, `ilp.patterns`). Column c places a[t,c] samples of shape t on g_c GPUs; the
+restricted master (`Master`, HiGHS with columns added in place) is
 
     min  sum_c g_c z_c   s.t.  sum_c a[t,c] z_c >= n_t  (every sample placed),  z >= 0
 
-over the columns found so far. `generate` alternates solving it with the program's pricing, adds the
-columns worth more than their GPUs and holds the stopping rule; `knapsack` is the shared pricing,
-`integer_copies` the integer program over the columns, `fill` its groups. A program whose columns
-are all known (`ilp.patterns`) poses them on the same master, rows bounded on both sides, and solves
-it whole (`solve_integer`).
+over the columns found so far. `generate` alternates solving it with the program's pricing
+(`knapsack`, shared) and holds the stopping rule; `integer_copies` is the integer program over the
+columns, `fill` its groups; `solve_integer` solves a master whose columns are all known.
 """
 
 from __future__ import annotations

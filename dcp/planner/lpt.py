@@ -1,12 +1,9 @@
 """Longest processing time first, a round of jobs at a time: the planner's one LPT, for the
-baselines (`baselines.lpt_assign`), the ILP's spread (`pack.lpt_fast`) and the backfill's fillers
-(`backfill._lpt`, in micro-batches).
-
-`least_loaded` takes LPT's decisions a round at a time: with the groups sorted by load (then index),
-the next r jobs go to the r least-loaded groups, one each, while every group given a job ends
-strictly above the next group's load; each load is the same sum in the same order as a heap's, so
-the assignment is identical to the last bit, at a numpy step per round instead of a Python step per
-job. Where rounds come out short it takes heap steps (docs/tuning-log.md, `LPT_SHORT_ROUND`).
+baselines (`baselines.lpt_assign`), the ILP's spread (`pack.lpt_fast`) and the backfill
+(`backfill._lpt`). `least_loaded` takes LPT's decisions a round at a time (the next r jobs to the r
+least-loaded groups while each ends strictly above the next group's load), summing each load as a
+heap would, so the assignment is identical to the last bit at a numpy step per round; short rounds
+take heap steps (docs/tuning-log.md, `LPT_SHORT_ROUND`).
 """
 
 from __future__ import annotations
@@ -24,13 +21,13 @@ def lpt(times: np.ndarray, groups: int, loads: np.ndarray | None = None, water_f
     """The group of every job (`times` longest first), LPT onto `groups` holding `loads` (default
     empty; updated in place): one by one the first `knobs.LPT_HEAD` per group and every job above
     `knobs.LPT_SHARE` of the mean level per group, the shorter rest by `water_fill` (within one job
-    of LPT's balance, in one numpy pass) where more than `water_from` per group are left.
+    of LPT's balance, one numpy pass) where more than `water_from` per group are left.
 
     Whole jobs (the baselines', the ILP's) add their time to their group: the head is LPT proper
     (`least_loaded`). With `batches` (each job's tokens and marginal time, a micro-batch's fixed
-    time and token capacity: the backfill's) a job opens a micro-batch, paying the fixed time,
-    when its group's open one cannot hold it, so `times` are estimates; the head goes in
-    `_rounds`, which see that, and only a long tail is water filled (docs/tuning-log.md,
+    time and token capacity: the backfill's) a job opens a micro-batch, paying its fixed time,
+    when the group's open one cannot hold it, so `times` are estimates: the head goes in
+    `_rounds`, which see that, and water fills only a long tail (docs/tuning-log.md,
     `BACKFILL_WATER_FROM`)."""
     times = np.asarray(times, dtype=np.float64)
     loads = np.zeros(groups) if loads is None else loads

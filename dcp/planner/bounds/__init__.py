@@ -21,12 +21,10 @@ holds for single layouts too. Proofs: docs/design.md, Why each bound holds.
 | `step_floor`: the least step above a proven busy bound (the MIP's dual) | step | yes | yes | yes |
 | `one_size_busy` (longest sample, marginal work over N / p groups) | busy | one size p | no | yes |
 
-Bounds of one program or plan family live beside what they bound: the MIP's dual bound and
-`ilp.columns.column_bound` (single layouts), `ilp.warm.baseline_bound` (one baseline's plans),
-`phases.split_estimates` (a split's two sides one after the other, from `sample_floors`) and
+Bounds of one program or plan family live beside it: the MIP's dual bound and
+`ilp.columns.column_bound` (single layouts), `ilp.warm.baseline_bound`, `phases.split_estimates` and
 `benchmarks/rank_patterns.py` (offline). tests/test_bounds.py, test_sync_bound.py and test_phases.py
-check them against brute-force optima of tiny batches. Identical samples are counted once with a
-weight: tens of thousands of samples cost a few array operations.
+check them against brute-force optima of tiny batches.
 """
 
 from __future__ import annotations
@@ -71,15 +69,13 @@ def distinct_samples(tokens: np.ndarray, pairs: np.ndarray) -> tuple[np.ndarray,
 
 def lower_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | None = None,
                 arrays: tuple[np.ndarray, np.ndarray] | None = None) -> float:
-    """The busy time no plan can beat plus the least synchronization any schedule adds to it, in
+    """The busy time no plan can beat plus the least synchronization any schedule adds, in
     seconds: at least the longest sample's best time alone, every makespan M at which the batch's
-    work does not fit N GPUs (`work._makespan_bound`), the longest sample's group
-    (`group.group_bound`, floored), at stages 0-2 the gradient reductions the last backward
-    passes cannot hide (`schedule.least_step_s` with `release`'s release times,
-    `work._exposure_bound`), and under ZeRO-3 the fewest slots' collectives
-    (`release._link_bound`). Holds for every plan the executor can run, multi-phase ones included
-    (proof: docs/design.md, Why each bound holds). `sp_sizes` None: every allowed size; `arrays`
-    (tokens, pairs) saves reading the samples again."""
+    work does not fit N GPUs (`work._makespan_bound`), the longest sample's group (floored,
+    `group.group_bound`), at stages 0-2 the reductions the last backward passes cannot hide
+    (`release`, `work._exposure_bound`), under ZeRO-3 the fewest slots' collectives. Holds for
+    every plan the executor can run, multi-phase included (proof: docs/design.md, Why each bound
+    holds). `sp_sizes` None: every allowed size; `arrays`: (tokens, pairs), if in hand."""
     return _bounds(batch, cm, sp_sizes, arrays).lower
 
 

@@ -1,8 +1,7 @@
 """The work bound (`bounds.lower_bound`'s argument): work(M), the GPU-seconds a batch needs when
-no group runs longer than M (`_Work`, on each SP size's levels, `SizeLevels`), raised to the
-largest M where it does not fit N GPUs (`_makespan_bound`); its variant charged against the
-gradient reductions (`_exposure_bound`); many samples rounded into few classes (`round_down`).
-Proofs: docs/design.md, Why each bound holds."""
+no group runs longer than M (`_Work`, on each size's `SizeLevels`), raised to the largest M where
+it does not fit N GPUs (`_makespan_bound`); its variant against the gradient reductions
+(`_exposure_bound`); samples rounded into classes (`round_down`). Proofs: docs/design.md."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
-"""The ILP planner's clock: one deadline for the whole solve, shared out by phase.
-
-`IlpOptions.time_limit_s` covers everything but the final pricing and validation of the chosen plan,
-a reserve measured in samples (`final_pricing_s`). Each phase asks for its share of what is left
-(`until`), loops check the clock between steps and every solver call gets the time left as its own
-limit, so the limit holds by construction. Every step that can stop at a deadline takes a
-`Deadline`, which records it when it does: a plan that depends on the machine's load says so in its
-status and notes.
+"""The ILP planner's clock: one deadline for the whole solve, shared out by phase. The limit covers
+all but the final pricing and validation, a reserve in samples (`final_pricing_s`); each phase takes
+its share of what is left (`until`), loops check the clock and solver calls get the time left as
+their limit, so the limit holds by construction. A step that stops at its `Deadline` is recorded, so
+a plan that depends on the machine's load says so.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
-"""Length classes: the aggregated program's rows, and their samples handed back out.
+"""Length classes, the aggregated program's rows, and their samples handed back out:
 
 - exact types: length bands of large samples (least marginal time at least `knobs.CLASS_FLUID_SHARE`
-  of the incumbent's busy time U; if none is, `knobs.CHEAPEST_LARGE` of it at their cheapest size),
-  counted per class at their least member's load and solo time; at most `knobs.CLASS_MAX_EXACT`;
-- fluid buckets: the other samples, whose load ratios across SP sizes agree within
-  `knobs.CLASS_RATIO_TOL` (doubled until at most `knobs.CLASS_MAX_BUCKETS` remain), split by
-  fractions, each at its summed load times the smallest ratio in it, so the program stays a
-  relaxation.
-
-So the program's rows do not grow with the batch; `split_fluid` hands a bucket's fractions back out
-as samples.
+  of the incumbent's busy time U, or if none is, `knobs.CHEAPEST_LARGE` of it at their cheapest
+  size), at most `knobs.CLASS_MAX_EXACT`;
+- fluid buckets: the rest, load ratios across sizes within `knobs.CLASS_RATIO_TOL` (doubled until at
+  most `knobs.CLASS_MAX_BUCKETS`), at their summed load times the least ratio in the bucket (a
+  relaxation), split by fractions (`split_fluid` hands them back out).
 """
 
 from __future__ import annotations

@@ -1,20 +1,17 @@
 """The configuration program by column generation (Gilmore and Gomory 1961), for batches of few
-distinct sample shapes (videos: a few dozen resolutions and frame counts). A configuration is a
-group: an SP size p and how many samples of each shape t it holds, a[t]. At a busy-time level theta
-the linear program
+sample shapes (videos: a few dozen resolutions and frame counts). A configuration is a group: an SP
+size p and a[t] samples of each shape t. At a busy-time level theta the linear program
 
     min  sum_q p_q z_q   s.t.  sum_q a[t,q] z_q >= n_t  (every sample placed),  z >= 0
 
-over the configurations that fit theta asks how many GPUs the batch needs when no group runs longer
-than theta; columns come from a bounded knapsack per size on the duals (`colgen.knapsack`, in
-`knobs.COLUMN_UNITS` steps of theta). Two uses:
+over the configurations within theta asks how many GPUs the batch needs; columns come from a bounded
+knapsack per size on the duals (`colgen.knapsack`, in `knobs.COLUMN_UNITS` steps).
 
 - bound (`column_bound`): a configuration fits when fixed(p, 0) + sum_t a[t] m_tp <= theta (m:
-  `CostTable.marg`) and each sample alone runs within theta, weights rounded down; when even the
-  fractional program needs more than N GPUs (Farley's bound), no plan runs within theta.
-- plan (`column_plan`): weights are the additive estimates (`CostTable.add`, rounded up); the
-  integer program over the columns found gives groups within theta by that estimate, or, when it
-  finds none in `knobs.COLUMN_IP_SHARE` of the time, the fractional optimum rounded (`_rounded`).
+  `CostTable.marg`), each sample alone within theta; if even the fractional program needs more than
+  N GPUs (Farley's bound), no plan runs within theta.
+- plan (`column_plan`): on the additive estimates (`CostTable.add`), the integer program's groups,
+  or if it finds none in `knobs.COLUMN_IP_SHARE` of the time, `_rounded`'s.
 """
 
 from __future__ import annotations

@@ -19,10 +19,9 @@ from dcp.planner.lpt import balanced_s, hand_out
 def class_counts(loads: dict[int, float], sizes: Sequence[int], num_gpus: int,
                  items: dict[int, np.ndarray] | None = None) -> dict[int, int]:
     """Groups per class (keyed by size index) for class loads (group-seconds): the least
-    per-group time T with sum_p p n_p(T) <= N, n_p(T) = ceil(load_p / T), but given the class's
-    `items` (sizes) at least a group per item above T / 2 plus one per two in (T / 3, T / 2]
-    (lumpy items do not pack like sand); left-over GPUs a group at a time to the most load per
-    group."""
+    per-group time T with sum_p p n_p(T) <= N, n_p(T) = ceil(load_p / T), but given `items`
+    (sizes) at least a group per item above T / 2 plus one per two in (T / 3, T / 2] (lumpy items
+    do not pack like sand); left-over GPUs go a group at a time to the most load per group."""
     used = sorted(j for j, v in loads.items() if v > 0)
 
     def counts_at(t: float) -> dict[int, int]:
@@ -52,9 +51,9 @@ def class_counts(loads: dict[int, float], sizes: Sequence[int], num_gpus: int,
 
 def heuristic(table: CostTable, num_gpus: int, target: float, deadline: float | Deadline = math.inf,
               targets: Sequence[float] = knobs.HEURISTIC_TARGETS) -> Groups:
-    """A quick solution, the best by estimate over `targets` (times `target`; one the deadline
-    skips is recorded): each sample to the size of least GPU-seconds where it runs alone within
-    the target, else its fastest, classes merged upward until they fit (`class_counts`), then
+    """A quick solution, the best by estimate over `targets` (times `target`; the deadline's
+    skips recorded): each sample to the size of least GPU-seconds where it runs alone within the
+    target (else its fastest), classes merged upward until they fit (`class_counts`), then
     spread."""
     best: Groups | None = None
     best_est = math.inf

@@ -79,8 +79,7 @@ class Incumbent:
     def offer_layout(self, layout: Layout, source: str, groups: Groups | None = None, aligned: bool = False) -> bool:
         """Price a layout at its fewest layers; True if it is the new incumbent. Under ZeRO-3 its
         pricing time counts for the budget (`Budget.pricing_s`: hundreds of lockstep slots take
-        tenths of a second); at stages 0-2 only the search's do (`offer_groups`;
-        docs/tuning-log.md)."""
+        tenths of a second); at stages 0-2 only the search's count (docs/tuning-log.md)."""
         if self.cap is not None and any(len(mbs) > self.cap for _, _, mbs in layout):
             return False
         t0 = time.perf_counter()

@@ -34,9 +34,8 @@ from dcp.planner.ilp.solvers import stopped_on_time
 _HIGHS_OPTIONS: dict[str, float | int | str | bool] = {
     "mip_rel_gap": 0.01, "mip_feasibility_tolerance": 1e-7,
     "presolve": "off", "mip_heuristic_run_rins": False, "mip_heuristic_run_rens": False}
-"""A solution within 1% of the optimum will do (the local search takes it on); on the 64-GPU
-video batches presolve and the sub-MIP heuristics cost more than they find here (a few dozen
-rows, a thousand columns), and the bound is unaffected."""
+"""A solution within 1% will do (the local search takes it on); presolve and the sub-MIP
+heuristics cost more than they find here (docs/design.md, the planner)."""
 
 
 @dataclass
@@ -78,10 +77,9 @@ def _patterns(items: list[Item], big: list[int], j: int, theta: float, most: int
 
 def solve_patterns(table: CostTable, num_gpus: int, upper: float, theta: float,
                    deadline: float | Deadline) -> PatternResult | None:
-    """The program at level `theta` (at most `upper`, the incumbent's busy time, at which the
-    items are built); None when too large to pose. An exact type goes only where it runs alone
-    within theta; a fluid bucket keeps all its sizes. When the time left allows fewer patterns
-    than `knobs.MAX_PATTERNS`, `deadline` records it."""
+    """The program at level `theta`, its items built at `upper` (the incumbent's busy time); None
+    when too large to pose. Exact types go only where they run alone within theta, buckets keep
+    every size; `deadline` records it when the time left allows under `knobs.MAX_PATTERNS`."""
     deadline = Deadline.of(deadline)
     sizes = table.sizes
     items = program_items(table, upper)

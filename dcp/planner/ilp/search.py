@@ -63,8 +63,8 @@ class Search:
         self.budget.record("warm start", t0)
 
     def align_slots(self, share: float | None = None) -> None:
-        """ZeRO-3: the best candidates' slots lined up (`Incumbent.align_slots`), until `share`
-        of the time left (default: the search deadline)."""
+        """ZeRO-3: the best candidates' slots lined up, until `share` of the time left (None: the
+        search deadline)."""
         if self.cm.training.zero_stage < 3 or self.cm.cluster.num_gpus == 1:
             return
         t0 = time.perf_counter()

@@ -106,9 +106,8 @@ def _highs_class() -> type:
 
 
 def _interrupt_at(model: object, deadline: float) -> None:
-    """Stop HiGHS at `deadline` (perf_counter) from its interrupt callbacks: its time limit is
-    checked between nodes only, and one node of a small program has run three times past it. A
-    highspy without callbacks keeps the time limit."""
+    """Stop HiGHS at `deadline` (perf_counter) by its interrupt callbacks: it checks its time
+    limit between nodes only, and one node has run three times past it. Without callbacks: no-op."""
     import highspy
 
     cb = getattr(highspy, "cb", None)
@@ -127,8 +126,8 @@ def _interrupt_at(model: object, deadline: float) -> None:
 def run_solver(prob: pulp.LpProblem, solver: str, time_limit_s: float, gap: float,
                start: dict[pulp.LpVariable, float] | None, max_nodes: int = knobs.SOLVER_MAX_NODES,
                highs_options: dict[str, float | int] | None = None) -> SolveResult:
-    """Solve `prob` within `time_limit_s` (wall clock); solver trouble is in the status, never
-    raised; an unknown or missing solver raises."""
+    """Solve `prob` within `time_limit_s` (wall clock): solver trouble is in the status; only an
+    unknown or missing solver raises."""
     limit = max(time_limit_s, 0.01)
     if solver == "highs":
         cls = _highs_class()
@@ -184,8 +183,7 @@ def _cbc_status(text: str) -> str:
 
 
 def _cbc_bound(text: str, solved: bool, prob: pulp.LpProblem, gap: float) -> float | None:
-    """CBC's 'Lower bound:' when it stopped early; at optimality the objective times (1 -
-    gapRel)."""
+    """CBC's 'Lower bound:' if it stopped early; at optimality, the objective times (1 - gap)."""
     m = re.search(r"Lower bound:\s*([-+0-9.eE]+)", text)
     if m:
         return float(m.group(1))

@@ -1,12 +1,10 @@
-"""The ILP's warm start: never worse than any strategy the planner could have run.
-
-dcp-greedy runs first (the fallback: tens of milliseconds at tens of thousands of samples), then a
-quick heuristic; under ZeRO-3 (`knobs.ZERO3_FILL_FIRST_STAGE`) dcp-greedy-inter and the fill run
-between the two. Every other baseline runs and is offered unless a bound on its own busy time
-(`baseline_bound`) proves it cannot win; the time limit never skips one. Then, while the warm share
-lasts: the fill (below ZeRO-3), the heuristic's other targets, local search on the heuristic's
-groups and the incumbent's, and best fit by SP size (`bestfit`, below ZeRO-3). A baseline is
-re-priced at each micro-batch's fewest layers.
+"""The ILP's warm start: never worse than any strategy the planner could have run. dcp-greedy runs
+first (the fallback: tens of milliseconds at tens of thousands of samples), then a quick heuristic
+(under ZeRO-3, `knobs.ZERO3_FILL_FIRST_STAGE`, dcp-greedy-inter and the fill between them); every
+other baseline runs unless a bound on its busy time rules it out (`baseline_bound`), whatever the
+time. Then, while the warm share lasts: the fill, the heuristic's other targets, local search on its
+groups and the incumbent's, and best fit (`bestfit`). A baseline is re-priced at each micro-batch's
+fewest layers.
 """
 
 from __future__ import annotations
