@@ -132,7 +132,7 @@ def _exposure_bound(coarse: _Work, cm: CostModel, sizes: Sequence[int], start_s:
 
 
 def _front(tokens: np.ndarray, pairs: np.ndarray) -> np.ndarray:
-    """The samples no other matches in tokens and pairs with more of one (ties all kept)."""
+    """The indices of the maximal samples (no other has as many tokens and pairs, more of one)."""
     order = np.lexsort((-pairs, -tokens))  # most tokens first, then most pairs
     t, a = tokens[order], pairs[order]
     first = np.concatenate([[True], t[1:] != t[:-1]])  # each token count's most pairs come first

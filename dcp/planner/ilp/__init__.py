@@ -3,15 +3,15 @@ sample's class and (through the canonical micro-batching) each micro-batch's che
 minimizing the step time under the memory limit. Its phases share `IlpOptions.time_limit_s`
 (`budget`; only the final assembly is kept back):
 
-1. setup (`search.Search`): the cost table (`costs`) and the bounds (`bounds`); 2. warm start
-(`warm`): dcp-greedy, a heuristic, every baseline no bound rules out, the fill, local search and
-best fit, each priced exactly (`incumbent`): the plan is never worse; 3. the program: the exact one
-for tiny batches (`exact`); else the aggregated program over length classes (`model`, `cuts`,
-`classes`) spread over groups (`pack`) beside the configuration programs (`columns`, `patterns`),
-then neighbourhood (`lns`) and local search; 4. finish: the incumbent assembled and validated, its
-gap to the best proven bound, and a status that says where the time limit cut a step
-(`dcp.planner.status`): without such a cut, the same plan on any machine. On solver failure the warm
-start comes back with a warning.
+1. setup (`search.Search`): the cost table (`costs`) and the bounds (`bounds`);
+2. warm start (`warm`): dcp-greedy, a heuristic, every baseline no bound rules out, the fill, local
+   search and best fit, each priced exactly (`incumbent`): the plan is never worse;
+3. the program: the exact one for tiny batches (`exact`); else the aggregated program over length
+   classes (`model`, `cuts`, `classes`) spread over groups (`pack`) beside the configuration
+   programs (`columns`, `patterns`), then neighbourhood (`lns`) and local search;
+4. finish: the incumbent assembled and validated, its gap to the best proven bound, and a status
+   that says where the time limit cut a step (`dcp.planner.status`): without such a cut, the same
+   plan on any machine. On solver failure the warm start comes back with a warning.
 """
 
 from __future__ import annotations

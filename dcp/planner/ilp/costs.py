@@ -70,9 +70,9 @@ class CostTable:
                  microbatches: np.ndarray | int = 1) -> np.ndarray:
         """What a group at size index j, whose non-checkpointing samples hold these tokens and
         pairs in this many micro-batches, runs at least beyond the estimate's linear part
-        (elementwise; 0 at sizes with a ring-free layout): K (c - 1) max(0, latency + transfer T
-        - step compute) forward and backward per micro-batch, at least its value at the totals
-        (subadditive), the least over layouts: the estimate stays below the exact time."""
+        (elementwise; 0 at sizes with a ring-free layout): per micro-batch K (c - 1) max(0,
+        latency + transfer T - step compute) forward and backward, at least its value at the
+        totals (subadditive), the least over layouts, so the estimate stays below the exact time."""
         tokens, pairs, j, microbatches = np.broadcast_arrays(tokens, pairs, j, microbatches)
         out = np.zeros(tokens.shape)
         ring = self._ring_sizes[j] & (tokens > 0)
@@ -103,8 +103,8 @@ class CostTable:
 def cost_table(arrays: BatchArrays, cm: CostModel, sizes: Sequence[int], pricer: Pricer | None = None) -> CostTable:
     """Build the table; infeasible (sample, size) cells hold r = -1 and infinite costs. load: a
     micro-batch at (p, r') holding i (r' >= r) costs at least the sum over its samples of
-    marginal(p, r') + fixed(p, r') T_j / cap(p, r'); either r' = r, or the marginal alone at r +
-    1 is a lower bound (all coefficients grow with r)."""
+    marginal(p, r') + fixed(p, r') T_j / cap(p, r'); either r' = r, or the marginal alone at
+    level r+1 is a lower bound (all coefficients grow with r)."""
     pricer = pricer or Pricer(cm, sizes)
     n, m, k = len(arrays.tokens), len(sizes), cm.model.num_layers
     tokens, pairs = arrays.tokens, arrays.pairs

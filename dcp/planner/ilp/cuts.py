@@ -13,10 +13,10 @@ from dcp.planner.ilp.solvers import new_var
 
 def level_cuts(prob: pulp.LpProblem, items: list[Item], x: dict, n_groups: dict, busy: pulp.LpVariable,
                 lower: float, upper: float, m: int) -> dict[int, pulp.LpVariable]:
-    """Cuts that hold whenever B < theta, for a geometric grid of levels theta in (L, U]; zeta[l] =
-    1 (allowed only if B >= theta_l) switches level l's off. Per class p with n_p groups of capacity
-    theta and exact item sizes g (Martello-Toth L2 / Fekete-Schepers dual feasible functions, and a
-    count):
+    """Cuts that hold whenever B < theta, for a geometric grid of levels theta in (L, U]: binary
+    zeta[l] = 1 (only if B >= theta_l) switches level l's off. Per class p with n_p groups of
+    capacity theta and exact item sizes g (Martello-Toth L2 / Fekete-Schepers dual feasible
+    functions, and a count):
         (Ck) sum (ceil((k+1) g / theta) - 1) <= k n_p, k = 1..4 (k = 1: one > theta/2 a group)
         (C5) theta #{g > theta - a} + sum{a <= g <= theta - a} g <= theta n_p, for a in `_alphas`
         (CN) #{g > theta / (k + 1)} <= k n_p, for the k smaller items give (`_count_rows`)"""

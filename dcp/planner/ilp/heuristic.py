@@ -51,10 +51,9 @@ def class_counts(loads: dict[int, float], sizes: Sequence[int], num_gpus: int,
 
 def heuristic(table: CostTable, num_gpus: int, target: float, deadline: float | Deadline = math.inf,
               targets: Sequence[float] = knobs.HEURISTIC_TARGETS) -> Groups:
-    """A quick solution, the best by estimate over `targets` (times `target`; the deadline's
-    skips recorded): each sample to the size of least GPU-seconds where it runs alone within the
-    target (else its fastest), classes merged upward until they fit (`class_counts`), then
-    spread."""
+    """A quick solution, the best by estimate over `targets` (times `target`; skips recorded):
+    each sample to the size of least GPU-seconds where it runs alone within the target (else its
+    fastest), classes merged upward until they fit (`class_counts`), then spread."""
     best: Groups | None = None
     best_est = math.inf
     deadline = Deadline.of(deadline)

@@ -1,8 +1,8 @@
 """From SP classes to concrete groups: longest processing time first, a local search that moves and
 swaps samples off the slowest group (`improve`), a re-spread of the small samples over every group
-and size (`rebalance`), and the groups' layout. A solution is a list of groups `(j, sample
-indices)`, j indexing `CostTable.sizes`, estimated by `group_estimate`: the canonical micro-batching
-of `costs` packed perfectly, so never above its exact price.
+and size (`rebalance`), and the groups' layout. A solution is a list of groups
+`(j, sample indices)`, j indexing `CostTable.sizes`, estimated by `group_estimate`: the canonical
+micro-batching of `costs` packed perfectly, so never above its exact price.
 """
 
 from __future__ import annotations

@@ -107,7 +107,8 @@ def _highs_class() -> type:
 
 def _interrupt_at(model: object, deadline: float) -> None:
     """Stop HiGHS at `deadline` (perf_counter) by its interrupt callbacks: it checks its time
-    limit between nodes only, and one node has run three times past it. Without callbacks: no-op."""
+    limit between nodes only, and one node has run three times past it (without callbacks, only
+    the time limit stops it)."""
     import highspy
 
     cb = getattr(highspy, "cb", None)

@@ -42,9 +42,9 @@ from dcp.planner.sample import Sample
 
 
 def baseline_options(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int]) -> list[StrategyOptions]:
-    """The strategies the ILP must never lose to, dcp-greedy first: dcp-greedy-inter, bucket- and
-    packed-per-batch, and bucket and packing at each larger static size that fits (the static
-    baselines run at one; under ZeRO-3 few large micro-batches there can beat all)."""
+    """The strategies the ILP must never lose to, dcp-greedy first, then dcp-greedy-inter,
+    bucket- and packed-per-batch, and bucket and packing at each larger static size that fits
+    (the static baselines run at one; under ZeRO-3 few large micro-batches there can beat all)."""
     sp = tuple(sizes)
     smallest = smallest_fitting_sp(max(s.tokens for s in batch), cm, sizes)
     larger = [p for p in sizes if p > smallest]
