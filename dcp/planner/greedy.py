@@ -42,8 +42,9 @@ import dcp.planner.knobs as knobs
 from dcp.costmodel import CostModel
 from dcp.costmodel.schedule import slot_link_s
 from dcp.planner.baselines import group_share, lpt_assign, plan_by
+from dcp.planner.bounds import makespan_floor
 from dcp.planner.common import aligned_layout
-from dcp.planner.lpt import balanced_s, by_group, hand_out
+from dcp.planner.lpt import by_group, hand_out
 from dcp.planner.options import GreedyOptions
 from dcp.planner.plan import Plan
 from dcp.planner.pricing import BatchArrays, Layout, Pricer, price_layout
@@ -169,9 +170,9 @@ def allocate_groups(mbs: _MicroBatches, sizes: Sequence[int], num_gpus: int) -> 
 
 
 def _estimate(mbs: _MicroBatches, home: np.ndarray, groups: dict[int, int]) -> float:
-    """A schedule's step before balancing (`lpt.balanced_s` of its classes)."""
+    """A schedule's step before balancing (`bounds.makespan_floor` of its classes)."""
     own = mbs.times[np.arange(len(home)), home]
-    return balanced_s((float(own[home == j].sum()), n, float(own[home == j].max())) for j, n in groups.items())
+    return max(makespan_floor(float(own[home == j].sum()), n, float(own[home == j].max())) for j, n in groups.items())
 
 
 class _Schedule:

@@ -9,7 +9,7 @@ take heap steps (docs/tuning-log.md, `LPT_SHORT_ROUND`).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -100,14 +100,6 @@ def least_loaded(times: np.ndarray, groups: int, loads: np.ndarray | None = None
         loads[order[:r]] = ends[:r]
         at += r
     return owner
-
-
-def balanced_s(classes: Iterable[tuple[float, int, float]]) -> float:
-    """The step classes of jobs spread over their own groups reach at best: per class (its jobs'
-    summed time, its groups, its longest job) the larger of its mean load per group and its
-    longest job, the largest over the classes. dcp-greedy's and the heuristic's estimate of a step
-    before LPT places the jobs (a group's own time is `pack.group_estimate`'s)."""
-    return max(max(total / n, longest) for total, n, longest in classes)
 
 
 def hand_out(groups: dict[int, int], sizes: Sequence[int], left: int, key: Callable[[int], tuple],

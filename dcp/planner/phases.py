@@ -28,7 +28,7 @@ The search (`solve_phased`), within the ILP's one deadline `time_limit_s`:
    faster kept;
 2. unless that plan is within the solver's gap of `bounds.multi_phase_bound`, or no split can
    beat it: splits "the k longest samples, then the rest" priced by bounds for every k at once
-   (`split_estimates`, a sum and a max over the samples of each side), then the most promising
+   (`bounds.split_busy`, a sum and a max over the samples of each side), then the most promising
    splits planned for real, phase 1 (few samples) first, phase 2 with the time left, each by the
    ILP on its part of the batch on all the GPUs (phase 2 recursively by this search when
    `max_phases` > 2), the second phase laid out as it is or mirrored (last ranks first), so that
@@ -51,7 +51,13 @@ import numpy as np
 import dcp.planner.knobs as knobs
 from dcp.costmodel import Cluster, CostModel
 from dcp.planner.backfill import backfill_plan
-from dcp.planner.bounds import multi_phase_bound, multi_phase_busy, sample_arrays, sample_floors
+from dcp.planner.bounds import (
+    multi_phase_bound,
+    multi_phase_busy,
+    sample_arrays,
+    sample_floors,
+    split_busy,
+)
 from dcp.planner.common import assemble, chain
 from dcp.planner.feasibility import allowed_sp_sizes, check_feasible
 from dcp.planner.ilp import SECONDS, SOURCE, Beaten, solve_ilp, solve_ilp_against
@@ -88,21 +94,6 @@ def split_order(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], ma
         need = np.where(pricer.times(p, tokens, pairs) <= makespan_s * (1 + _TOL), p, need)
     order = np.lexsort((-pairs, -tokens, -need))
     return order, need[order]
-
-
-def split_estimates(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], order: np.ndarray) -> np.ndarray:
-    """For every split k = 1..n-1 of the batch in `order` (its first k samples in phase 1, the
-    rest in phase 2), a lower bound on the busy time of any plan that runs the phases one after
-    the other: for each side, max(its GPU-seconds / N, its longest sample's best time alone)
-    (`bounds.sample_floors`), added."""
-    tokens, pairs = sample_arrays([batch[i] for i in order.tolist()])
-    work, solo = sample_floors(tokens, pairs, cm, sizes)
-    n = cm.cluster.num_gpus
-    head_work = np.cumsum(work)[:-1]
-    tail_work = np.cumsum(work[::-1])[::-1][1:]
-    head_solo = np.maximum.accumulate(solo)[:-1]
-    tail_solo = np.maximum.accumulate(solo[::-1])[::-1][1:]
-    return np.maximum(head_work / n, head_solo) + np.maximum(tail_work / n, tail_solo)
 
 
 def split_candidates(need: np.ndarray, sizes: Sequence[int]) -> list[int]:
@@ -193,7 +184,7 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
 def _splits(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, sizes: Sequence[int], busy_s: float,
             arrays: tuple[np.ndarray, np.ndarray]) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
     """The splits worth planning (phase-1 sizes k, in order), the batch order they split and
-    every split's bound (`split_order`, `split_estimates`); no split where only small groups are
+    every split's bound (`split_order`, `bounds.split_busy`); no split where only small groups are
     needed: a group of fewer than `knobs.MIN_NEED_SHARE` of the GPUs that runs the rest of the step at
     its size costs a single layout little."""
     if options.max_phases < 2 or len(batch) < 2 or cm.training.zero_stage == 3:
@@ -201,7 +192,7 @@ def _splits(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, sizes: 
     order, need = split_order(batch, cm, sizes, busy_s, arrays)
     least = max(2, knobs.MIN_NEED_SHARE * cm.cluster.num_gpus)
     splits = split_candidates(need, [q for q in sizes if q >= least])
-    return splits, order, need, split_estimates(batch, cm, sizes, order) if splits else np.zeros(0)
+    return splits, order, need, split_busy(batch, cm, sizes, order) if splits else np.zeros(0)
 
 
 def _search(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, single: Plan, bound_s: float,

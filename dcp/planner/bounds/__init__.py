@@ -7,6 +7,7 @@ holds for single layouts too. Proofs: docs/design.md, Why each bound holds.
 
 | bound | bounds | single layout | multi-phase | ZeRO-3 slots |
 |---|---|---|---|---|
+| `work.makespan_floor` (max(total / machines, longest), no job split) | busy | yes | yes | yes |
 | `work._makespan_bound` (work(M) > N M, `work._Work`) | busy | yes | yes | yes |
 | `group.group_bound` with `fixed_floor_s` (longest sample's group) | busy | yes | yes | yes |
 | `group.group_bound` without it | busy | yes | no: the group dissolves | yes |
@@ -20,11 +21,14 @@ holds for single layouts too. Proofs: docs/design.md, Why each bound holds.
 | `single_layout_bound`: `lower_bound` with the unfloored group bound | step | yes | no | yes |
 | `step_floor`: the least step above a proven busy bound (the MIP's dual) | step | yes | yes | yes |
 | `one_size_busy` (longest sample, marginal work over N / p groups) | busy | one size p | no | yes |
+| `baseline_busy` (a baseline's least work over its groups, longest sample) | busy | that baseline's | no | that baseline's |
+| `ilp.columns.column_bound` (configuration LP infeasible at a level) | busy | yes | no | yes |
+| `split_busy` (per side `makespan_floor` of `sample_floors`, sides added) | busy | no | two sides in turn | no phases |
 
-Bounds of one program or plan family live beside it: the MIP's dual bound and
-`ilp.columns.column_bound` (single layouts), `ilp.warm.baseline_bound`, `phases.split_estimates` and
-`benchmarks/rank_patterns.py` (offline). tests/test_bounds.py, test_sync_bound.py and test_phases.py
-check them against brute-force optima of tiny batches.
+`column_bound` runs the configuration program's master and pricing, so it stays beside that
+program; the MIP's dual bound and the rank-pattern bound (`benchmarks/rank_patterns.py`, offline)
+too. tests/test_bounds.py, test_sync_bound.py and test_phases.py check the bounds against
+brute-force optima of tiny batches.
 """
 
 from __future__ import annotations
@@ -42,8 +46,16 @@ from dcp.costmodel import CostModel
 from dcp.costmodel.schedule import least_exposed_s, least_step_s, reduction_chain_s
 from dcp.planner.bounds.group import group_bound, longest_group
 from dcp.planner.bounds.release import _least_step, _link_bound, _released, _Spread
-from dcp.planner.bounds.work import _coarse, _exposure_bound, _makespan_bound, _Work, size_levels
+from dcp.planner.bounds.work import (
+    _coarse,
+    _exposure_bound,
+    _makespan_bound,
+    _Work,
+    makespan_floor,
+    size_levels,
+)
 from dcp.planner.feasibility import allowed_sp_sizes
+from dcp.planner.options import GreedyOptions, PackedOptions, StrategyOptions
 from dcp.planner.pricing import BatchArrays, Pricer, exact_times
 from dcp.planner.sample import Sample
 
@@ -111,7 +123,7 @@ def _bounds(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | No
             lower = group_bound(coarse, cm, sizes, lower, coarse.fixed_floor, group, (least_exposed_s(cm), float(chain[-1])))
             lower = _exposure_bound(coarse, cm, sizes, lower, chain)
         floor_work, solo = sample_floors(d_tokens, d_pairs, cm, sizes)
-        capacity = max(float(floor_work @ weight) / cm.cluster.num_gpus, float(solo.max()))
+        capacity = makespan_floor(float(floor_work @ weight), cm.cluster.num_gpus, float(solo.max()))
         memo[key] = _Floors(lower, max(_least_step(cm, single, sizes, released, spread), link, lower),
                             None if spread is None else np.maximum(released, spread.at(math.inf)), makespan,
                             capacity)
@@ -185,13 +197,69 @@ def sample_floors(tokens: np.ndarray, pairs: np.ndarray, cm: CostModel,
     return work, solo
 
 
+def baseline_busy(options: StrategyOptions, cm: CostModel, sizes: Sequence[int], arrays: BatchArrays, pricer: Pricer,
+                  p: int, budget: int) -> float:
+    """A lower bound on the busy time of a baseline's plan, whatever it packs, at the static SP
+    size p and packing's token `budget` it chooses: each micro-batch costs at least fixed +
+    per_token T + per_pair A at the fewest layers its samples allow (all K for bucket and
+    dcp-greedy-inter; for packing, those of a bin more than half full, `_packed_work`), so its
+    groups carry at least their samples' marginal costs, over N / p groups (static) or N GPUs
+    (mixed, in GPU-seconds); and no group is shorter than its longest sample."""
+    k, n = cm.model.num_layers, cm.cluster.num_gpus
+    if isinstance(options, GreedyOptions):
+        if options.pyramid:
+            return 0.0  # dcp-greedy itself: always run, never bounded away
+        work, longest = np.full(len(arrays.tokens), np.inf), np.full(len(arrays.tokens), np.inf)
+        for q in sizes:
+            solo = pricer.times(q, arrays.tokens, arrays.pairs, k)
+            lin = cm.linear_time(q, k)
+            marginal = q * (lin.per_token * arrays.tokens + lin.per_pair * arrays.pairs)
+            work = np.minimum(work, np.where(np.isfinite(solo), marginal, np.inf))
+            longest = np.minimum(longest, solo)
+        return makespan_floor(float(work.sum()), n, float(longest.max()))
+    if isinstance(options, PackedOptions):
+        return makespan_floor(_packed_work(p, budget, cm, arrays, pricer), n // p,
+                              float(pricer.times(p, arrays.tokens, arrays.pairs).max()))
+    solo = pricer.times(p, arrays.tokens, arrays.pairs, k)
+    lin = cm.linear_time(p, k)
+    marginal = lin.per_token * arrays.tokens + lin.per_pair * arrays.pairs
+    return makespan_floor(float(marginal.sum()), n // p, float(solo.max()))
+
+
+def _packed_work(p: int, budget: int, cm: CostModel, arrays: BatchArrays, pricer: Pricer) -> float:
+    """Group-seconds packing's micro-batches take at least. First fit leaves at most one bin at
+    most half full (a later bin's items would have fit it), so every other micro-batch holds
+    more than half the token budget and checkpoints at least the layers that takes; the one bin
+    holds at most half the budget, at most the batch's densest pairs per token."""
+    k = cm.model.num_layers
+    tokens, pairs = float(arrays.tokens.sum()), float(arrays.pairs.sum())
+    half = min(int(pricer.layers(p, np.array([budget // 2 + 1.0]))[0]), k)
+    full, least = cm.linear_time(p, half), cm.linear_time(p, 0)
+    low_tokens = min(tokens, budget / 2)
+    low_pairs = min(pairs, float((arrays.pairs / arrays.tokens).max()) * low_tokens)
+    bins = max(1, math.ceil(tokens / budget))
+    return ((bins - 1) * full.fixed + least.fixed + full.per_token * (tokens - low_tokens)
+            + least.per_token * low_tokens + full.per_pair * (pairs - low_pairs) + least.per_pair * low_pairs)
+
+
+def split_busy(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], order: np.ndarray) -> np.ndarray:
+    """For every split k = 1..n-1 of the batch in `order` (its first k samples in phase 1, the
+    rest in phase 2), a lower bound on the busy time of any plan that runs the phases one after
+    the other: each side's `makespan_floor` of its `sample_floors`, added."""
+    tokens, pairs = sample_arrays([batch[i] for i in order.tolist()])
+    work, solo = sample_floors(tokens, pairs, cm, sizes)
+    n = cm.cluster.num_gpus
+    head = makespan_floor(np.cumsum(work)[:-1], n, np.maximum.accumulate(solo)[:-1])
+    return head + makespan_floor(np.cumsum(work[::-1])[::-1][1:], n, np.maximum.accumulate(solo[::-1])[::-1][1:])
+
+
 def one_size_busy(arrays: BatchArrays, cm: CostModel, p: int, pricer: Pricer) -> float:
     """A bound on the busy time of a plan whose groups all have SP size p (the fill's): the
     larger of its longest sample's time alone at p (inf where one does not fit) and the samples'
     marginal time without checkpointing spread over the N // p groups."""
     line = cm.linear_time(p, 0)
     work = line.per_token * float(arrays.tokens.sum()) + line.per_pair * float(arrays.pairs.sum())
-    return max(float(pricer.times(p, arrays.tokens, arrays.pairs).max()), work / (cm.cluster.num_gpus // p))
+    return makespan_floor(work, cm.cluster.num_gpus // p, float(pricer.times(p, arrays.tokens, arrays.pairs).max()))
 
 
 def multi_phase_bound(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | None = None,

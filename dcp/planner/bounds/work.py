@@ -76,6 +76,14 @@ def size_levels(cm: CostModel, p: int, below: bool = False) -> SizeLevels:
     return cached[p, below]
 
 
+def makespan_floor(total: float | np.ndarray, machines: int, longest: float | np.ndarray) -> float | np.ndarray:
+    """max(total / machines, longest), elementwise (a float for scalars): the classic makespan
+    bound of unsplit jobs on identical machines; also dcp-greedy's and the heuristic's step
+    estimate before LPT places their jobs (the largest over their classes of groups)."""
+    out = np.maximum(total / machines, longest)
+    return out if isinstance(out, np.ndarray) else float(out)
+
+
 def _makespan_bound(work: _Work, n: int, start: float = 0.0, extra: float = 0.0) -> float:
     """The largest M proven below every plan's busy time: from max(longest sample, work(inf) / N,
     `start`), raised while work(M) + `extra` > N M (regula falsi on that decreasing function)."""
@@ -83,7 +91,7 @@ def _makespan_bound(work: _Work, n: int, start: float = 0.0, extra: float = 0.0)
     def excess(m: float) -> float:
         return work(m) + extra - n * m
 
-    lo = max(work.longest, (work(math.inf) + extra) / n, start)
+    lo = max(makespan_floor(work(math.inf) + extra, n, work.longest), start)
     f_lo = excess(lo) if 0 < lo < math.inf else 0.0
     if not f_lo > 0:
         return lo

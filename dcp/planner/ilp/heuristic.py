@@ -9,11 +9,12 @@ from collections.abc import Sequence
 import numpy as np
 
 import dcp.planner.knobs as knobs
+from dcp.planner.bounds import makespan_floor
 from dcp.planner.ilp.budget import Deadline
 from dcp.planner.ilp.costs import CostTable
 from dcp.planner.ilp.pack import Groups, estimate, spread
 from dcp.planner.levels import narrow
-from dcp.planner.lpt import balanced_s, hand_out
+from dcp.planner.lpt import hand_out
 
 
 def class_counts(loads: dict[int, float], sizes: Sequence[int], num_gpus: int,
@@ -98,7 +99,7 @@ def _fold_small_classes(table: CostTable, choice: np.ndarray, num_gpus: int) -> 
         used = sorted(set(ch.tolist()))
         loads = {j: float(table.add[ch == j, j].sum()) for j in used}
         counts = class_counts(loads, table.sizes, num_gpus, {j: table.add[ch == j, j] for j in used})
-        return counts, balanced_s((loads[j], counts[j], float(table.add[ch == j, j].max())) for j in used)
+        return counts, max(makespan_floor(loads[j], counts[j], float(table.add[ch == j, j].max())) for j in used)
 
     counts, step = counts_of(choice)
     for _ in range(len(table.sizes)):

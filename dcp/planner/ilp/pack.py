@@ -18,6 +18,7 @@ import numpy as np
 
 import dcp.planner.knobs as knobs
 from dcp.costmodel import Cluster, CostModel
+from dcp.planner.bounds import makespan_floor
 from dcp.planner.common import aligned_layout
 from dcp.planner.ilp.budget import Deadline
 from dcp.planner.ilp.costs import CostTable, form_microbatches
@@ -401,7 +402,7 @@ def multifit(ids: np.ndarray, n_groups: int, j: int, table: CostTable, rounds: i
     order = np.lexsort((ids, -size))
     by_id = dict(zip(ids.tolist(), size.tolist(), strict=True))
     hi = max(sum(by_id[i] for i in b) for b in best)
-    lo = max(float(size.sum()) / n_groups, float(size.max()))
+    lo = makespan_floor(float(size.sum()), n_groups, float(size.max()))
 
     def packs(cap: float) -> bool:
         """Whether first-fit-decreasing packs every sample within `cap` (then `best` is its packing)."""

@@ -1,7 +1,7 @@
 """The ILP's warm start: never worse than any strategy the planner could have run. dcp-greedy runs
 first (the fallback: tens of milliseconds at tens of thousands of samples), then a quick heuristic
 (under ZeRO-3, `knobs.ZERO3_FILL_FIRST_STAGE`, dcp-greedy-inter and the fill between them); every
-other baseline runs unless a bound on its busy time rules it out (`baseline_bound`), whatever the
+other baseline runs unless a bound on its busy time rules it out (`bounds.baseline_busy`), whatever the
 time. Then, while the warm share lasts: the fill, the heuristic's other targets, local search on its
 groups and the incumbent's, and best fit (`bestfit`). A baseline is re-priced at each micro-batch's
 fewest layers.
@@ -9,11 +9,8 @@ fewest layers.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
-
-import numpy as np
 
 import dcp.planner.knobs as knobs
 from dcp.costmodel import CostModel
@@ -26,6 +23,7 @@ from dcp.planner.baselines import (
     solve_packed,
     static_sp_size,
 )
+from dcp.planner.bounds import baseline_busy
 from dcp.planner.greedy import greedy_layout, solve_greedy
 from dcp.planner.ilp.bestfit import best_fit
 from dcp.planner.ilp.budget import Budget
@@ -75,55 +73,6 @@ def baseline_plans(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int],
     return plans
 
 
-def baseline_bound(options: StrategyOptions, batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int],
-                   arrays: BatchArrays, pricer: Pricer) -> float:
-    """A lower bound on the busy time of the baseline's plan, whatever it packs: each of its
-    micro-batches costs at least fixed + per_token T + per_pair A at the fewest layers its
-    samples allow (all K for bucket and dcp-greedy-inter; for packing, the layers of a bin more
-    than half full, `_packed_work`), so its groups carry at least the sum of their samples'
-    marginal costs; a static strategy spreads them over N / p groups, a mixed one over N GPUs
-    (GPU-seconds); and no group is shorter than its longest sample."""
-    k, n = cm.model.num_layers, cm.cluster.num_gpus
-    if isinstance(options, GreedyOptions):
-        if options.pyramid:
-            return 0.0  # dcp-greedy itself: always run, never bounded away
-        work, longest = np.full(len(arrays.tokens), np.inf), np.full(len(arrays.tokens), np.inf)
-        for p in sizes:
-            solo = pricer.times(p, arrays.tokens, arrays.pairs, k)
-            lin = cm.linear_time(p, k)
-            marginal = p * (lin.per_token * arrays.tokens + lin.per_pair * arrays.pairs)
-            work = np.minimum(work, np.where(np.isfinite(solo), marginal, np.inf))
-            longest = np.minimum(longest, solo)
-        return max(float(work.sum()) / n, float(longest.max()))
-    longest = int(arrays.tokens.max())
-    p = static_sp_size(batch, cm, sizes, getattr(options, "static_sp", None),
-                       getattr(options, "dataset_longest_tokens", None), longest_tokens=longest)
-    groups = n // p
-    if isinstance(options, PackedOptions):
-        return max(_packed_work(options, p, cm, arrays, pricer) / groups,
-                   float(pricer.times(p, arrays.tokens, arrays.pairs).max()))
-    solo = pricer.times(p, arrays.tokens, arrays.pairs, k)
-    lin = cm.linear_time(p, k)
-    marginal = lin.per_token * arrays.tokens + lin.per_pair * arrays.pairs
-    return max(float(marginal.sum()) / groups, float(solo.max()))
-
-
-def _packed_work(options: PackedOptions, p: int, cm: CostModel, arrays: BatchArrays, pricer: Pricer) -> float:
-    """Group-seconds packing's micro-batches take at least: first fit leaves at most one bin at
-    most half full, so every other bin holds over half the token budget and checkpoints at least
-    the layers that takes; that bin holds at most the batch's densest pairs per token."""
-    k = cm.model.num_layers
-    tokens, pairs = float(arrays.tokens.sum()), float(arrays.pairs.sum())
-    budget = options.token_budget or min(cm.max_tokens(p, k), group_share(int(tokens), p, cm.cluster.num_gpus))
-    half = min(int(pricer.layers(p, np.array([budget // 2 + 1.0]))[0]), k)
-    full, least = cm.linear_time(p, half), cm.linear_time(p, 0)
-    low_tokens = min(tokens, budget / 2)
-    low_pairs = min(pairs, float((arrays.pairs / arrays.tokens).max()) * low_tokens)
-    bins = max(1, math.ceil(tokens / budget))
-    return ((bins - 1) * full.fixed + least.fixed + full.per_token * (tokens - low_tokens)
-            + least.per_token * low_tokens + full.per_pair * (pairs - low_pairs) + least.per_pair * low_pairs)
-
-
 def warm_start(inc: Incumbent, budget: Budget, batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int],
                arrays: BatchArrays, pricer: Pricer, table: CostTable, floor_s: float, notes: list[str]) -> None:
     """Fill the incumbent (module docstring); `floor_s`: a proven busy bound, the heuristic's."""
@@ -156,9 +105,14 @@ def warm_start(inc: Incumbent, budget: Budget, batch: Sequence[Sample], cm: Cost
         inc.offer_groups(first, "heuristic")
     else:
         budget.skip("the heuristic")
-    # Every other baseline, unless its bound rules it out (the limit never skips one).
-    for opts in options[head:]:
-        bound = baseline_bound(opts, batch, cm, sizes, arrays, pricer)
+    # Every other baseline runs unless a bound on its own step time proves it cannot win; the
+    # time limit never skips one (the floor: a plan never worse than any baseline, at any load).
+    for opts in options[head:]:  # the static size and token budget as `baselines` chooses them
+        sp = static_sp_size(batch, cm, sizes, getattr(opts, "static_sp", None),
+                            getattr(opts, "dataset_longest_tokens", None), longest_tokens=int(arrays.tokens.max()))
+        tokens = getattr(opts, "token_budget", None) or min(
+            cm.max_tokens(sp, cm.model.num_layers), group_share(int(arrays.tokens.sum()), sp, n))
+        bound = baseline_busy(opts, cm, sizes, arrays, pricer, sp, tokens)
         if bound >= inc.winning_busy_s:
             notes.append(f"baseline {describe(opts)} not run: its busy time is at least {bound:.3f} s, "
                          f"no faster than the incumbent's {inc.busy_s:.3f} s"
