@@ -38,18 +38,11 @@ except ImportError as e:  # no PuLP or HiGHS here (the GPU machines run the exec
 
 def solve(batch: Sequence[Sample] | Sequence[int], cluster: Cluster, cost_model: CostModel,
           options: StrategyOptions | str | None = None) -> Plan:
-    """Plan one global batch: Samples (or bare token counts) on `cluster` priced by `cost_model`,
-    with a strategy's options or name (default: ilp). Inputs are checked first (`dcp.planner.inputs`).
-    The plan's notes end with the cost model's own (`CostModel.notes`).
-
-    Deterministic: dcp-greedy, dcp-greedy-inter, bucket and packed give the same plan for the same
-    inputs, always. ilp does whenever no phase is cut short by its wall-clock `time_limit_s`
-    (the plan's `solver_status` then says `time limit reached`); where it is, runs (and ranks)
-    can differ, so in training plan on one rank and broadcast (`dcp.executor.broadcast_plan`).
-
-    Importing `dcp.planner` loads every strategy and the solver (PuLP, HiGHS, where installed), so
-    that no solve's time limit pays for it: loaded by the first ILP solve instead, they took a tenth to a quarter of
-    its default 1 s (docs/tuning-log.md)."""
+    """Plan one global batch: Samples (or token counts) on `cluster` priced by `cost_model`, with a
+    strategy's options or name (default: ilp, the stages of `phases.solve_phased`); inputs checked
+    first, the cost model's notes last. All strategies are deterministic but ilp when its limit cuts
+    a stage short (`solver_status` says so): in training plan on one rank and broadcast
+    (`dcp.executor.broadcast_plan`). The solver loads on import, not in a solve's limit."""
     started = time.perf_counter()
     if cluster != cost_model.cluster:
         raise ValueError("cluster differs from the one the cost model was built for")

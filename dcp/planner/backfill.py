@@ -1,38 +1,8 @@
-"""Backfill plans for batches of many samples per GPU: the samples that need SP > 1 first, in
-groups of the size that runs each cheapest within a target time, the rest after them at SP 1 on
-every rank as it frees up.
-
-A single layout runs a long sample's group at its size for the whole step: the short samples
-that fill the rest of its time pay that size's all-to-alls (docs/tuning-log.md). Here
-they run after it, in phase 2, at SP 1, on each of its ranks (`dcp.planner.plan`: a rank goes
-on to its next group when its part of the phase ends). The plan, for a target T (`knobs.BACKFILL_LEVELS`, then
-`knobs.BACKFILL_ONWARD`, times the batch's busy bound):
-
-1. cores, the samples that do not fit SP 1 without checkpointing or run longer than T there:
-   each at the allowed size where it fits within T on the fewest GPU-seconds (the fastest if
-   none), packed per size into as few groups as fit T (worst fit, longest first), the largest
-   sizes on the first ranks (aligned);
-2. fillers, the rest, longest first, each onto the rank that frees first (`_lpt`: the planner's
-   one LPT, `lpt.lpt`, from each rank's ready time), packed in arrival order into micro-batches of at most
-   max_tokens(1, 0) tokens, so a rank's time is known exactly: one fixed cost per micro-batch
-   and each filler's marginal cost; but a core group whose room before the
-   water level holds more fillers inside its own micro-batches (the room over its size's markup
-   on their marginal cost) than on its ranks at SP 1 (the room less one more fixed cost) takes
-   them inside (small sizes, whose markup is a few percent; docs/tuning-log.md);
-3. two things the busy time does not see. The reductions run under the last micro-batch's
-   backward (`dcp.costmodel.schedule_fast`): a few hundred tokens there near the step's end
-   expose the whole chain. So a core group whose room
-   before the water level is too short for a micro-batch that hides it, and that does not take
-   its fillers inside (2.), runs its ranks' fillers first (at SP 1; the group then starts when
-   its last rank is done); batches of up to `knobs.BACKFILL_BOTH_UP_TO` samples also get a plan where such
-   groups take them inside anyway, the better kept. And a rank whose backfill is that short
-   near the end gives it to the ranks that end first with a longer one (`_unexposed`).
-
-The targets' plans are compared by their busy time (exact: every time above is the cost
-model's); the best is assembled as a two-phase plan (phase 1 the cores and
-the fillers that run before theirs, phase 2 the rest) and priced on the executor's schedule.
-The phase search (`dcp.planner.phases`) keeps it when it runs faster than the ILP's. Never
-imports torch.
+"""Backfill plans for 2+ samples per GPU (docs/design.md, "Multi-phase plans"): instead of running
+short samples in a long one's group at its large SP size, the cores (samples that need SP > 1 or
+exceed a target T at SP 1) run first at their cheapest size within T, and the fillers after at SP 1
+on each rank as it frees (or inside a core group where cheaper), keeping a long last micro-batch to
+hide the reductions. The least busy target (`knobs.BACKFILL_LEVELS`, `BACKFILL_ONWARD`) wins.
 """
 
 from __future__ import annotations
@@ -61,8 +31,7 @@ from dcp.planner.sync import longest_last
 
 @dataclass
 class Candidate:
-    """One target's plan before assembly: each phase's groups (first rank, SP size, micro-batches
-    of batch indices) and the busy time."""
+    """One target's plan before assembly: each phase's groups and the busy time (s)."""
 
     first: Layout
     second: Layout
@@ -79,16 +48,11 @@ def backfill_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], 
                   arrays: BatchArrays | None = None, max_microbatches: int | None = None,
                   costs: tuple[Pricer, CostTable] | None = None, time_limit_s: float = math.inf,
                   solve_started: float | None = None, cut: Deadline | None = None) -> Plan | None:
-    """The best backfill plan over the targets `knobs.BACKFILL_LEVELS` and `knobs.BACKFILL_ONWARD` x `busy_floor_s` (a lower bound on
-    the batch's busy time), priced and validated; None when the batch has fewer than
-    `knobs.BACKFILL_MIN_PER_GPU` samples per GPU, fewer than `knobs.BACKFILL_FEW_PER_GPU` and a cluster so large that
-    the plan would take too much of the time limit (`knobs.BACKFILL_FEW_COST_SHARE`), SP 1 is not allowed, ZeRO
-    stage 3 runs one layout, or
-    no target's plan fits the cluster with at most `max_microbatches` per group. `costs`, when
-    given, are the batch's pricer and cost table (`costs.batch_costs`); `time_limit_s` (the
-    solve's, which began at `solve_started`, perf_counter, default now) bounds how many targets
-    past the first are tried (`knobs.BACKFILL_FIRST_END_SHARE`, `knobs.BACKFILL_LEVELS_SHARE`); `cut`, when given, records it
-    when the time stops the targets before they run out (the plan then depends on the load)."""
+    """The best backfill plan over the targets times `busy_floor_s` (a busy-time lower bound, s),
+    priced and validated; None when too few samples per GPU (`knobs.BACKFILL_MIN_PER_GPU`, or
+    `BACKFILL_FEW_PER_GPU` with assembly over `BACKFILL_FEW_COST_SHARE` of the limit), without SP 1,
+    at ZeRO-3, or if no target fits `max_microbatches`. `costs`: (pricer, cost table) or None; the
+    limit, from `solve_started` (perf_counter), bounds later targets, and `cut` records it."""
     n = cm.cluster.num_gpus
     if len(batch) < knobs.BACKFILL_MIN_PER_GPU * n or not sizes or sizes[0] != 1 or cm.training.zero_stage == 3:
         return None
@@ -118,8 +82,7 @@ def backfill_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], 
             if cut is not None:
                 cut.record()
             break
-        # Fillers before the short core groups, then into them (only where the first did put some
-        # first); above `knobs.BACKFILL_BOTH_UP_TO` samples only into them, for time.
+        # Fillers before the short core groups, then inside them where the first put some before.
         for fill_first in (True, False) if len(batch) <= knobs.BACKFILL_BOTH_UP_TO else (False,):
             cand = _candidate(table, cm, arrays, pricer, busy_floor_s * level, hide, reductions, fill_first)
             if cand is not None and cand.within(max_microbatches):
@@ -131,9 +94,7 @@ def backfill_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], 
 
 
 def _hiding_tokens(cm: CostModel, table: CostTable, reductions: np.ndarray | None) -> float:
-    """Tokens of an SP-1 micro-batch of short samples whose backward of one layer takes as long as
-    one layer's gradient reduction (its backward then hides the chain, `reduction_chain_s`); 0
-    without a chain (one GPU, ZeRO-3)."""
+    """SP-1 micro-batch tokens whose layer backward hides a layer's reduction; 0 without a chain."""
     k = cm.model.num_layers
     if reductions is None or k < 2:
         return 0.0
@@ -148,7 +109,7 @@ def _hiding_tokens(cm: CostModel, table: CostTable, reductions: np.ndarray | Non
 
 def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pricer, target_s: float,
                hide: float, reductions: np.ndarray | None, fill_first: bool = True) -> Candidate | None:
-    """The plan for one target (module docstring), or None if its cores need more GPUs."""
+    """The plan for one target (module docstring); None if its cores need more GPUs than exist."""
     n, sizes = cm.cluster.num_gpus, table.sizes
     size_arr = np.asarray(sizes)
     fits_one = (table.ckpt[:, 0] == 0) & (table.solo[:, 0] <= target_s)
@@ -169,9 +130,7 @@ def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pri
     level = max(target_s, (work + float(marg[fillers].sum()) + fixed * float(table.tokens[fillers].sum()) / cap) / n)
     short_s = fixed + float(np.median(marg[fillers]) / max(float(np.median(table.tokens[fillers])), 1.0)) * hide \
         if len(fillers) else 0.0
-    # A core group takes fillers into its own micro-batches (at its size) where its room holds
-    # more of them so than at SP 1 on its ranks (one more fixed cost per rank); else they run
-    # after it, or before it where its room is too short for a hiding backfill after it.
+    # Fillers inside a core group where its room holds more of them than at SP 1 on its ranks.
     taken = np.zeros(len(fillers), dtype=bool)  # by position in `fillers`
     costs: dict[int, tuple[np.ndarray, float, float]] = {}
     slot_ready = np.zeros(n)
@@ -224,8 +183,7 @@ def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pri
             layout[g] = (start, sizes[j], form_microbatches(ids, j, table, cm))
         core_busy[changed] = price_layout([layout[g] for g in changed], arrays, pricer).busy_s
     core_ends = float(core_busy.max()) if len(core_busy) else 0.0
-    # Phase 1: the cores, but where the fillers go first; phase 2: the rest. A core group after
-    # its fillers ends when its last rank's do plus its own time: its slots' ends already say so.
+    # Phase 1: the cores, but where the fillers go first; phase 2: the rest.
     late = {g for g, (start, _, _) in enumerate(groups) if before[start]}
     ones = [(int(slots[k]), 1, mbs) for k, mbs in enumerate(fills) if mbs]
     return Candidate([c for g, c in enumerate(layout) if g not in late] + [o for o in ones if before[o[0]]],
@@ -234,9 +192,7 @@ def _candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pri
 
 
 def _fitting_prefix(cost: np.ndarray, fit: np.ndarray, room: float) -> int:
-    """How many of `fit`, in order, fit `room` together (their running sum of positive `cost` at
-    most it): the running sum over growing prefixes only (a prefix's running sum is the whole
-    one's prefix, exactly), as a core group's room holds a few fillers of thousands."""
+    """How many of `fit`, in order, fit `room` together (growing prefixes: a room holds few)."""
     size = 64
     while True:
         head = np.cumsum(cost[fit[:size]])
@@ -247,10 +203,7 @@ def _fitting_prefix(cost: np.ndarray, fit: np.ndarray, room: float) -> int:
 
 
 def least_groups_gpus(cost: np.ndarray, choice: np.ndarray, target_s: float, sizes: Sequence[int]) -> int:
-    """The fewest GPUs any packing of `pack_per_size`'s kind takes: samples of `cost` (each at its
-    size index `choice`, both aligned) in groups whose costs sum to at most `target_s`, one over
-    it alone. Per size, a group each for those over the target, and for the rest at least their
-    sum over the target, and at least one each for those over half of it (no two share a group)."""
+    """A lower bound on the GPUs `pack_per_size` needs (per size, by count and by summed cost)."""
     gpus = 0
     for j in np.unique(choice).tolist():
         c = cost[choice == j]
@@ -263,12 +216,8 @@ def least_groups_gpus(cost: np.ndarray, choice: np.ndarray, target_s: float, siz
 
 def pack_per_size(ids: np.ndarray, choice: np.ndarray, cost: np.ndarray, target_s: float,
                   sizes: Sequence[int], num_gpus: int) -> list[tuple[int, int, list[int]]] | None:
-    """Samples `ids`, each at size index `choice` (aligned with `ids`), packed per size into as
-    few groups as keep their summed `cost` (per sample and size index) within `target_s`: worst
-    fit (the group with the most room left), longest first, ties by index. The groups as (first
-    rank, size index, samples), the largest sizes on the first ranks (aligned, as the sizes are
-    powers of two); None when they take more than `num_gpus` GPUs, without packing where
-    `least_groups_gpus` already says so (a heap loop over every sample)."""
+    """Samples `ids` at size indices `choice`, per size in the fewest groups of `cost` within
+    `target_s` (worst fit, longest first), largest first; None when they need over `num_gpus`."""
     if least_groups_gpus(cost[ids, choice], choice, target_s, sizes) > num_gpus:
         return None
     groups: list[tuple[int, int, list[int]]] = []
@@ -294,12 +243,8 @@ def pack_per_size(ids: np.ndarray, choice: np.ndarray, cost: np.ndarray, target_
 
 def _lpt(fillers: np.ndarray, ready: np.ndarray, tokens: np.ndarray, marg: np.ndarray, fixed: float,
          cap: float) -> tuple[list[list[list[int]]], np.ndarray, np.ndarray]:
-    """Fillers (longest first) onto slots (ranks, each free from `ready`) by `lpt.lpt`, each at
-    its marginal cost plus its tokens' share of a micro-batch's `fixed` cost; then each slot's
-    fillers, in arrival order, next fit into micro-batches of at most `cap` tokens (one that
-    alone exceeds `cap` still gets its own), each adding `fixed`. Returns each slot's
-    micro-batches, its end (exact: its ready time, its fillers' marginal costs and a fixed cost
-    per micro-batch) and its tokens."""
+    """Fillers onto slots free from `ready` (`lpt.lpt`), then into micro-batches of at most `cap`
+    tokens: each slot's micro-batches, exact end (s) and tokens."""
     m_slots = len(ready)
     fills: list[list[list[int]]] = [[] for _ in range(m_slots)]
     if not m_slots or not len(fillers):
@@ -322,18 +267,13 @@ def _lpt(fillers: np.ndarray, ready: np.ndarray, tokens: np.ndarray, marg: np.nd
 
 def _unexposed(fills: list[list[list[int]]], ends: np.ndarray, size: np.ndarray, tokens: np.ndarray, marg: np.ndarray,
                fixed: float, cap: float, hide: float, reductions: np.ndarray | None) -> np.ndarray:
-    """Slots whose backfill is shorter than `hide` tokens and ends within the reduction chain of
-    the last (`size`: each slot's tokens): their fillers go to the slots that end first with a
-    backfill that hides it (at the end of their last micro-batch, or a new one past `cap`), when
-    all of them fit there before the step would end with them left in place (about the chain
-    after the slot's end; else they stay). Returns the slots' new ends."""
+    """Short backfills near the end (under `hide` tokens) moved to hiding slots; the new ends."""
     if reductions is None or not hide:
         return ends
     window = float(reductions[-1])
     last = float(ends.max()) if len(ends) else 0.0
     bad = [s for s in range(len(fills)) if fills[s] and size[s] < hide and ends[s] > last - window]
-    # Only slots that run a backfill of their own take fillers (one whose fillers were to run
-    # before its core group may have got none).
+    # Only slots that run a backfill of their own take fillers.
     good = [(float(ends[s]), s) for s in range(len(fills)) if fills[s] and size[s] >= hide]
     if not bad or not good:
         return ends
@@ -373,12 +313,8 @@ def _unexposed(fills: list[list[list[int]]], ends: np.ndarray, size: np.ndarray,
 
 def _rebalance(fills: list[list[list[int]]], ends: np.ndarray, tokens: np.ndarray, marg: np.ndarray,
                cap: float, hide: float) -> np.ndarray:
-    """Moves off the slot that ends last: a filler of its last micro-batch to the open last
-    micro-batch of the first slot to end that has room, the one whose cost is nearest half their
-    difference, while that ends both sooner than the last (the rounds place a whole filler at a
-    time). A last micro-batch that hid the reductions keeps at least `hide` tokens; nothing
-    opens a new micro-batch (its fixed cost). At most `knobs.BACKFILL_REBALANCE_MOVES` per slot. Returns the
-    new ends."""
+    """Fillers moved from the last-ending slot to the first-ending one with room while both end
+    sooner, keeping `hide` tokens, `knobs.BACKFILL_REBALANCE_MOVES` per slot; the new ends."""
     live = [s for s in range(len(fills)) if fills[s]]
     if len(live) < 2:
         return ends
@@ -412,8 +348,7 @@ def _rebalance(fills: list[list[list[int]]], ends: np.ndarray, tokens: np.ndarra
 
 def assemble_candidate(batch: Sequence[Sample], cm: CostModel, arrays: BatchArrays, pricer: Pricer,
               cand: Candidate) -> Plan:
-    """The candidate as a validated two-phase plan (one phase if either is empty), priced on the
-    executor's schedule, each group's longest micro-batch last (`sync.longest_last`)."""
+    """The candidate as a validated, priced plan of one or two phases, longest micro-batch last."""
     parts = [assemble_indices("ilp", batch, cm, part, arrays=arrays, pricer=pricer, solver_status="backfill",
                               lower_bound_s=0.0, validate=False, step=False)
              for part in (cand.first, cand.second) if part]

@@ -1,12 +1,6 @@
-"""The static baselines DCP is measured against: bucket parallel and token-budget packing.
-
-Both fix one SP size: for the whole training (`static_sp=DATASET`, the smallest that fits the
-dataset's longest sample with every layer checkpointed, as the DCP paper's baselines run;
-strategies `bucket` and `packed`), or a given size, or per step (the smallest that fits the
-batch's longest sample; `bucket-per-batch`, `packed-per-batch`), and split the cluster into N/p
-identical groups; they differ in how samples become micro-batches and how micro-batches reach
-groups. Each computes its layout (`bucket_layout`, `packed_layout`: micro-batches of batch
-indices), which the ILP's warm start prices without building a plan.
+"""The static baselines DCP is measured against: bucket parallel and token-budget packing, each with
+one SP size p for the whole training (`DATASET`, as the DCP paper runs them), a given size, or per
+batch (`-per-batch`), on N/p identical groups. The ILP's warm start prices their layouts too.
 """
 
 from __future__ import annotations
@@ -41,19 +35,12 @@ def by_bucket(batch: Sequence[Sample]) -> dict[int, list[Sample]]:
 
 
 def group_share(count: int, sp_size: int, num_gpus: int) -> int:
-    """A bucket's (or batch's) per-group share of `count`: ceil(count * p / N).
-
-    The paper's runtimes give every data-parallel rank one micro-batch per iteration, so the
-    global batch grows with the cluster. Here the global batch is fixed; capping a micro-batch
-    at its group's share keeps the work spread over every group instead of leaving groups idle
-    behind a few memory-filling micro-batches."""
+    """Per-group share of `count`, ceil(count * p / N): a fixed batch keeps every group busy."""
     return max(1, -(-count * sp_size // num_gpus))
 
 
 def smallest_fitting_sp(tokens: int, cm: CostModel, sizes: Sequence[int]) -> int:
-    """The smallest allowed SP size at which a sample of `tokens` fits fully checkpointed.
-
-    Given a dataset's longest sample, this is the static SP size bucket parallel trains with."""
+    """The smallest allowed SP size at which a sample of `tokens` fits fully checkpointed."""
     for p in sorted(sizes):
         if cm.min_ckpt_layers(tokens, p) is not None:
             return p
@@ -70,10 +57,8 @@ def smallest_fitting_sp(tokens: int, cm: CostModel, sizes: Sequence[int]) -> int
 def static_sp_size(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int],
                    fixed: int | str | None = None, dataset_longest_tokens: int | None = None,
                    longest_tokens: int | None = None) -> int:
-    """The SP size of a static baseline: `fixed` (checked against the allowed sizes and the
-    batch's longest sample); for `fixed=DATASET` the smallest allowed size that fits the
-    dataset's longest sample fully checkpointed; for None the smallest that fits the batch's.
-    `longest_tokens`, when given, is the batch's longest sample (saves a pass over it)."""
+    """A static baseline's SP size: `fixed` (checked), for `DATASET` the smallest that fits the
+    dataset's longest sample fully checkpointed, for None the smallest that fits the batch's."""
     longest = max(s.tokens for s in batch) if longest_tokens is None else longest_tokens
     if fixed == DATASET:
         if dataset_longest_tokens is None:
@@ -98,8 +83,7 @@ def static_sp_size(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int],
 
 
 def strategy_name(options: BucketOptions | PackedOptions) -> str:
-    """The strategy a static baseline's plan names: `bucket` / `packed` for one SP size for the
-    whole training (`DATASET` or a given size), `-per-batch` when every batch chooses its own."""
+    """The plan's strategy name: `bucket` / `packed`, or with `-per-batch` when sized per batch."""
     return options.name if options.static_sp is not None else f"{options.name}-per-batch"
 
 
@@ -127,12 +111,8 @@ def bucket_layout(batch: Sequence[Sample], cm: CostModel, options: BucketOptions
 
 
 def solve_bucket(batch: Sequence[Sample], cm: CostModel, options: BucketOptions | None = None) -> Plan:
-    """Bucket parallel: static SP size, per-bucket batch size, full checkpointing, round-robin.
-
-    Each power-of-two length bucket runs micro-batches of as many samples of the bucket's
-    longest length as fit at p with all K layers checkpointed (capped at the bucket's per-group
-    share, see `group_share`). Micro-batches go to the N/p groups round-robin in bucket order,
-    with no balancing of their times."""
+    """Bucket parallel: static SP size; per power-of-two length bucket, micro-batches of as many of
+    its longest as fit fully checkpointed (at most its `group_share`), dealt round-robin."""
     options = options or BucketOptions()
     return plan_by(strategy_name(options), batch, cm, options.sp_sizes,
                    lambda sizes, arrays: bucket_layout(batch, cm, options, sizes, arrays))
@@ -140,9 +120,8 @@ def solve_bucket(batch: Sequence[Sample], cm: CostModel, options: BucketOptions 
 
 def plan_by(strategy: str, batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | None,
             layout_of: Callable[[list[int], BatchArrays], tuple[Layout, list[list[int]], list[str]]]) -> Plan:
-    """A deterministic strategy's plan: the batch checked against the allowed sizes, laid out by
-    `layout_of(sizes, arrays)` (groups, checkpointed layers, notes), assembled with the batch's
-    lower bound and the time from this call on."""
+    """A deterministic strategy's plan: the batch checked, laid out by `layout_of(sizes, arrays)`
+    (groups, checkpointed layers, notes), assembled with the batch's lower bound."""
     started = time.perf_counter()
     sizes = allowed_sp_sizes(cm, sp_sizes)
     check_feasible(batch, cm, sizes)
@@ -153,12 +132,7 @@ def plan_by(strategy: str, batch: Sequence[Sample], cm: CostModel, sp_sizes: Seq
 
 
 def ffd_indices(tokens: np.ndarray, ids: np.ndarray, budget_tokens: float) -> list[list[int]]:
-    """First fit decreasing: pack samples, longest first (ties by `ids`), into the first bin with
-    room for them; one longer than the budget gets a bin of its own that nothing else joins.
-    The bins as lists of indices into `tokens`.
-
-    The first bin with room is found by one vectorized scan per sample, starting past the bins
-    already too full for the batch's shortest sample (first fit fills the earliest bins first)."""
+    """First fit decreasing (ties by `ids`; one over budget alone): bins of `tokens` indices."""
     n = len(tokens)
     order = np.lexsort((ids, -tokens))
     room = np.zeros(n)
@@ -193,8 +167,7 @@ def lpt_assign(times: Sequence[float], n_groups: int) -> list[list[int]]:
 
 def packed_layout(batch: Sequence[Sample], cm: CostModel, options: PackedOptions, sizes: Sequence[int],
                   arrays: BatchArrays, pricer: Pricer) -> tuple[Layout, list[list[int]], list[str]]:
-    """Packing's groups (micro-batches of batch indices), checkpointed layers (the fewest that
-    fit), notes."""
+    """Packing's groups, checkpointed layers (the fewest that fit) and notes."""
     p = static_sp_size(batch, cm, sizes, options.static_sp, options.dataset_longest_tokens,
                        longest_tokens=int(arrays.tokens.max()))
     k = cm.model.num_layers
@@ -218,13 +191,8 @@ def packed_layout(batch: Sequence[Sample], cm: CostModel, options: PackedOptions
 
 
 def solve_packed(batch: Sequence[Sample], cm: CostModel, options: PackedOptions | None = None) -> Plan:
-    """Packing: static SP size, first-fit-decreasing into a token budget, LPT over groups.
-
-    The budget defaults to the most tokens that fit at p fully checkpointed, capped at the
-    batch's per-group share of tokens (`group_share`). Each micro-batch
-    then checkpoints only the layers it must (the fewest that fit): a packed micro-batch is
-    usually well under the budget after the last sample, and recomputing layers that memory does
-    not require would penalize packing for a choice that is not part of it."""
+    """Packing: static SP size, first fit decreasing into a token budget (default: what fits fully
+    checkpointed, at most `group_share`), LPT over groups, checkpointing only what must."""
     options = options or PackedOptions()
     return plan_by(strategy_name(options), batch, cm, options.sp_sizes,
                    lambda sizes, arrays: packed_layout(batch, cm, options, sizes, arrays, Pricer(cm, sizes)))

@@ -15,8 +15,7 @@ from dcp.planner.sync import price_step
 
 
 def aligned_layout(groups_per_size: dict[int, int], num_gpus: int) -> list[tuple[int, int]]:
-    """(first rank, SP size) for each group, largest sizes first so every block stays aligned
-    (sizes are powers of two) and blocks up to a node never cross one."""
+    """(first rank, SP size) per group, largest first: aligned blocks that never cross a node."""
     starts, rank = [], 0
     for p in sorted(groups_per_size, reverse=True):
         for _ in range(groups_per_size[p]):
@@ -40,14 +39,10 @@ def assemble_indices(strategy: str, batch: Sequence[Sample], cm: CostModel, layo
                      solver_status: str = "heuristic", lower_bound_s: float = 0.0, notes: Sequence[str] = (),
                      pricer: Pricer | None = None, arrays: BatchArrays | None = None, validate: bool = True,
                      step: bool = True) -> Plan:
-    """Build and validate a Plan from (first rank, SP size, micro-batches as batch indices).
-
-    Each micro-batch gets the fewest checkpointed layers that fit, unless `ckpt` gives them
-    (one list per group). Times and memory come from the cost model, priced for all
-    micro-batches at once (`pricing.Pricer`); empty micro-batches are dropped. `lower_bound_s`
-    is the strategy's proven bound (0: none): plan assembly sits below the bounds' layer.
-    Without `validate` the caller validates it (once it has set its bound), without `step` it
-    does not price the step (a part of a multi-phase plan: `backfill`)."""
+    """A validated Plan from (first rank, SP size, micro-batches as batch indices), each at the
+    fewest layers that fit or `ckpt`; empty ones dropped. `lower_bound_s`: the proven bound (0:
+    none); `validate=False`: the caller validates; `step=False`: a multi-phase part, step
+    unpriced."""
     arrays = arrays if arrays is not None else BatchArrays.of(batch)
     pricer = pricer or Pricer(cm, sorted({p for _, p, _ in layout}))
     priced = price_layout(layout, arrays, pricer, ckpt)
@@ -84,12 +79,8 @@ def assemble_indices(strategy: str, batch: Sequence[Sample], cm: CostModel, layo
 
 def chain(strategy: str, batch: Sequence[Sample], plans: Sequence[Plan], cm: CostModel, *,
           mirror: Sequence[bool] = (), lower_bound_s: float = 0.0, copy: bool = True) -> Plan:
-    """One plan that runs `plans` (each of a part of the batch, on the same cluster) as its
-    phases, in order; with `mirror[i]`, plan i's groups on the mirrored ranks (rank r on
-    N - 1 - r). PlanError when a mirrored group would not be aligned. Its step is the phases'
-    timeline priced on the executor's schedule (`sync.phased_step_s`), at ZeRO stages 0-2 only.
-    Without `copy` the plan takes the parts' micro-batches as they are (for parts built for it
-    alone, which need no copy)."""
+    """One plan running `plans` (parts of the batch) as phases in order, plan i on mirrored ranks
+    where `mirror[i]`, priced by `sync.phased_step_s`; `copy=False` reuses micro-batches."""
     if cm.training.zero_stage == 3:
         raise PlanError("ZeRO stage 3 runs one layout (lockstep slots): no multi-phase plans")
     first = plans[0]

@@ -1,33 +1,8 @@
 """dcp-greedy: the DCP paper's runtime (NUS, "Training Variable Long Sequences With Data-centric
-Parallel"; NUS-HPC-AI-Lab/VideoSys), with the cost model standing in for its profiling runs.
-
-1. Profile each power-of-two length bucket: at every SP size from the smallest that fits the
-   bucket's longest sample, raise the batch size until memory runs out; keep the (SP, batch)
-   with the most samples per GPU-second, batch/(SP*time).
-2. Cut each bucket into micro-batches of its batch size; the micro-batches of every bucket with
-   the same SP size form one SP class.
-3. Give each class GPUs in proportion to its GPU-seconds, in whole groups, largest SP first. A
-   class whose share is under one group gets none when its micro-batches fit at a smaller size
-   (they join the class below), else one group.
-4. Balance accumulation: each class's micro-batches longest-first onto its least-loaded group;
-   then, while it shortens the step, move a micro-batch of the slowest group to the group where
-   it finishes earliest, of any SP size it fits, priced there. Without that spill, a class
-   with little work holds a whole group idle (a 16-GPU group for two long samples) while the
-   short samples queue on the few GPUs left.
-5. Improve, as the paper's runtime would by re-profiling: run the slowest group's longest
-   micro-batch at the next larger SP size, re-allocating, while that shortens the step.
-6. Under ZeRO-3, where every micro-batch is a lockstep slot that gathers every layer, merge
-   each group's two shortest micro-batches while that runs shorter (`_fewer_slots`): a profile
-   measured on the cluster would see those gathers, which the cost model's micro-batch time
-   leaves to the schedule.
-   Then the groups' micro-batches are re-cut so that every group's j-th one runs about as
-   long as the others' (`slots.align`), when that estimates a faster step: a slot lasts as
-   long as its slowest micro-batch.
-
-pyramid=True (DCP-intra) checkpoints only the layers a micro-batch must; pyramid=False
-(DCP-inter) checkpoints all K layers. Everything is vectorized over samples and micro-batches
-(thousands per batch), so the plan costs milliseconds (under ZeRO-3, lining the slots up, tenths of a second);
-it is also the ILP's fallback.
+Parallel"; NUS-HPC-AI-Lab/VideoSys), priced by the cost model instead of profiled (docs/design.md):
+per length bucket a profiled (SP, batch size), GPUs per SP class by work, balanced accumulation,
+stragglers promoted, ZeRO-3 slots merged and lined up. pyramid=True (DCP-intra) checkpoints only
+what a micro-batch must, False all; milliseconds, the ILP's fallback.
 """
 
 from __future__ import annotations
@@ -59,7 +34,7 @@ class BucketProfile:
     sp: int
     batch_size: int
     time_s: float
-    """Time of one full micro-batch of the bucket's longest sample."""
+    """Time of one full micro-batch of the bucket's longest sample (s)."""
 
     @property
     def samples_per_gpu_s(self) -> float:
@@ -68,11 +43,7 @@ class BucketProfile:
 
 def profile_bucket(longest: Sample, count: int, cm: CostModel, sizes: Sequence[int], pyramid: bool,
                    pricer: Pricer | None = None) -> BucketProfile:
-    """The paper's profile loop, priced by the cost model instead of measured.
-
-    Batches are `b` copies of the bucket's longest sample, b up to the bucket's per-group share
-    of its samples in this batch (`group_share`: the paper gives every rank a micro-batch per
-    iteration, and balanced accumulation needs micro-batches to balance)."""
+    """The paper's profile loop, priced: up to `group_share` copies of the bucket's longest."""
     pricer = pricer or Pricer(cm, sizes)
     k = cm.model.num_layers
     best: BucketProfile | None = None
@@ -94,9 +65,7 @@ def profile_bucket(longest: Sample, count: int, cm: CostModel, sizes: Sequence[i
 
 @dataclass
 class _MicroBatches:
-    """The profiled micro-batches: members (batch indices, micro-batch after micro-batch, from
-    `starts`), home SP size index, and the exact time of each at every allowed size (inf where
-    it does not fit)."""
+    """Profiled micro-batches: members (from `starts`), home size index, times at every size."""
 
     order: np.ndarray
     starts: np.ndarray
@@ -110,7 +79,7 @@ class _MicroBatches:
 def _microbatches(batch: Sequence[Sample], arrays: BatchArrays, cm: CostModel, pricer: Pricer,
                   pyramid: bool, notes: list[str]) -> _MicroBatches:
     sizes, k = pricer.sizes, cm.model.num_layers
-    # Power-of-two length buckets (`baselines.length_bucket`): frexp's exponent of t - 1 is its bit length.
+    # Power-of-two buckets (`baselines.length_bucket`): frexp's exponent of t - 1 is its bit length.
     bucket = np.frexp(arrays.tokens - 1)[1]
     order, counts, home = [], [], []
     for e in np.unique(bucket):
@@ -132,13 +101,10 @@ def _microbatches(batch: Sequence[Sample], arrays: BatchArrays, cm: CostModel, p
 
 
 def allocate_groups(mbs: _MicroBatches, sizes: Sequence[int], num_gpus: int) -> tuple[np.ndarray, dict[int, int]]:
-    """Groups per class (size index -> count) and the micro-batches' classes after small classes
-    joined the one below (see step 3 of the module docstring). At most one group per
-    micro-batch of a class, at most N GPUs in all."""
+    """Groups per class (size index -> count) and the classes after small ones joined larger."""
     home = mbs.home.copy()
     rows = np.arange(len(home))
-    # Distinct powers of two can add up past N (e.g. 32 and 16 on 32 GPUs): fold the smallest
-    # class into the next larger (memory only drops) until one group of each fits.
+    # Sizes can add up past N (32 and 16 on 32 GPUs): fold the smallest class into the next larger.
     while sum(sizes[j] for j in set(home.tolist())) > num_gpus:
         lo = min(home.tolist())
         home[home == lo] = min(j for j in set(home.tolist()) if j > lo)
@@ -196,14 +162,7 @@ class _Schedule:
         return float(self.loads.max())
 
     def _balance(self) -> None:
-        """While it lowers the slowest group: move one of its micro-batches to the least-loaded
-        group of the SP size where it finishes earliest (it must fit there). The move is the
-        first best (member, then size, in order), its value the larger of the two groups' loads
-        after it. Groups are numbered largest size first, one contiguous block per size; each
-        block's least-loaded group is kept (only the two blocks a move touches look again) and
-        every size's candidates are valued at once, a sizes x members array; each group's
-        members are kept in order, so a move costs work over the slowest group's members, not
-        over every micro-batch."""
+        """While it helps: one of the slowest group's micro-batches to where it ends first."""
         times = self.mbs.times
         by_size = np.ascontiguousarray(times.T)  # one size's times of any members, contiguous
         size_of, loads = self.size_of, self.loads
@@ -255,8 +214,7 @@ class _Schedule:
 
 
 def _promote(mbs: _MicroBatches, target_s: float) -> np.ndarray:
-    """Classes with every micro-batch longer than `target_s` at home moved to the smallest larger
-    size where it runs within the target (its fastest size when none does)."""
+    """Micro-batches over `target_s` at home moved to the smallest larger size within it."""
     rows = np.arange(len(mbs.home))
     over = mbs.times[rows, mbs.home] > target_s
     ok = (mbs.times <= target_s) & (np.arange(mbs.times.shape[1])[None, :] >= mbs.home[:, None])
@@ -265,12 +223,8 @@ def _promote(mbs: _MicroBatches, target_s: float) -> np.ndarray:
 
 
 def _promote_stragglers(mbs: _MicroBatches, sizes: Sequence[int], num_gpus: int) -> _Schedule:
-    """Per-GPU throughput barely depends on SP size for attention-bound long samples, so the
-    profile runs them at a small SP size, where one of them alone can outlast the step. Try
-    target steps below the plain schedule's, each promoting every micro-batch longer than the
-    target (`_promote`), and keep the allocation whose estimate is best; then, while it shortens
-    the step, run the slowest group's longest micro-batch at the next larger size. A target that
-    promotes the same micro-batches as the one before it is not estimated again."""
+    """The profile runs attention-bound long samples small, where one can outlast the step: promote
+    those over lower target steps, keep the best estimate, then grow the slowest group's longest."""
     home, groups = allocate_groups(mbs, sizes, num_gpus)
     best = _Schedule(mbs, home, groups)
     floor = float(mbs.times.min(axis=1).max())  # no schedule beats its longest micro-batch
@@ -311,8 +265,7 @@ def _promote_stragglers(mbs: _MicroBatches, sizes: Sequence[int], num_gpus: int)
 
 def greedy_layout(batch: Sequence[Sample], cm: CostModel, options: GreedyOptions, sizes: Sequence[int],
                   arrays: BatchArrays, pricer: Pricer) -> tuple[Layout, list[list[int]], list[str]]:
-    """The greedy's groups (micro-batches of batch indices), each micro-batch's checkpointed
-    layers, and one note per bucket profile."""
+    """The greedy's groups, each micro-batch's checkpointed layers, and one note per bucket."""
     notes: list[str] = []
     mbs = _microbatches(batch, arrays, cm, pricer, options.pyramid, notes)
     schedule = _promote_stragglers(mbs, sizes, cm.cluster.num_gpus)
@@ -349,9 +302,7 @@ def greedy_layout(batch: Sequence[Sample], cm: CostModel, options: GreedyOptions
 
 
 def _aligned(layout: Layout, arrays: BatchArrays, pricer: Pricer, slot_s: float, ckpt: int | None) -> Layout:
-    """ZeRO-3: the layout re-cut into slots that line up (`slots.align`) when that estimates a
-    faster step (the same estimate for both: the sum over slots of the longest micro-batch in
-    each, at least a slot's collectives)."""
+    """ZeRO-3: the layout's slots lined up (`slots.align`) where that estimates a faster step."""
     aligned = align(layout, arrays, pricer, slot_s, ckpt)
     if aligned is None:
         return layout
@@ -364,13 +315,7 @@ def _aligned(layout: Layout, arrays: BatchArrays, pricer: Pricer, slot_s: float,
 
 def _fewer_slots(parts: list[list[int]], tokens: np.ndarray, pairs: np.ndarray, p: int, pricer: Pricer,
                  ckpt: int | None, slot_s: float) -> list[list[int]]:
-    """ZeRO-3: a group's micro-batches merged, the two shortest at a time, while the merged one
-    runs shorter than the two apart, each counted at least a slot's collectives (`slot_s`, the
-    link's time to gather every layer, prefetched under the compute). The profile sizes
-    micro-batches at their bucket's SP size without them, and a group larger than that size
-    (one sample needing the whole cluster makes a single group) runs hundreds of short ones, each
-    a lockstep slot.
-    Longest first (ties by position), as the layout orders them."""
+    """ZeRO-3: a group's two shortest micro-batches merged while faster; longest first."""
     times = pricer.times(p, tokens, pairs, ckpt).tolist()
     heap = [(t, i) for i, t in enumerate(times)]
     heapq.heapify(heap)

@@ -41,10 +41,9 @@ def _sample(item: Any, position: int, attention: str) -> Sample:
 
 
 def check_sample(s: Sample) -> None:
-    """Raise ValueError if a sample cannot be planned: tokens, frames and attention pairs must be
-    whole numbers, at least 1 token, tokens that split into equal frames, and tokens <= pairs <=
-    tokens * (tokens + 1): each token attends to at least itself, and at most to every token of
-    its sample (tokens^2) plus, in spatial-temporal attention, once more along its frame axis."""
+    """Raise ValueError if a sample cannot be planned: whole numbers, 1+ tokens in equal frames, and
+    tokens <= pairs <= tokens * (tokens + 1): each token attends to itself at least, to its whole
+    sample plus once more along its frame axis at most."""
     for name in ("id", "tokens", "attn_pairs", "frames"):
         value = getattr(s, name)
         if not _whole(value):
@@ -88,9 +87,8 @@ _FAST_MAX_TOKENS = 2**31
 
 
 def _all_valid(samples: list[Sample]) -> bool:
-    """`check_sample` and the unique-id rule over the whole batch as array operations (tens of
-    thousands of samples in milliseconds, inside the ILP's time limit); False when any sample may
-    break them (then the per-sample checks name it). Every field must be a plain int here."""
+    """`check_sample` and unique ids as array operations (fast for the ILP's limit); False when a
+    sample may break them (the per-sample checks then name it) or a field is not an int."""
     columns = {}
     for name in _FIELDS:
         values = list(map(attrgetter(name), samples))

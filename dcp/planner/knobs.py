@@ -1,8 +1,7 @@
 """Every tuning knob of the planner, grouped by the stage that reads it, each with what it trades.
 
-The code reads them as `knobs.NAME` when it runs, so a test (or a what-if study) sets one here,
-`monkeypatch.setattr(knobs, "NAME", value)`, and every stage sees it. The runs that chose each
-value are in docs/tuning-log.md, one entry per knob with the command that measured it.
+Read as `knobs.NAME` at run time, so a test sets one here (`monkeypatch.setattr`) and every stage
+sees it; docs/tuning-log.md holds the runs that chose each value, with their commands.
 """
 
 from __future__ import annotations

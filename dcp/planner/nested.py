@@ -1,26 +1,7 @@
-"""Nested two-phase plans for batches of fewer samples than `knobs.BACKFILL_MIN_PER_GPU` per
-GPU: the samples that need the largest groups first, the rest after them on aligned groups of
-their own sizes, each as its ranks free up.
-
-A single layout runs the short samples that fill a long sample's group at that group's size
-(docs/tuning-log.md); the backfill runs them at SP 1 but needs
-enough of them per rank to even out. Here, for a target T (`knobs.NESTED_LEVELS` times the batch's busy
-bound):
-
-1. each sample at the allowed size of fewest GPU-seconds among those where it runs alone within
-   T (the fastest if none); q1 is the largest of those sizes;
-2. phase 1: the samples at q1, packed into as few groups as fit T (`backfill.pack_per_size`);
-3. phase 2: the rest, largest size first and longest first, each where it costs the fewest
-   GPU-seconds while it ends within T (else where it ends first): an open phase-2 group (of
-   those that tie, the one that ends latest: best fit), a new aligned group on ranks no phase-2
-   group holds yet (it starts when the last of them is free), or a phase-1 group none of whose
-   ranks a phase-2 group holds (it then ends later).
-
-A time here is the cost table's: a group's first sample its time alone, each further one its
-marginal cost (`costs.CostTable`); phase 1's ends are priced exactly before phase 2 is placed.
-The targets' plans are assembled and priced on the executor's schedule
-(`backfill.assemble_candidate`), the fastest kept; the phase search (`dcp.planner.phases`)
-keeps it when it beats the ILP's. Never imports torch.
+"""Nested two-phase plans for batches of under `knobs.BACKFILL_MIN_PER_GPU` samples per GPU, too few
+for a backfill (docs/design.md, "Multi-phase plans"): per target T (`knobs.NESTED_LEVELS` times the
+busy bound), each sample at its cheapest size within T; those at the largest such size first in as
+few groups as fit T, the rest after, each where it costs the fewest GPU-seconds within T.
 """
 
 from __future__ import annotations
@@ -45,13 +26,9 @@ def nested_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], bu
                 arrays: BatchArrays | None = None, max_microbatches: int | None = None,
                 costs: tuple[Pricer, CostTable] | None = None, time_limit_s: float = math.inf,
                 cut: Deadline | None = None) -> Plan | None:
-    """The fastest nested plan over the targets `knobs.NESTED_LEVELS` x `busy_floor_s` (a lower bound on the
-    batch's busy time), priced and validated; None when the batch has `knobs.BACKFILL_MIN_PER_GPU` or
-    more samples per GPU (the backfill's), one size is allowed, ZeRO stage 3 runs one layout, no
-    sample runs best above SP 1, or no target's plan fits the cluster with at most
-    `max_microbatches` per group. `costs`, when given, are the batch's pricer and cost table
-    (`costs.batch_costs`); `time_limit_s` bounds how many targets past the first are tried
-    (`knobs.NESTED_LEVELS_SHARE`); `cut`, when given, records it when the time stops them."""
+    """The fastest nested plan over the targets times `busy_floor_s` (a busy-time lower bound, s),
+    validated; None at the backfill's samples per GPU, one size, ZeRO-3, or if no target fits
+    `max_microbatches`. `costs`: (pricer, cost table) or None; `time_limit_s` bounds the targets."""
     n = cm.cluster.num_gpus
     if len(batch) >= knobs.BACKFILL_MIN_PER_GPU * n or len(sizes) < 2 or cm.training.zero_stage == 3:
         return None
@@ -76,9 +53,8 @@ def nested_plan(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], bu
 
 def nested_candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, pricer: Pricer, target_s: float,
                      q1: int | None = None) -> Candidate | None:
-    """The plan of the module docstring for target T, with phase 1 the samples at sizes of at
-    least `q1` (default: the largest size a sample runs at); None when phase 1 needs more GPUs
-    than the cluster's or no sample runs above SP 1."""
+    """The plan for `target_s`, phase 1 the samples at sizes of at least `q1` (default: the largest
+    chosen); None when phase 1 needs more GPUs than there are or no sample runs above SP 1."""
     n, sizes = cm.cluster.num_gpus, table.sizes
     size_arr = np.asarray(sizes)
     add, solo = table.add, table.solo
@@ -109,8 +85,7 @@ def nested_candidate(table: CostTable, cm: CostModel, arrays: BatchArrays, price
 
 
 class _Phase2:
-    """Phase 2's groups as they are placed: where each sample goes (step 3 of the module
-    docstring), each choice among all of the options at once."""
+    """Phase 2's groups as samples are placed, each choice among all options at once."""
 
     def __init__(self, n: int, sizes: Sequence[int], ready: np.ndarray,
                  first: list[tuple[int, int, list[int]]]) -> None:
@@ -137,8 +112,7 @@ class _Phase2:
         return max(float(self.b_end[:m].max()) if m else 0.0, float(self.ready.max()))
 
     def slots(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per size index: when its earliest aligned block of ranks no phase-2 group holds is
-        free (inf if none), and that block's first rank."""
+        """Per size: when its first block free of phase-2 groups frees (inf: none), and where."""
         if self._slots is None:
             start = np.full(len(self.sizes), np.inf)
             at = np.zeros(len(self.sizes), dtype=np.int64)
@@ -151,7 +125,8 @@ class _Phase2:
         return self._slots
 
     def place(self, i: int, add: np.ndarray, solo: np.ndarray, target_s: float) -> None:
-        """Sample i (its marginal and solo times per size index) where step 3 puts it."""
+        """Sample i where it costs the fewest GPU-seconds within `target_s` (else ends first): an
+        open phase-2 group, a new one on free ranks, or an untouched phase-1 group."""
         m = len(self.members)
         f = np.flatnonzero(self.f_free & np.isfinite(add[self.f_j]))
         bj = self.b_j[:m]
@@ -164,7 +139,7 @@ class _Phase2:
                                 add[new] * self.size_arr[new]])
         fresh = np.concatenate([np.ones(len(f), bool), np.zeros(len(b), bool), np.ones(len(new), bool)])
         ok = end <= target_s
-        # Within T: fewest GPU-seconds, then an open group, then the latest end; else the earliest end.
+        # Within T: fewest GPU-seconds, an open group, the latest end; else the earliest end.
         pick = int(np.lexsort((np.where(ok, -end, end), fresh, np.where(ok, np.round(gpu_s, 9), end), ~ok))[0])
         if pick < len(f):
             g = int(f[pick])

@@ -20,7 +20,7 @@ class StrategyOptions:
 
 DATASET = "dataset"
 """`static_sp=DATASET`: one SP size for the whole training, the smallest that fits the dataset's
-longest sample fully checkpointed (how the DCP paper runs its static baselines)."""
+longest sample fully checkpointed (the DCP paper's static baselines)."""
 
 
 def _check_static(static_sp: int | str | None, dataset_longest_tokens: int | None) -> None:
@@ -34,16 +34,13 @@ def _check_static(static_sp: int | str | None, dataset_longest_tokens: int | Non
 
 @dataclass(frozen=True, kw_only=True)
 class BucketOptions(StrategyOptions):
-    """Bucket parallel: one static SP size (the smallest that fits the batch's longest sample),
-    a batch size per length bucket, full checkpointing, no balancing across groups."""
+    """Bucket parallel: one static SP size, batch size per bucket, full checkpointing."""
 
     static_sp: int | str | None = None
-    """The SP size: a power of two fixed for the whole training; `DATASET`: the smallest that
-    fits `dataset_longest_tokens` (the DCP paper's bucket parallel, strategy `bucket`); None: the
-    smallest that fits this batch's longest sample (strategy `bucket-per-batch`)."""
+    """A power of two fixed for the whole training; `DATASET` (strategy `bucket`): the smallest that
+    fits `dataset_longest_tokens`; None (`bucket-per-batch`): the smallest that fits this batch."""
     dataset_longest_tokens: int | None = None
-    """The longest sample of the whole training data, for `static_sp=DATASET` (the sampler and
-    `dcp.planner.run` fill it in from the workload)."""
+    """The training data's longest sample, for `static_sp=DATASET` (set by `run`, the sampler)."""
     name = "bucket"
 
     def __post_init__(self) -> None:
@@ -57,8 +54,7 @@ class PackedOptions(StrategyOptions):
     token_budget: int | None = None
     """Tokens per micro-batch; None: the most that fit at the static SP size fully checkpointed."""
     static_sp: int | str | None = None
-    """As `BucketOptions.static_sp`: a fixed size, `DATASET` (strategy `packed`) or None, per
-    batch (strategy `packed-per-batch`)."""
+    """As `BucketOptions.static_sp` (`DATASET`: strategy `packed`; None: `packed-per-batch`)."""
     dataset_longest_tokens: int | None = None
     """The longest sample of the whole training data, for `static_sp=DATASET`."""
     name = "packed"
@@ -71,11 +67,10 @@ class PackedOptions(StrategyOptions):
 
 @dataclass(frozen=True, kw_only=True)
 class GreedyOptions(StrategyOptions):
-    """The DCP paper's runtime: per length bucket a profiled (SP size, batch size), groups filled
-    greedily, accumulation balanced across groups; pyramid checkpointing when `pyramid`."""
+    """The DCP paper's runtime (`dcp.planner.greedy`); pyramid checkpointing when `pyramid`."""
 
     pyramid: bool = True
-    """Fewest checkpointed layers that fit per micro-batch (DCP-intra); False: all layers (DCP-inter)."""
+    """Fewest checkpointed layers that fit (DCP-intra); False: all layers (DCP-inter)."""
     name = "dcp-greedy"
 
 
@@ -84,11 +79,9 @@ class IlpOptions(StrategyOptions):
     """The exact planner: a mixed-integer program over group sizes, assignment and checkpointing."""
 
     time_limit_s: float = 1.0
-    """Wall-clock seconds for the search (from the start of `solve`): every solver call, loop and
-    phase stops by it, and the best plan found is returned with its gap. Not cut, so that the plan
-    is never worse than a baseline at any load: the input checks, the cost table, the baselines
-    no bound rules out (dcp-greedy first), the first backfill target and the final assembly. On
-    a quiet machine the whole solve ends within the limit; on a loaded one these can take it past."""
+    """Wall-clock seconds from the start of `solve`; the best plan found returns with its gap. What
+    keeps the plan no worse than a baseline is not cut (input checks, cost table, baselines no bound
+    rules out, first backfill target, final assembly), so a loaded machine can run past it."""
     solver: str = "highs"
     """highs (highspy, in-process) or cbc (bundled with PuLP)."""
     mip_rel_gap: float = 0.005
@@ -96,8 +89,7 @@ class IlpOptions(StrategyOptions):
     max_microbatches: int | None = None
     """Cap on micro-batches per group; None: no cap."""
     max_phases: int = 2
-    """Most group layouts one step may run one after another (`dcp.planner.phases`); 1: a single
-    layout for the whole step, as the ILP alone plans it."""
+    """Most layouts a step may run one after another (`dcp.planner.phases`); 1: one layout."""
     name = "ilp"
 
     def __post_init__(self) -> None:
@@ -113,16 +105,14 @@ class IlpOptions(StrategyOptions):
             raise ValueError(f"max_phases must be a whole number >= 1, got {self.max_phases!r}")
 
     def explain_budget(self, samples: int) -> str:
-        """How `time_limit_s` is divided among the solve's stages for a batch of `samples`
-        (`dcp.planner.timebudget`), in every case a batch can meet."""
+        """How `time_limit_s` divides among the stages for a batch of `samples` (`timebudget`)."""
         from dcp.planner.timebudget import explain_budget
 
         return explain_budget(self.time_limit_s, samples)
 
 
 def with_dataset(options: StrategyOptions, longest_tokens: int) -> StrategyOptions:
-    """`options` with the dataset's longest sample filled in where a static baseline needs it
-    (`static_sp=DATASET`); other options are returned as they are."""
+    """`options` with the dataset's longest sample filled in where `static_sp=DATASET` needs it."""
     if getattr(options, "static_sp", None) == DATASET and getattr(options, "dataset_longest_tokens", 0) is None:
         return dataclasses.replace(options, dataset_longest_tokens=int(longest_tokens))  # type: ignore[type-var]
     return options
@@ -137,10 +127,8 @@ STRATEGIES: dict[str, StrategyOptions] = {
     "packed": PackedOptions(static_sp=DATASET),
     "packed-per-batch": PackedOptions(),
 }
-"""Strategies by name. `bucket` and `packed` are the DCP paper's static baselines: one SP size for
-the whole training, the smallest that fits the dataset's longest sample (they need
-`dataset_longest_tokens`, see `with_dataset`); the `-per-batch` variants choose it for every
-global batch, the smallest that fits that batch's longest sample (docs/results.md compares them)."""
+"""Strategies by name: `bucket` and `packed` are the DCP paper's static baselines (one SP size for
+the training: `with_dataset`), `-per-batch` re-chosen per batch (docs/results.md)."""
 
 STRATEGY_HELP = {
     "ilp": "the exact planner (MILP over SP group sizes, assignment and checkpointing)",

@@ -1,43 +1,13 @@
-"""Multi-phase plans: the ILP's single layout, or the batch split by length into phases, each
-phase planned by the single-layout machinery, whichever runs faster; reported against a bound
-that holds for every plan the executor can run.
+"""Multi-phase plans: the single layout or the batch split into phases, whichever is faster, against
+a bound any runnable plan respects (docs/design.md). `solve_phased`'s stages, in one deadline:
 
-A single layout keeps each group at one SP size for the whole step. When one sample needs a
-large group (most of the cluster, for its memory) and runs for only part of the step, the rest
-of that group's work then runs at that large size too, where the fixed and communication costs
-of SP are highest. Two phases avoid it: the longest samples first, on the cluster to themselves
-(at large SP), then the rest after at the sizes that suit them. A rank goes on to its next group
-as soon as its part of a phase ends (`dcp.planner.plan`).
-
-The search (`solve_phased`), within the ILP's one deadline `time_limit_s`:
-
-0. with 2+ samples per GPU, the backfill plan (`dcp.planner.backfill`: the samples that need SP > 1
-   first, the rest after them at SP 1 on every rank as it frees up), with fewer the nested plan
-   (`dcp.planner.nested`: the samples at the largest size first, the rest after them on groups
-   of their own sizes as ranks free), before the ILP, which then skips assembling its own plan
-   when that cannot run faster (`solve_ilp_against`); a nested plan so kept still faces step 2's
-   splits (with one sample needing most of the cluster, a split planned part by part by the ILP
-   can run faster);
-1. the single-layout ILP (`dcp.planner.ilp.solve_ilp`), in its window of the limit
-   (`dcp.planner.timebudget`: the limit less what is kept back for step 2 and the report),
-   whatever it leaves unused going to step 2 too; for batches of few shapes (videos) and fewer
-   than `knobs.NESTED_COLUMNS_PER_GPU` samples per GPU (but those the ILP's exact program plans), when
-   the limit leaves them time (`TimeBudget.nested_columns_fit`), a shorter window, and then, unless the plan in hand is within the solver's gap of the bound, nested
-   plans by column generation in the time left (`dcp.planner.nested_columns`: groups that split
-   into smaller ones for part of the step; the single layout's groups start its programs), the
-   faster kept;
-2. unless that plan is within the solver's gap of `bounds.multi_phase_bound`, or no split can
-   beat it: splits "the k longest samples, then the rest" priced by bounds for every k at once
-   (`bounds.split_busy`, a sum and a max over the samples of each side), then the most promising
-   splits planned for real, phase 1 (few samples) first, phase 2 with the time left, each by the
-   ILP on its part of the batch on all the GPUs (phase 2 recursively by this search when
-   `max_phases` > 2), the second phase laid out as it is or mirrored (last ranks first), so that
-   its biggest groups start on the ranks the first phase frees first; and, when the k need
-   fewer GPUs than the cluster's, the k on their own GPUs with the rest beside them
-   (`_plan_beside`: part of it on the other GPUs meanwhile, the rest on theirs after);
-3. the fastest plan found (the backfill's or nested plan included), its bound `bounds.multi_phase_bound` and
-   the gap to it; a note names the single-layout bound when the ILP proved a higher one (it
-   holds only for single layouts).
+0. the backfill plan (2+ samples per GPU) or else the nested plan, before the ILP, which then skips
+   assembling its own plan when that cannot win (`solve_ilp_against`);
+1. the single-layout ILP (`ilp.solve_ilp`) in its window (`timebudget`); for few-shape batches of
+   under `knobs.NESTED_COLUMNS_PER_GPU` samples per GPU, then nested column plans;
+2. unless within the solver's gap of `bounds.multi_phase_bound`: splits "the k longest samples, then
+   the rest", every k priced by a bound (`bounds.split_busy`), the best planned;
+3. the fastest plan found, with its bound, gap and notes (`_report`).
 """
 
 from __future__ import annotations
@@ -77,16 +47,13 @@ _TOL = 1e-9
 BACKFILL = "backfill (the samples that need SP > 1 first, the rest after them at SP 1)"
 NESTED = "nested (the samples at the largest size first, the rest after them at their own sizes)"
 NESTED_COLUMNS = "nested columns (each group split into smaller ones first, then whole)"
-"""How the phase notes name the plan built before the ILP (its source, the first word, names it
-in the first note)."""
+"""How the phase notes name the plan built before the ILP (its source is the first word)."""
 
 
 def split_order(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], makespan_s: float,
                 arrays: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The batch's indices, the samples that need the largest groups first, and the SP size each
-    needs: the smallest allowed at which it fits memory and runs alone within `makespan_s` (a
-    lower bound on the busy time: no plan runs it on fewer GPUs), the largest allowed where none
-    does. Ties go to the longer sample."""
+    """The batch's indices, those needing the largest groups first (ties: longer), and the SP size
+    each needs: the smallest where it fits and runs alone within `makespan_s` (else the largest)."""
     tokens, pairs = arrays if arrays is not None else sample_arrays(batch)
     pricer = Pricer(cm, sizes)
     need = np.full(len(batch), max(sizes))
@@ -97,8 +64,7 @@ def split_order(batch: Sequence[Sample], cm: CostModel, sizes: Sequence[int], ma
 
 
 def split_candidates(need: np.ndarray, sizes: Sequence[int]) -> list[int]:
-    """Phase-1 sizes k to try, in order: for each SP size q > 1 from the largest down, the number
-    of samples that need at least q GPUs (`split_order`), each k once, 0 < k < n."""
+    """Phase-1 sizes k: per SP size q > 1, largest first, how many samples need q GPUs or more."""
     out: list[int] = []
     for q in sorted(sizes, reverse=True):
         k = int((need >= q).sum())
@@ -109,15 +75,11 @@ def split_candidates(need: np.ndarray, sizes: Sequence[int]) -> list[int]:
 
 def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, started: float | None = None, *,
                  warn: bool = True) -> Plan:
-    """The ILP's plan with up to `options.max_phases` phases (see the module docstring), within
-    `options.time_limit_s` from `started` (perf_counter; default now). A solver failure of the
-    single layout warns with `warn` (`solve_ilp`); one of a split's parts never does: the split
-    is a candidate priced and validated against the single layout, and its part keeps its warm
-    start."""
+    """The ILP's plan of up to `options.max_phases` phases (module docstring) within `time_limit_s`
+    from `started` (perf_counter, default now); `warn` on the single layout's solver failure."""
 
     started = time.perf_counter() if started is None else started
-    # What the time stops here, outside the single layout's own budget (the backfill's or nested
-    # plan's targets, the nested column levels, the splits): the plan's status and notes say it.
+    # What the time stops outside the single layout's budget: the status and notes say it.
     cuts = Budget.start(options.time_limit_s, len(batch), started)
     sizes = allowed_sp_sizes(cm, options.sp_sizes)
     arrays = BatchArrays.of(batch)  # read from the samples once, for the bounds and the ILP
@@ -125,13 +87,12 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
     bound_arrays = (arrays.tokens, arrays.pairs)
     bound_s, busy_s = multi_phase_bound(batch, cm, sizes, bound_arrays), multi_phase_busy(batch, cm, sizes, bound_arrays)
     splits, order, need, estimate = _splits(batch, cm, options, sizes, busy_s, bound_arrays)
-    # A split whose own bound meets the batch's can reach it: the search gets more time. The
-    # windows (`timebudget`) count from `started`, the checks and bounds before them included.
+    # A split whose own bound meets the batch's can reach it: the search gets more time.
     reaches = bool(splits) and min(estimate[k - 1] for k in splits) <= busy_s * (1 + options.mip_rel_gap)
     pricing_s = final_pricing_s(len(batch))
     times = TimeBudget.divide(options.time_limit_s, pricing_s, search=bool(splits), reaching=reaches)
     deadline = started + times.search_deadline_s
-    # The backfill plan first: the single layout's limit counts from `started`, so it gets what is left, and is not assembled if it cannot win.
+    # The backfill plan first: the single layout gets what is left, unassembled if it cannot win.
     costs = batch_costs(arrays, cm, sizes)  # the cost table both read
     fill, fill_source, fill_how = None, "backfill", BACKFILL
     if options.max_phases >= 2:
@@ -141,9 +102,7 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
             fill, fill_source, fill_how = nested_plan(batch, cm, sizes, busy_s, arrays, options.max_microbatches,
                                                       costs, options.time_limit_s,
                                                       cut=cuts.deadline_for("nested targets", deadline)), "nested", NESTED
-    # Nested column plans (few shapes, few samples a GPU) get what the single layout leaves of
-    # the limit, at least `knobs.NESTED_COLUMNS_SHARE` of it: it runs first, so that where it meets the
-    # bound (a few videos a GPU on a large cluster) nothing more is spent.
+    # Nested column plans get what the single layout, run first, leaves.
     tiny = len(batch) <= knobs.EXACT_MAX_SAMPLES and cm.cluster.num_gpus <= knobs.EXACT_MAX_GPUS  # the exact program's
     nested_ok = (options.max_phases >= 2 and not tiny and len(batch) < knobs.NESTED_COLUMNS_PER_GPU * cm.cluster.num_gpus
                  and TimeBudget.nested_columns_fit(options.time_limit_s)
@@ -183,10 +142,8 @@ def solve_phased(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, st
 
 def _splits(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, sizes: Sequence[int], busy_s: float,
             arrays: tuple[np.ndarray, np.ndarray]) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
-    """The splits worth planning (phase-1 sizes k, in order), the batch order they split and
-    every split's bound (`split_order`, `bounds.split_busy`); no split where only small groups are
-    needed: a group of fewer than `knobs.MIN_NEED_SHARE` of the GPUs that runs the rest of the step at
-    its size costs a single layout little."""
+    """The splits worth planning, their order and bounds (`bounds.split_busy`); none unless a
+    sample needs `knobs.MIN_NEED_SHARE` of the GPUs (smaller groups cost a single layout little)."""
     if options.max_phases < 2 or len(batch) < 2 or cm.training.zero_stage == 3:
         return [], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0)
     order, need = split_order(batch, cm, sizes, busy_s, arrays)
@@ -198,9 +155,7 @@ def _splits(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, sizes: 
 def _search(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, single: Plan, bound_s: float,
             deadline: float, splits: list[int], order: np.ndarray, need: np.ndarray,
             estimate: np.ndarray, cuts: Budget, against: str = "the single layout's") -> tuple[Plan | None, str]:
-    """The best multi-phase plan found faster than `single` (None if none), and what the search
-    did, in words (`against` names `single` there). `cuts` records what the time stopped: a split
-    not planned, a split beside the k skipped for its time, a part's solve cut short."""
+    """The best multi-phase plan faster than `single` (or None) and what the search did."""
     if options.max_phases < 2 or len(batch) < 2:
         return None, "phases: one allowed" if options.max_phases < 2 else "phases: one sample"
     if cm.training.zero_stage == 3:
@@ -250,9 +205,8 @@ def _search(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, single:
 
 def _plan_split(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, order: np.ndarray, k: int,
                 seconds: float, bound_s: float, cuts: Budget | None = None) -> Plan | None:
-    """Phase 1 the `k` first samples of `order`, phase 2 the rest, each planned in its share of
-    `seconds`; the better of phase 2 as laid out and mirrored; None if a part cannot be planned.
-    A part whose solve the time cut short is recorded in `cuts`."""
+    """The first `k` samples of `order`, then the rest (as laid out or mirrored); None if
+    unplannable."""
     head = [batch[i] for i in order[:k].tolist()]
     tail = [batch[i] for i in order[k:].tolist()]
     t0 = time.perf_counter()
@@ -277,9 +231,7 @@ def _plan_split(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, ord
 
 
 def sub_cluster(cm: CostModel, gpus: int) -> CostModel:
-    """`cm` on the first `gpus` GPUs, for planning part of the cluster: the same model, hardware
-    and training, and per GPU the same room above the static bytes (ZeRO shards the training
-    state over the whole cluster, not the part), so that what fits there fits the cluster."""
+    """`cm` on its first `gpus` GPUs, each with its room in the whole cluster (ZeRO shards)."""
     c = cm.cluster
     shape = Cluster(num_gpus=gpus, gpus_per_node=min(c.gpus_per_node, gpus), memory_bytes=c.memory_bytes)
     part = CostModel(cm.model, cm.hardware, shape, cm.training)
@@ -290,13 +242,8 @@ def sub_cluster(cm: CostModel, gpus: int) -> CostModel:
 
 def _plan_beside(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, order: np.ndarray, k: int,
                  gpus: int, seconds: float, bound_s: float, cuts: Budget | None = None) -> Plan | None:
-    """The `k` first samples of `order` on the first `gpus` GPUs, the rest beside them: part A
-    on the other GPUs from the start, part B on the first ones once the k are done, the rest
-    split so that both end together by the samples' least GPU-seconds (`bounds.sample_floors`):
-    to A those that alone would run over half of B's window, the others along the order each to
-    the part furthest behind its share. Each part planned by the
-    single-layout ILP on its GPUs (`sub_cluster`), then priced as one plan on the cluster. A part
-    whose solve the time cut short is recorded in `cuts`."""
+    """The first `k` samples on the first `gpus` GPUs, the rest beside them (on the others) and
+    after them (on theirs), split so both end together; priced as one plan."""
     n = cm.cluster.num_gpus
     head = [batch[i] for i in order[:k].tolist()]
     rest = order[k:]
@@ -310,8 +257,7 @@ def _plan_beside(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, or
         busy = first.busy_s()
         end = (float(work.sum()) + gpus * busy) / n  # when both parts end, if the work spreads evenly
         share_b = max(0.0, gpus * (end - busy)) / max(float(work.sum()), 1e-12)
-        # Samples that would run over half of B's window go to A (its groups run the whole
-        # step); along the order, each other to the part furthest behind its share of the work.
+        # Along the order, each sample to the part furthest behind its share of the work.
         done_a = done_b = 0.0
         part_a, part_b = [], []
         for i, w, alone in zip(rest.tolist(), work.tolist(), solo.tolist(), strict=True):
@@ -345,19 +291,14 @@ def _plan_beside(batch: Sequence[Sample], cm: CostModel, options: IlpOptions, or
 
 
 def _record_parts(cuts: Budget | None, what: str, *parts: Plan | None) -> None:
-    """Record `what` in `cuts` (when given) when the time limit cut the solve of one of its parts short."""
+    """Record `what` in `cuts` (when given) when the time limit cut one of `parts`' solves short."""
     if cuts is not None and any(p is not None and CUT_SHORT in p.solver_status for p in parts):
         cuts.stop(what)
 
 
 def _report(plan: Plan, single: Plan | Beaten, bound_s: float, why: str, started: float, cuts: Budget, *,
             source: str | None = None) -> Plan:
-    """`plan` with the bound every runnable plan respects, its gap, and notes saying how it came
-    about (`source`, when it is not the single layout's plan) and what the single-layout ILP's
-    status, notes and bound were. Every plan here was validated where it was assembled (the
-    ILP's finish, `common.chain` for splits and backfills): only its bound, gap, notes and
-    status change. What the time stopped outside the single layout (`cuts`) is noted, and the
-    status then says `CUT_SHORT` too: a status without it means the same plan on any machine."""
+    """`plan` with the bound any runnable plan respects, its gap, and notes on how it came about."""
     single_bound_s = single.lower_bound_s  # read first: `plan` may be `single`
     step = plan.step_time_s
     plan.lower_bound_s = min(bound_s, step)

@@ -1,15 +1,6 @@
-"""The plan for one global batch: which ranks form which SP groups, running which micro-batches.
-
-A `Plan` is self-contained: it carries the batch's samples (id, tokens, attn_pairs, frames) and
-the cluster it was made for, so any rank can validate it and any tool can re-simulate it.
-
-A plan runs in one or more phases, each a layout of disjoint groups. `Plan.groups` holds every
-group of every phase, in phase order, each tagged with its `Group.phase` (0 for every group of a
-single-layout plan, which reads exactly as before). A rank goes on to its group of the next phase
-when its part of the previous phase ends; a group starts when the last of its ranks is free (its
-first collective synchronizes it; an SP-1 group waits for nobody). There is no global barrier
-between phases: under the cost model no collective spans groups before the step's closing
-gradient synchronization (`Plan.group_starts_s` is the timing every tool shares).
+"""The plan for one global batch: which ranks form which SP groups, running which micro-batches. It
+carries its samples and cluster, so any rank can validate it and any tool re-simulate it; its
+phases' groups start when their last rank is free (`Plan.group_starts_s`: no global barrier).
 """
 
 from __future__ import annotations
@@ -24,9 +15,7 @@ from typing import Any
 from dcp.planner.sample import Sample
 
 PLAN_SCHEMA_VERSION = 3
-"""3: groups carry their Ulysses and ring degrees (`ulysses` x `ring` = `sp`) and their `phase`.
-Version 2 plans (one layout, `ulysses` x `ring`, no `phase`) and version 1 plans (one layout,
-Ulysses only) still read: every group in phase 0, ring degree 1 in version 1."""
+"""3: groups carry `ulysses`, `ring` and `phase`; 2 (no `phase`) and 1 (Ulysses only) still read."""
 READABLE_SCHEMA_VERSIONS = (1, 2, 3)
 SAMPLE_FIELDS = ("id", "tokens", "attn_pairs", "frames")
 """What each entry of a plan JSON's `samples` list holds, in order."""
@@ -70,8 +59,8 @@ class MicroBatch:
 
 @dataclass
 class Group:
-    """An aligned block of ranks running its micro-batches one after another, as one SP group of
-    `sp` = ulysses x ring ranks: Ulysses over consecutive ranks, ring attention across them."""
+    """An aligned block of ranks running its micro-batches in turn as one SP group of `sp` = ulysses
+    x ring ranks: Ulysses over consecutive ranks, ring attention across them."""
 
     ranks: list[int]
     sp: int
@@ -116,8 +105,7 @@ class Plan:
     """(step_time - best proven bound) / step_time from the solver; None for heuristics."""
     notes: list[str] = field(default_factory=list)
     zero_stage: int | None = None
-    """The ZeRO stage the step was priced for (its memory and schedule assume it; the executor
-    refuses a plan made for another); None: not priced for one (a hand-made plan)."""
+    """The ZeRO stage the step was priced for (the executor checks it); None: a hand-made plan."""
 
     # -- derived ---------------------------------------------------------------------------
     @property
@@ -126,10 +114,8 @@ class Plan:
         return max((g.phase for g in self.groups), default=0) + 1
 
     def closing_groups(self) -> dict[int, bool]:
-        """Each rank's last group holding micro-batches (its index in `groups`) -> whether every
-        member ends its step there. Only then do the gradient reductions run under that group's
-        last backward: a member going on to a later phase holds the group's all-to-alls while a
-        reduction waits for it, so its ranks reduce in an empty pass right after instead."""
+        """Each rank's last group with micro-batches (index) -> whether every member ends there:
+        only then do the reductions run under its last backward, else in an empty pass after."""
         last: dict[int, int] = {}
         for gi, g in enumerate(self.groups):
             for r in g.ranks if g.microbatches else ():
@@ -145,10 +131,8 @@ class Plan:
         return out
 
     def group_starts_s(self, busy: Sequence[float] | None = None) -> list[float]:
-        """When each group of `groups` starts: once the last of its ranks has ended its part of
-        the earlier phases (0 in the first phase). A group without micro-batches holds nobody up.
-        `busy`, when given, is every group's busy time (`Group.busy_s`), summed once by a caller
-        that reads them again."""
+        """When each group starts (s): once its last rank ends its earlier phases; empty groups hold
+        nobody up. `busy`: every group's busy time, when the caller has it."""
         busy = [g.busy_s for g in self.groups] if busy is None else busy
         free = [0.0] * self.num_gpus
         starts = [0.0] * len(self.groups)
@@ -163,9 +147,7 @@ class Plan:
         return starts
 
     def busy_s(self, busy: Sequence[float] | None = None) -> float:
-        """When the last rank ends its last micro-batch: the slowest group's busy time in a
-        single-layout plan, the end of the phases' timeline otherwise (`busy` as for
-        `group_starts_s`)."""
+        """When the last rank ends its last micro-batch (s); `busy` as for `group_starts_s`."""
         busy = [g.busy_s for g in self.groups] if busy is None else busy
         if self.num_phases == 1:
             return max(busy, default=0.0)
@@ -180,14 +162,10 @@ class Plan:
 
     # -- invariants ------------------------------------------------------------------------
     def validate(self) -> Plan:
-        """Check every invariant; raise PlanError naming the first broken one.
-
-        Every sample has at least one token, split into equal frames, and appears in exactly one
-        micro-batch; groups are listed in phase order, phases numbered 0, 1, ... each with work;
-        the groups of a phase are disjoint, aligned power-of-two blocks of ranks (inside one node
-        when they fit one) within the cluster; every micro-batch fits in memory and checkpoints
-        0..num_layers layers; step_time_s is the busy time (`busy_s`) plus the gradient sync, at
-        least the lower bound."""
+        """Check every invariant, PlanError on the first broken: samples of 1+ tokens in equal
+        frames, each run once; phases 0, 1, ... in order, each with work, its groups disjoint
+        aligned power-of-two rank blocks (in a node if they fit); micro-batches in memory,
+        0..num_layers checkpointed; step_time_s = `busy_s` + sync, at least the bound."""
         if self.num_gpus <= 0 or self.gpus_per_node <= 0:
             raise PlanError(f"plan cluster is invalid: {self.num_gpus} GPUs, {self.gpus_per_node} per node")
         if self.num_layers <= 0:
@@ -280,7 +258,7 @@ class Plan:
 
     # -- serialization ---------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: `samples` as [id, tokens, attn_pairs, frames] lists, labelled by `sample_fields`."""
+        """JSON-ready: `samples` as [id, tokens, attn_pairs, frames] lists (`sample_fields`)."""
         d = asdict(self)
         d["samples"] = [[s.id, s.tokens, s.attn_pairs, s.frames] for s in self.samples]
         d["groups"] = [{"ranks": g["ranks"], "sp": g["sp"], "ulysses": grp.ulysses, "ring": grp.ring, "phase": grp.phase,
@@ -316,10 +294,8 @@ class Plan:
             raise PlanError(f"plan is not valid JSON ({e.msg} at line {e.lineno})") from e
 
     def digest(self) -> str:
-        """Hash of what ranks must agree on: the cluster, the model depth, every sample's tokens
-        and frames (frames shape the attention), groups, their phases, assignment and
-        checkpointing; not timings. A ring degree or phase enters the key only where there is one:
-        Ulysses-only single-layout plans hash as they did before rings and phases."""
+        """Hash of what ranks must agree on (cluster, depth, samples' tokens and frames, groups,
+        phases, assignment, checkpointing; not timings); ring and phase only where present."""
         key = [(g.ranks, g.sp, [(mb.samples, mb.ckpt_layers) for mb in g.microbatches], *([g.ring] if g.ring > 1 else []))
                for g in self.groups]
         if self.num_phases > 1:

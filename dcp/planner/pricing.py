@@ -1,16 +1,7 @@
-"""Exact micro-batch prices for whole arrays at once, from the cost model's linear queries.
-
-At fixed (SP size p, checkpointed layers r) a micro-batch of T tokens and A attention pairs runs
-`CostModel.linear_time(p, r)(T, A)` and fits when T <= `CostModel.max_tokens(p, r)` (a multiple
-of p: each GPU holds ceil(T/p) tokens, the executor pads). Its best level is the fewest layers
-that fit (every cost coefficient grows with r), and its memory is `CostModel.memory_bytes`:
-static bytes plus the per-GPU activation bytes of ceil(T/p) tokens. A size beyond the heads has
-several layouts (Ulysses x ring, `CostModel.layouts`): each is priced exactly, its ring's exposed
-transfers included (`CostModel.time_s`), a micro-batch alone at its fastest, a group of them in
-the one layout fastest for all (`price_layout`), the most any layout holds counted as memory. `Pricer` holds those numbers
-per allowed size, so strategies price thousands of candidate micro-batches in a few numpy
-operations (tests/test_pricing.py checks them against the cost model's scalar queries);
-`price_layout` prices a whole layout the way `common.assemble` does.
+"""Exact micro-batch prices for whole arrays at once: at SP size p and r checkpointed layers a
+micro-batch of T tokens and A pairs runs `CostModel.linear_time(p, r)(T, A)` (plus a ring's exposed
+transfers) and fits when T <= `max_tokens(p, r)`. `Pricer` holds these per size, so strategies price
+thousands of micro-batches in a few numpy operations (checked by tests/test_pricing.py).
 """
 
 from __future__ import annotations
@@ -52,15 +43,13 @@ class BatchArrays:
 
 
 class _Level:
-    """One SP size's levels r = 0..K, plus r = K + 1 standing for "fits nowhere" (infinite time),
-    per layout of the size (Ulysses x ring, `CostModel.layouts`)."""
+    """One SP size's levels r = 0..K and K + 1 ("fits nowhere": infinite time), per layout."""
 
     def __init__(self, cm: CostModel, p: int) -> None:
         k = cm.model.num_layers
         self.layouts = cm.layouts(p)
         self.capacity = np.array([cm.max_tokens(p, r) for r in range(k + 1)], dtype=np.float64)
-        # Activation bytes per token held on one GPU per layout (CostModel.memory_bytes multiplies
-        # them by the shard's tokens and takes the most); level K + 1 repeats K's, for shapes only.
+        # Activation bytes per token held on one GPU, per layout; level K + 1 repeats K's.
         per_gpu = [[cm.activation_bytes_per_token(p, r, o) * p for r in range(k + 1)] for o in self.layouts]
         self.bytes_per_shard_token = [np.array(b + b[-1:]) for b in per_gpu]
         self.rings = [o.ring for o in self.layouts]
@@ -72,8 +61,7 @@ class _Level:
         self.num_layers = k
 
     def times(self, i: int, tokens: np.ndarray, pairs: np.ndarray, r: np.ndarray) -> np.ndarray:
-        """Exact times in layout i at levels r: its linear form, plus a ring's exposed transfers
-        (`CostModel.time_s`: (K + r) forward-direction and K backward exposures per layer)."""
+        """Exact times in layout i at levels r: linear form plus ring exposure (as `time_s`)."""
         t = self.fixed[i][r] + self.per_token[i][r] * tokens + self.per_pair[i][r] * pairs
         ring = self.terms[i]
         if ring.steps > 1:
@@ -84,8 +72,7 @@ class _Level:
 
 
 _LEVEL_MEMO: weakref.WeakKeyDictionary[CostModel, dict[int, _Level]] = weakref.WeakKeyDictionary()
-"""Each cost model's `_Level` per SP size: a pure function of both, which every solve's pricers
-and bounds read."""
+"""Each cost model's `_Level` per SP size, shared by every solve's pricers and bounds."""
 
 
 def _level(cm: CostModel, p: int) -> _Level:
@@ -125,15 +112,12 @@ class Pricer:
         return np.array([np.where(tokens > 0, lv.times(i, tokens, pairs, r), 0.0) for i in range(len(lv.layouts))])
 
     def times(self, p: int, tokens: np.ndarray, pairs: np.ndarray, ckpt: np.ndarray | int | None = None) -> np.ndarray:
-        """Times at p with the fewest layers that fit (or `ckpt` layers, inf where those do not
-        fit), in the fastest layout for each (`CostModel.time_s`); inf where nothing fits, 0 for
-        an empty micro-batch."""
+        """Times (s) at p with the fewest layers that fit (or `ckpt`), in each one's fastest layout;
+        inf where it does not fit, 0 for an empty micro-batch."""
         return self.layout_times(p, tokens, pairs, ckpt).min(axis=0)
 
     def memory_bytes(self, p: int, tokens: np.ndarray, ckpt: np.ndarray, layout: SPLayout | None = None) -> np.ndarray:
-        """`CostModel.memory_bytes(T, p, r[, layout])` elementwise: static bytes plus the activation
-        bytes of the tokens each GPU holds (ceil(T/p), 2 ceil(T/2p) under a ring; the same rounding
-        as `dcp.costmodel.model.shard_tokens`), the most over p's layouts without `layout`."""
+        """`CostModel.memory_bytes` elementwise; without `layout`, the most over p's layouts."""
         lv, t = self._levels[p], np.asarray(tokens, dtype=np.float64)
         which = range(len(lv.layouts)) if layout is None else [lv.layouts.index(layout)]
         held = [lv.bytes_per_shard_token[i][ckpt] * _shard(t, p, lv.rings[i]) for i in which]
@@ -146,7 +130,7 @@ class Pricer:
 
 
 def exact_times(cm: CostModel, p: int, tokens: np.ndarray, pairs: np.ndarray, ckpt: np.ndarray) -> np.ndarray:
-    """`CostModel.time_s(T, A, p, r)` elementwise at the given levels r (<= K), in the fastest layout."""
+    """`CostModel.time_s(T, A, p, r)` elementwise at levels r (<= K), in the fastest layout."""
     lv = _level(cm, p)
     return np.min([lv.times(i, tokens, pairs, ckpt) for i in range(len(lv.layouts))], axis=0)
 
@@ -160,8 +144,8 @@ def _shard(tokens: np.ndarray, p: int, ring: int) -> np.ndarray:
 
 @dataclass
 class PricedLayout:
-    """A layout's exact prices: busy seconds per group, and per micro-batch (flat, group after
-    group, empty ones included) its tokens, checkpointed layers (K + 1: does not fit) and time."""
+    """A layout's exact prices: busy s per group; per micro-batch (flat, empty ones included)
+    tokens, checkpointed layers (K + 1: does not fit) and time (s)."""
 
     busy_s: np.ndarray
     tokens: np.ndarray
@@ -170,7 +154,7 @@ class PricedLayout:
     counts: list[int]
     """Micro-batches per group."""
     layouts: list[SPLayout]
-    """Each group's layout: the fastest for its micro-batches (the larger Ulysses degree on a tie)."""
+    """Each group's layout: the fastest for its micro-batches (ties: larger Ulysses degree)."""
     pairs: np.ndarray | None = None
     """Attention pairs per micro-batch (what the step's schedule prices besides tokens)."""
 
@@ -179,7 +163,7 @@ class PricedLayout:
         return float(self.busy_s.max()) if len(self.busy_s) else 0.0
 
     def ckpt(self) -> list[list[int]]:
-        """Checkpointed layers of each micro-batch, one list per group (as `assemble` takes them)."""
+        """Checkpointed layers of each micro-batch, a list per group (as `assemble` takes)."""
         out, k = [], 0
         levels = self.levels.tolist()
         for c in self.counts:
@@ -190,15 +174,13 @@ class PricedLayout:
 
 def price_layout(layout: Layout, arrays: BatchArrays, pricer: Pricer,
                  ckpt: Sequence[Sequence[int]] | None = None) -> PricedLayout:
-    """Exact busy time of every group of `layout` (micro-batches of batch indices), each
-    micro-batch at its fewest layers or at `ckpt`; inf for a group with a micro-batch that does
-    not fit."""
+    """Exact busy time (s) of every group of `layout`, micro-batches at their fewest layers or at
+    `ckpt`; inf for a group with a micro-batch that does not fit."""
     counts = [len(mbs) for _, _, mbs in layout]
     lengths = [len(mb) for _, _, mbs in layout for mb in mbs]
     n_mb = len(lengths)
     idx = np.fromiter((i for _, _, mbs in layout for mb in mbs for i in mb), dtype=np.int64)
-    # Each micro-batch summed on its own: differences of one running sum over the layout lose
-    # the short micro-batches' pairs to rounding after a long sample's (~1e18 at 1e9 tokens).
+    # Each micro-batch summed alone: one running sum's differences round short ones' pairs away.
     sizes_mb = np.asarray(lengths, dtype=np.int64)
     starts = (np.cumsum(sizes_mb) - sizes_mb)[sizes_mb > 0]
     tokens, pairs = np.zeros(n_mb), np.zeros(n_mb)
@@ -218,8 +200,7 @@ def price_layout(layout: Layout, arrays: BatchArrays, pricer: Pricer,
         groups = np.unique(owner[on])
         # Each group runs in the layout fastest for all its micro-batches (sum over the group).
         sums = np.array([np.bincount(owner[on], weights=t, minlength=len(layout))[groups] for t in per_layout])
-        # Layouts come in increasing Ulysses degree: scanning them backwards, argmin's first
-        # minimum is the largest degree among equals (as CostModel.best_layout).
+        # Backwards, argmin's first minimum is the largest Ulysses degree among equals.
         best = len(per_layout) - 1 - np.argmin(sums[::-1], axis=0)
         pick = np.zeros(len(layout), dtype=np.int64)
         pick[groups] = best

@@ -54,12 +54,8 @@ class PlanDocument:
 
     def cost_model(self, model: str | None = None, hardware: str | None = None,
                    zero_stage: int | None = None) -> CostModel:
-        """The cost model the plans were made with, from the stored config; arguments override it.
-
-        A bare plan carries its cluster (GPUs, per node, memory) but not its model or hardware:
-        they default to `dcp plan`'s (llama-7b on h200-sxm). A model or hardware file stored as a
-        relative path is relative to the plan file's folder (see `stored_path`); overrides are
-        taken as given."""
+        """The cost model of the stored config, overridden by the arguments; a bare plan gets `dcp
+        plan`'s model and hardware; relative file paths are the plan file's (`stored_path`)."""
         c, p = self.config, self.plans[0]
         hw = hardware or self._stored(c.get("hardware")) or DEFAULT_HARDWARE
         spec = model or self._stored(c.get("model")) or DEFAULT_MODEL
@@ -78,15 +74,13 @@ class PlanDocument:
 
 
 def is_file_ref(value: str) -> bool:
-    """Whether a --model or --hardware value names a file rather than a preset (as
-    `dcp.costmodel.load_model` tells them apart)."""
+    """Whether a --model or --hardware value names a file, not a preset (as `load_model`)."""
     return value.endswith(".json") or Path(value).is_file()
 
 
 def stored_path(value: str, document: Path | None) -> str:
-    """How a plan document records a --model or --hardware value: a preset name as it is, a file
-    relative to the document's folder (absolute when the document goes to stdout), so `dcp show`
-    finds it from any directory."""
+    """How a plan document records a --model or --hardware value: a preset as is, a file relative to
+    the document's folder (absolute for stdout), so `dcp show` finds it from any directory."""
     if not is_file_ref(value):
         return value
     path = Path(value).resolve()
@@ -96,9 +90,8 @@ def stored_path(value: str, document: Path | None) -> str:
 
 
 def reprice(plan: Plan, cm: CostModel) -> Plan:
-    """The same plan (groups, assignment, checkpointed layers) priced on another cost model:
-    new micro-batch times and memory, gradient sync, step time and lower bound. PlanError if it
-    no longer holds there (more checkpointed layers than the model has, memory over the limit)."""
+    """The same plan (groups, assignment, checkpointing) priced on another cost model: micro-batch
+    times and memory, sync, step and bound. PlanError if it no longer holds there."""
     if plan.num_gpus != cm.cluster.num_gpus:
         raise PlanError(f"plan is for {plan.num_gpus} GPUs, the cost model for {cm.cluster.num_gpus}")
     if cm.training.zero_stage == 3 and plan.num_phases > 1:
@@ -128,7 +121,7 @@ def reprice(plan: Plan, cm: CostModel) -> Plan:
 
 
 def parse_plan_document(doc: Any, path: str | Path = "<plan>") -> PlanDocument:
-    """A `PlanDocument` from parsed JSON: {"config", "steps": [{"plan", ...}]} or a bare plan dict."""
+    """A `PlanDocument` from parsed JSON: {"config", "steps": [{"plan", ...}]} or a bare plan."""
     path = Path(path)
     if isinstance(doc, dict) and "steps" in doc:
         steps = doc["steps"]
@@ -170,9 +163,8 @@ def load_plan_document(path: str | Path) -> PlanDocument:
 
 
 def group_rows(plan: Plan) -> Any:
-    """One row per SP group (pandas DataFrame): its phase, ranks, SP size, layout ("8": Ulysses
-    alone, "8x4": Ulysses 8 x ring 4), micro-batches, samples, tokens, checkpointed layers (min
-    and max over micro-batches), start and busy seconds, peak memory (GB)."""
+    """One row per SP group (pandas DataFrame): phase, ranks, SP size, layout ("8x4": Ulysses 8 x
+    ring 4), micro-batches, samples, tokens, ckpt_min/max, start and busy s, peak memory GB."""
     import pandas as pd
 
     tokens = {s.id: s.tokens for s in plan.samples}
@@ -204,7 +196,7 @@ def memory_headroom(plan: Plan) -> float:
 
 
 def checkpoint_share(plan: Plan) -> float:
-    """Checkpointed layers over all layers run, weighted by micro-batch: 1.0 is full recomputation."""
+    """Checkpointed over all layers run, weighted by micro-batch: 1.0 is full recomputation."""
     mbs = [mb for g in plan.groups for mb in g.microbatches]
     return sum(mb.ckpt_layers for mb in mbs) / (plan.num_layers * len(mbs)) if mbs else 0.0
 

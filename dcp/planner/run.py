@@ -6,10 +6,8 @@
     plans = plan_steps(batches, cm, "dcp-greedy")
     compare(batches, cm, ["bucket", "dcp-greedy"], dataset_longest_tokens=int(workload.tokens.max()))
 
-`bucket` and `packed` fix one SP size for the whole training from the dataset's longest sample:
-pass `dataset_longest_tokens` (without it, the longest sample of the batches given stands in).
-
-Never imports torch or click.
+`bucket` and `packed` size one SP size for the whole training by `dataset_longest_tokens` (default:
+the longest sample of the batches given). Never imports torch or click.
 """
 
 from __future__ import annotations
@@ -38,18 +36,15 @@ REFERENCE_STRATEGY = "bucket"
 
 
 def default_model(workload: str) -> str:
-    """The model a workload is usually trained with: the Open-Sora STDiT for the video workload
-    (the DCP paper's 2D setting), a Llama 7B otherwise."""
+    """A workload's usual model: Open-Sora STDiT for video (the paper's 2D), else Llama 7B."""
     return "opensora-stdit-1.1b" if workload.startswith("opensora") else DEFAULT_MODEL
 
 
 def build_cost_model(model: str, hardware: str, gpus: int, gpus_per_node: int | None = None,
                      memory_gb: float | None = None, zero_stage: int = 1, precision: str = "bf16",
                      shard_group: int | None = None) -> CostModel:
-    """A cost model from preset names (or JSON paths), the cluster's shape and the training's
-    precision recipe (a name of `dcp.costmodel.RECIPES`) and shard group (HSDP; None: the world).
-
-    gpus_per_node and memory_gb default to the hardware profile's; memory_gb is usable GB (1e9)."""
+    """A cost model from presets (or JSON paths), cluster shape, precision recipe and shard group
+    (HSDP; None: world); gpus_per_node and memory_gb (usable, 1e9 B) default to the hardware's."""
     spec, hw = load_model(model), load_hardware(hardware)
     cluster = Cluster(num_gpus=gpus, gpus_per_node=gpus_per_node or hw.gpus_per_node,
                       memory_bytes=hw.memory_bytes if memory_gb is None else memory_gb * 1e9)
@@ -80,8 +75,8 @@ def _longest(batches: Sequence[Sequence[Sample]]) -> int:
 def plan_steps(batches: Sequence[Sequence[Sample]], cm: CostModel, strategy: str | StrategyOptions = "ilp",
                time_limit_s: float | None = None, *, dataset_longest_tokens: int | None = None,
                progress: Progress | None = None) -> list[Plan]:
-    """One plan per global batch (every strategy returns validated plans). The static baselines
-    size their SP group for `dataset_longest_tokens`, or else for the longest sample in `batches`."""
+    """One validated plan per global batch; the static baselines size their SP group for
+    `dataset_longest_tokens`, or else for the longest sample in `batches`."""
     longest = dataset_longest_tokens if dataset_longest_tokens is not None else _longest(batches)
     options = resolve_options(strategy, time_limit_s, longest)
     what = strategy if isinstance(strategy, str) else options.name
@@ -101,9 +96,8 @@ def gap(plan: Plan) -> float:
 
 
 def groups_label(plan: Plan) -> str:
-    """Groups by SP size and layout, largest first: "1x8 4x2" is one group of 8 GPUs and four of
-    2 (Ulysses alone); "1x(8x4)" one group of 32 GPUs as Ulysses 8 x ring 4; a multi-phase plan
-    lists each phase's in turn, apart by " | " ("1x32 | 4x8")."""
+    """Groups by SP size and layout, largest first: "1x8 4x2" is one group of 8 GPUs and four of 2;
+    "1x(8x4)" one of 32 as Ulysses 8 x ring 4; phases apart by " | " ("1x32 | 4x8")."""
     labels = []
     for phase in plan.phases():
         counts: dict[tuple[int, int], int] = {}
@@ -164,8 +158,7 @@ def strategy_metrics(plans: Sequence[Plan], cm: CostModel) -> dict[str, float]:
 
 
 def _limited(plans: Sequence[Plan]) -> str:
-    """How many of the ILP's plans the time limit cut short or left without the program ("2/5"),
-    "-" for a heuristic strategy."""
+    """How many ILP plans the limit cut short or left without the program ("2/5"), or "-"."""
     outcomes = [program_outcome(p) for p in plans]
     if all(o == "-" for o in outcomes):
         return "-"
@@ -176,9 +169,7 @@ def compare(batches: Sequence[Sequence[Sample]], cm: CostModel, strategies: Sequ
             time_limit_s: float | None = None, *, dataset_longest_tokens: int | None = None,
             progress: Progress | None = None) -> Any:
     """The same batches through every strategy: one row per strategy (pandas DataFrame).
-
-    speedup_vs_bucket is bucket's mean step time over the strategy's (NaN without bucket): the
-    static bucket baseline, one SP size for `dataset_longest_tokens` (see `plan_steps`)."""
+    speedup_vs_bucket is bucket's mean step time over the strategy's (NaN without bucket)."""
     import pandas as pd
 
     names = list(strategies) if strategies is not None else list(STRATEGIES)

@@ -1,16 +1,6 @@
-"""Replay a plan on the cost model: a per-rank timeline, idle and communication shares, a Gantt chart.
-
-The timeline is the executor's schedule as the cost model prices it (dcp.costmodel.schedule):
-each group's micro-batches, each split the way the executor runs it (forward layers with their
-all-to-alls and unhidden ring transfers, the head, backward layers with their recompute), and the world's collectives, each
-rank's wait for one split into idle (until every rank has joined it) and the collective itself.
-At ZeRO stages 0-2 groups run independently and the gradient reductions of each group's last
-micro-batch run under its backward; what is not hidden ends the step. At stage 3 every rank runs
-every slot in lockstep, with per-layer parameter gathers (`param_gather`) and empty passes.
-In a multi-phase plan (stages 0-2) a group starts when the last of its ranks has ended its part
-of the previous phases (`Plan.group_starts_s`); its micro-batches split as above, and the step
-ends with what the world's reductions add after the slowest rank, as the schedule prices them
-(`sync.phased_step_s`), shown as one synchronization span.
+"""Replay a plan on the cost model: a per-rank timeline (the executor's schedule as
+dcp.costmodel.schedule prices it, micro-batches split into their parts, waits into idle and the
+collective), idle and communication shares, a Gantt chart.
 """
 
 from __future__ import annotations
@@ -42,8 +32,7 @@ class Event:
     microbatch: int | None = None
     """Index of the micro-batch in its group's list; None for idle and the all-reduce."""
     phase: int | None = None
-    """The plan phase of the event's group (an idle wait: of the group it waits for); None for
-    the step's end (the idle wait for the slowest rank and the all-reduce)."""
+    """The phase of the event's group (idle: of the group waited for); None at the step's end."""
 
     @property
     def duration_s(self) -> float:
@@ -77,7 +66,7 @@ class Timeline:
                 "comm_fraction": self.comm_fraction}
 
     def to_frame(self) -> Any:
-        """One row per event (pandas DataFrame): rank, start_s, end_s, duration_s, kind, microbatch."""
+        """One row per event (pandas DataFrame): rank, start/end/duration_s, kind, microbatch."""
         import pandas as pd
 
         rows = [{"rank": rank, "start_s": e.start_s, "end_s": e.end_s, "duration_s": e.duration_s,
@@ -87,9 +76,7 @@ class Timeline:
 
 
 def _simulate_phases(plan: Plan, cm: CostModel) -> Timeline:
-    """A multi-phase plan's timeline: phase by phase, a group starts when the last of its ranks
-    is free (Plan.group_starts_s); a rank that ends its part of a phase early waits idle for the
-    rest of its next group; the synchronization follows the slowest rank."""
+    """Multi-phase timeline: a group starts when its last rank frees (others idle), sync after."""
     per_rank: list[list[Event]] = [[] for _ in range(plan.num_gpus)]
     for g, start in sorted(zip(plan.groups, plan.group_starts_s(), strict=True), key=lambda x: x[0].phase):
         events = _group_events(plan, g, cm, start)
@@ -113,13 +100,8 @@ def _simulate_phases(plan: Plan, cm: CostModel) -> Timeline:
 
 def microbatch_phases(cm: CostModel, tokens: int, pairs: int, sp_size: int,
                       ckpt_layers: int, layout: SPLayout | None = None) -> list[tuple[EventKind, float]]:
-    """(kind, seconds) of one micro-batch in run order, lumped per phase; sums to cm.time_s.
-
-    From CostModel.layer_times: per layer a forward and a backward compute time, one direction's
-    all-to-alls and, in a ring layout, the ring transfers its attention does not hide. Head and loss
-    (per token) and the per-micro-batch fixed cost have no per-layer split and are lumped as
-    forward compute. (ZeRO's collectives are the step's, not the micro-batch's: `simulate` places
-    them, stage 3's parameter gathers included.)"""
+    """(kind, seconds) of one micro-batch in run order, lumped per phase, summing to cm.time_s
+    (checked); head, loss and fixed cost count as forward; `simulate` places ZeRO's collectives."""
     k, r, p = cm.model.num_layers, ckpt_layers, sp_size
     layout = layout or cm.best_layout([(tokens, pairs, r)], p)
     lt = cm.layer_times(tokens, pairs, p, layout)
@@ -195,8 +177,7 @@ def simulate(plan: Plan, cm: CostModel) -> Timeline:
 
 
 def _shares(timeline: Timeline, plan: Plan) -> Timeline:
-    """`timeline` with its idle and communication fractions filled in; PlanError where its step
-    is not the plan's."""
+    """`timeline` with idle and communication fractions; PlanError if its step is not the plan's."""
     step = timeline.step_time_s
     if abs(step - plan.step_time_s) > _RTOL * max(step, 1.0):
         raise PlanError(f"simulated step {step:.6g} s differs from the plan's {plan.step_time_s:.6g} s")
@@ -213,11 +194,8 @@ KIND_COLORS = {"forward": "#4c72b0", "backward": "#55a868", "recompute": "#dd845
 
 
 def gantt(timeline: Timeline, title: str = "") -> Any:
-    """A Gantt chart, one row per rank, colored by event kind.
-
-    Returns the matplotlib Figure. It is built without pyplot (Agg canvas, no global backend
-    switch), so it works headless and does not disturb a notebook's backend; matplotlib is
-    imported here so importing dcp.planner stays light."""
+    """A Gantt chart (matplotlib Figure), one row per rank, colored by event kind; built on an Agg
+    canvas without pyplot, so it works headless and leaves a notebook's backend alone."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch

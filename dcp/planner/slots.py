@@ -1,27 +1,7 @@
-"""ZeRO-3's lockstep slots: a layout's micro-batches re-cut so that the slots line up.
-
-At stage 3 every rank runs every slot (`dcp.costmodel.schedule`): slot j is every group's j-th
-micro-batch, longest first (`sync.balance_slots`), and each layer's gather is a sync point of the
-whole world, so the step is close to the sum over slots of the slowest micro-batch in each (at
-least one slot's collectives), not the slowest group's busy time. A layout built for busy time
-runs groups of different micro-batch counts and lengths side by side, and steps far longer than
-it is busy.
-
-`align` keeps every group's samples and SP size and re-cuts them into S micro-batches each, for
-a few counts S:
-
-1. each group's samples, longest first, go to the micro-batch they lengthen least (exact times
-   at the fewest checkpointed layers that fit): the group's most even S micro-batches;
-2. the slots' lengths tau_j are then the j-th longest micro-batch of any group;
-3. each group again, longest first, to the micro-batch with the most room left under its slot's
-   tau_j, so a group with little work fills the slots a long sample holds open elsewhere and
-   keeps the others short; `knobs.SLOT_RESHAPES` times, tau measured again after each.
-
-The estimate sum_j max(tau_j, slot collectives) picks S; the caller prices the result. Past a group's large samples
-(`knobs.SLOT_BIG`) the rest are dealt in at most `knobs.SLOT_ROUNDS` rounds, a round's samples to the micro-batches in
-order of room, so tens of thousands of samples cost a few hundred vectorized pricings.
-
-Never imports torch.
+"""ZeRO-3's lockstep slots: slot j is every group's j-th micro-batch and each layer's gather syncs
+the world, so a step lasts about the sum over slots of each one's slowest micro-batch. `align`
+re-cuts each group's samples into S micro-batches, evenly, then against the slots' lengths, so a
+group with little work fills slots a long sample holds open elsewhere (docs/design.md).
 """
 
 from __future__ import annotations
@@ -62,18 +42,15 @@ class _Groups:
         return self.pricer.times(p, tokens, pairs, self.ckpt)
 
     def slots_needed(self, layers: int) -> int:
-        """Micro-batches the fullest group needs at least with `layers` checkpointed (the
-        strategy's fixed level, when it has one)."""
+        """Micro-batches the fullest group needs at least, at `layers` (or the fixed level)."""
         k = layers if self.ckpt is None else self.ckpt
         need = [math.ceil(t / self.pricer.capacity(int(p), k) - 1e-9)
                 for t, p in zip(self.group_tokens.tolist(), self.sizes.tolist(), strict=True)]
         return max([1, *need])
 
     def deal(self, slots: int, room: np.ndarray | None, deadline: float) -> tuple[np.ndarray, np.ndarray] | None:
-        """Every sample's micro-batch (0..slots-1 within its group) and the micro-batches' times
-        [group, slot]: each sample to the micro-batch it lengthens least (`room` None) or with the
-        most room left under `room` (per slot). None when a sample fits nowhere or past the
-        deadline."""
+        """Each sample's micro-batch and the times [group, slot], each sample where it lengthens
+        least or has most room under `room`; None if one fits nowhere or time is up."""
         groups, width = self.order.shape
         tok, pair, time_s = np.zeros((groups, slots)), np.zeros((groups, slots)), np.zeros((groups, slots))
         where = np.full(len(self.tokens), -1, dtype=np.int64)
@@ -118,9 +95,8 @@ class _Groups:
 
     def _place_round(self, p: int, rows: np.ndarray, ids: np.ndarray, tok: np.ndarray, pair: np.ndarray,
                      time_s: np.ndarray, where: np.ndarray, room: np.ndarray) -> bool:
-        """A round's samples of each group, longest first, to its micro-batches in order of room,
-        cycling over those with the tokens to spare for their share of the round; a group where
-        one still overflows places each half of its round apart (down to one sample)."""
+        """A round's samples per group, longest first, to its micro-batches in order of room; a
+        group where one overflows places each half of its round apart."""
         slots, cols = tok.shape[1], ids.shape[1]
         held = ids >= 0
         largest = self.tokens[np.where(held[:, 0], ids[:, 0], 0)]
@@ -172,11 +148,8 @@ def slots_estimate(time_s: np.ndarray, link_s: float) -> tuple[float, np.ndarray
 
 def align(layout: Layout, arrays: BatchArrays, pricer: Pricer, link_s: float, ckpt: int | None = None,
           deadline: float = math.inf, most: int | None = None) -> tuple[Layout, float] | None:
-    """`layout` re-cut into slots that line up (module docstring): the best estimate over the
-    counts tried and the estimate; None when none fits (or the deadline, a `time.perf_counter`
-    value, passed before one did).
-    `ckpt`: every micro-batch at that many checkpointed layers (dcp-greedy-inter's K), else the
-    fewest that fit; `most`: at most this many micro-batches per group."""
+    """`layout` re-cut into lined-up slots at the best count tried, and its estimate (s); None if
+    none fits in time. `ckpt`: every micro-batch's layers (else fewest); `most`: per group."""
     if not layout:
         return None
     groups = _Groups(layout, arrays, pricer, ckpt)

@@ -1,16 +1,7 @@
-"""A plan's step priced on the schedule the executor runs it with (dcp.costmodel.schedule).
-
-Strategies build groups and micro-batches against a makespan plus the least the synchronization
-can add (`CostModel.grad_sync_s`); `price_step` then prices the plan's actual step: at ZeRO
-stages 0-2 the gradient reductions its slowest groups' last backward passes do not hide, at
-stage 3 the lockstep slots. At stage 3 it first orders every group's micro-batches longest
-first, which balances the slots: the sum over slots of the slowest group's micro-batch is
-smallest when the j-th longest of every group run together (an exchange argument). The plan's
-`grad_sync_s` becomes what the schedule adds beyond the slowest group, so `step_time_s` stays
-busy + grad_sync_s, and any bound on the makespan plus `grad_sync_s()` stays a lower bound.
-At stages 0-2 it first moves every group's longest micro-batch to its end when that makes the
-step faster: the reductions run under the last micro-batch's backward, and one of a few tokens
-hides none of them.
+"""A plan's step priced on the executor's schedule (dcp.costmodel.schedule): `price_step` sets
+`grad_sync_s` to what the schedule adds beyond the busy time, so makespan bounds plus
+`grad_sync_s()` stay bounds. Stage 3's slots go longest first (best, by an exchange argument); at
+stages 0-2 a group's longest micro-batch moves last where faster (its backward hides reductions).
 """
 
 from __future__ import annotations
@@ -28,11 +19,8 @@ T = TypeVar("T")
 
 def group_shapes(plan: Plan, *, ends_only: bool = False,
                  moves: Sequence[int | None] | None = None) -> tuple[list[GroupShape], bool]:
-    """The plan's groups as the schedule sees them, and whether some rank is in no group. With
-    `ends_only` each group holds only its last micro-batch (after moving micro-batch k of group
-    g last, for `moves[g]` = k): all the closed form of stages 0-2 reads besides the busy times
-    (`schedule_fast.independent_s`), at a fraction of the cost with tens of thousands of
-    micro-batches."""
+    """The plan's groups as the schedule sees them, and whether some rank is idle. `ends_only`: each
+    group's last micro-batch only (after `moves`), all the stage-0-2 closed form reads."""
     by_id = plan.sample_map()
 
     def shape(mb: MicroBatch) -> MicroBatchShape:
@@ -55,16 +43,12 @@ def balance_slots(plan: Plan) -> None:
 
 
 def _longest_moves(plan: Plan) -> list[int | None]:
-    """Stages 0-2: per group, its longest micro-batch if it is not already its last (else None).
-    The reductions start under the last micro-batch's backward (each unit's once every rank's
-    last backward has done it), so a long one there hides the most; the busy time stays."""
+    """Stages 0-2: per group, its longest micro-batch if not already last (else None)."""
     return [_longest_of([mb.time_s for mb in g.microbatches]) for g in plan.groups]
 
 
 def longest_last(microbatches: Sequence[MicroBatch]) -> list[MicroBatch]:
-    """A group's micro-batches with its longest moved to the end (`_longest_of`), where its
-    backward hides the most of the reductions: what `price_step` tries, done by a planner that
-    builds its groups so (the step is then priced once)."""
+    """A group's micro-batches, the longest moved last (what `price_step` tries)."""
     return _moved(microbatches, _longest_of([mb.time_s for mb in microbatches]))
 
 
@@ -87,10 +71,8 @@ def _apply(plan: Plan, moves: Sequence[int | None]) -> None:
 
 
 def price_step(plan: Plan, cm: CostModel, *, spans: bool = False) -> StepPrice:
-    """Set the plan's step time, gradient sync and ZeRO stage from the executor's schedule (at
-    stage 3 after `balance_slots`); returns the priced step (with every rank's spans if asked).
-    A multi-phase plan (stages 0-2) is priced by `phased_step_s`, without spans (`simulate` lays
-    its phases out)."""
+    """Set the plan's step time, gradient sync and ZeRO stage from the executor's schedule; returns
+    the priced step (with spans if asked; a multi-phase plan via `phased_step_s`, without)."""
     stage, phased = cm.training.zero_stage, plan.num_phases > 1
     if phased and stage == 3:
         raise PlanError("ZeRO stage 3 runs one layout (lockstep slots): no multi-phase plans")
@@ -122,10 +104,8 @@ def price_step(plan: Plan, cm: CostModel, *, spans: bool = False) -> StepPrice:
 
 
 def layout_step_s(cm: CostModel, layout: Layout, priced: PricedLayout, idle_ranks: bool) -> float:
-    """The step of a priced layout (what `price_step` would give the plan assembled from it),
-    without assembling it: for the ILP's incumbent, which keeps the fastest step. At stages 0-2
-    the schedule reads only each group's busy time and last micro-batch (`independent_s`), so
-    only those are built: the last, or the longest when moving it last is faster."""
+    """The step (s) `price_step` would give a priced layout's plan, without assembling it (the ILP's
+    incumbent); stages 0-2 read only busy times and last (or longest) micro-batches."""
     assert priced.pairs is not None
     lockstep = cm.training.zero_stage == 3
     last, longest, m = [], [], 0
@@ -152,13 +132,8 @@ def layout_step_s(cm: CostModel, layout: Layout, priced: PricedLayout, idle_rank
 
 def phased_step_s(plan: Plan, cm: CostModel, shapes: Sequence[GroupShape] | None = None,
                   starts: Sequence[float] | None = None, busy: Sequence[float] | None = None) -> float:
-    """A multi-phase plan's step at stages 0-2: every rank issues the world's reductions under the
-    backward of its last micro-batch of the step, in its last group (`Plan.closing_groups`), so
-    the schedule (`schedule_fast.independent_s`) runs on those groups, each ending where the
-    phases' timeline ends it (`Plan.group_starts_s` + its busy time; `starts` and `busy`, every
-    group's, when the caller has them). Where a member of such a group goes on to a later phase,
-    the executor reduces in an empty pass at the group's end instead: that member's later group
-    ends after it and releases every reduction no earlier, so the price is the same."""
+    """A multi-phase plan's step (s) at stages 0-2: the schedule on each rank's last group, ending
+    on the phases' timeline (where a member goes on, an empty-pass reduction prices the same)."""
     finals = list(plan.closing_groups())
     shapes = group_shapes(plan, ends_only=True)[0] if shapes is None else shapes
     busy = [g.busy_s for g in plan.groups] if busy is None else busy
