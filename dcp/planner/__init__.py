@@ -1,4 +1,12 @@
-"""Plans for one global batch: types, strategies, bounds and simulation. Never imports torch."""
+"""Plans for one global batch: types, strategies, bounds and simulation. Never imports torch.
+
+`solve` checks its inputs and runs one strategy: dcp-greedy, bucket or packed (milliseconds), or
+ilp, whose stages `phases.solve_phased` runs within one time limit divided by `timebudget`:
+backfill or nested plan -> single-layout ILP (its warm start runs every baseline first) -> nested
+column plans -> phase splits -> the fastest plan, with its bound and gap. Modules sit in layers
+that import only their own or lower ones (tests/test_layers.py; docs/design.md, "The planner's
+layout"): kit, core, bounds, baselines, search (`ilp`), phased, api.
+"""
 
 from __future__ import annotations
 
