@@ -34,22 +34,28 @@ PREDICTIONS = ("fitted", "derived")
 
 # How CostModel derives each LayerFit term without a measurement (CostModel._derive_fit).
 DERIVATIONS: dict[str, str] = {
-    "fwd_fixed_s": "kernel_overhead_s + the layer's weight casts (autocast) over memory bandwidth",
-    "fwd_per_token_s": "2 x matmul weights / matmul FLOP/s + 34 h bytes/2 / memory bandwidth + attention's "
+    "fwd_fixed_s": "kernel_overhead_s + the layer's weight casts (autocast) over memory bandwidth + its matmuls "
+                   "over matmul_tokens_offset tokens (small-M GEMMs)",
+    "fwd_per_token_s": "2 x matmul weights / matmul FLOP/s + the layer's elementwise bytes (counted op by op, "
+                       "eager or compiled: dcp.costmodel.elementwise) / memory bandwidth + attention's "
                        "short-sequence pairs per token",
     "fwd_per_pair_s": "4 h FLOPs (QK^T and PV) / attention forward FLOP/s",
-    "bwd_fixed_s": "2 x kernel_overhead_s + gradient casts and accumulation over memory bandwidth",
-    "bwd_per_token_s": "2 x forward matmul and elementwise (grad of input and of weight) + attention's "
-                       "backward short-sequence term",
-    "bwd_per_pair_s": "2.5 x 4 h FLOPs / attention backward FLOP/s (FlashAttention-2 backward)",
-    "rec_fixed_s": "kernel_overhead_s + the weight casts again",
+    "bwd_fixed_s": "2 x kernel_overhead_s + gradient casts and accumulation over memory bandwidth + 2 x the "
+                   "forward's small-M GEMM offset",
+    "bwd_per_token_s": "2 x forward matmul (grad of input and of weight) + the backward's counted elementwise "
+                       "bytes / memory bandwidth + attention's backward short-sequence term",
+    "bwd_per_pair_s": "2.5 x 4 h FLOPs / attention backward FLOP/s (FlashAttention-2 backward; the causal "
+                      "backward's rate for a causal model where the profile has one)",
+    "rec_fixed_s": "kernel_overhead_s + the weight casts and the GEMM offset again",
     "rec_per_token_s": "= forward",
     "rec_per_pair_s": "= forward",
     "act_full_bytes_per_token": "measured: saved-tensor accounting of the model (its memory footprint)",
     "act_ckpt_bytes_per_token": "measured: the checkpointed layer's input (its memory footprint)",
-    "head_per_token_s": "6 h vocab / matmul FLOP/s (LM head forward + backward)",
+    "head_per_token_s": "6 h vocab / matmul FLOP/s (LM head forward + backward) + the loss's bytes over the "
+                        "vocabulary (logits upcast to fp32, or a fused kernel) / memory bandwidth",
     "head_bytes_per_token": "measured: the peak's working memory per token (its memory footprint)",
-    "microbatch_fixed_s": "embedding, LM head and final norm weight traffic (casts, accumulation)",
+    "microbatch_fixed_s": "embedding, LM head and final norm weight traffic (casts, accumulation) + the LM "
+                          "head's small-M GEMM offset",
 }
 
 

@@ -58,16 +58,20 @@ def test_stage3_clocks_in_a_list_or_a_vector_price_the_same(groups: list[GroupSh
 
 def test_overlap_hides_the_reductions_under_the_last_backward() -> None:
     """7B on 32 GPUs, one group of SP 8 with two long micro-batches: with overlap all but the root's
-    reduction run under the last backward; without, every layer's all-reduce follows it."""
+    reduction run under the last backward; without, every layer's all-reduce follows it. Either
+    way the optimizer's step follows the reductions: at stage 0 every rank steps all 6.74e9
+    parameters (foreach AdamW, bf16 recipe: 82 bytes a parameter) at 4.3 TB/s."""
     cm = cost_model(gpus=32, zero_stage=0)
     long = MicroBatchShape(64_000, 64_000 * 64_001 / 2, 8)
     groups = [GroupShape(8, (long, long)), GroupShape(8, ()), GroupShape(16, (long,))]
     on, off = cm.step_price(groups, overlap=True), cm.step_price(groups, overlap=False)
     terms = cm.sync_terms()
-    assert off.exposed_s == pytest.approx(terms["grad_reduce"] + terms["loss_all_reduce"], rel=1e-9)
-    assert on.exposed_s == pytest.approx(cm.grad_sync_s(), rel=1e-9)  # the root and the scalars only
-    # ratchet: overlap leaves under 10% of the reductions exposed; a margin under what this case gave when written (`pytest tests/test_schedule.py::test_overlap_hides_the_reductions_under_the_last_backward`)
-    assert on.exposed_s < 0.1 * off.exposed_s
+    adam = 82 * 6_738_415_616 / 4.3e12
+    assert off.exposed_s == pytest.approx(terms["grad_reduce"] + terms["loss_all_reduce"] + adam, rel=1e-9)
+    assert on.exposed_s == pytest.approx(cm.grad_sync_s(), rel=1e-9)  # the root, the scalars, the optimizer
+    # ratchet: overlap leaves under 10% of the reductions exposed (the optimizer's step, the same
+    # in both, is not a reduction); a margin under what this case gave when written (`pytest tests/test_schedule.py::test_overlap_hides_the_reductions_under_the_last_backward`)
+    assert on.exposed_s - adam < 0.1 * (off.exposed_s - adam)
 
 
 def test_lockstep_costs_uneven_groups_and_balanced_slots_recover_it() -> None:

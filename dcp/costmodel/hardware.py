@@ -305,14 +305,13 @@ class TrainingSetup:
     shard_group: int | None = None
     """Ranks the state is sharded over (HSDP: shard within each group of this many consecutive
     ranks, a node by default for large clusters, replicate across the groups); None: the world."""
-    kernels: Literal["eager", "compiled"] | None = None
+    kernels: Literal["eager", "compiled"] = "eager"
     """How the elementwise work runs, for the FLOP-derived coefficients: one kernel per op (eager
-    PyTorch, as dcp's executor runs) or fused between matmuls (torch.compile);
-    `dcp.costmodel.elementwise` counts each, and with either the derivation also prices the
-    loss's bytes, the optimizer's step, the small-M GEMM offset and the causal backward's rate
-    (docs/design.md, "The cost model"). None, the default for now: the estimate the presets
-    priced with before (34 h activation bytes per token and layer, none of those terms), kept
-    until the planner's tests are re-derived on the counted one."""
+    PyTorch, as dcp's executor runs it: the default) or fused between matmuls (torch.compile).
+    `dcp.costmodel.elementwise` counts the bytes of each; the derivation also prices the loss's
+    bytes, the optimizer's step, the small-M GEMM offset and the causal backward's rate
+    (docs/design.md, "The cost model"). The optimizer's step is priced with a measured fit too
+    (`CostModel.optimizer_s`); the rest only where the coefficients are derived."""
     loss: Literal["upcast", "fused"] = "upcast"
     """The loss over the vocabulary: logits upcast to fp32 before cross-entropy (dcp's `lm_loss`,
     torchtitan), or one fused cross-entropy kernel (flash-attn's xentropy, llm-foundry);
@@ -326,7 +325,7 @@ class TrainingSetup:
 
     def __post_init__(self) -> None:
         get_recipe(self.precision)  # an unknown name is a clear error here, not later
-        if self.kernels not in (None, "eager", "compiled"):
+        if self.kernels not in ("eager", "compiled"):
             raise CostModelError(f"kernels must be eager or compiled, got {self.kernels!r}")
         if self.loss not in ("upcast", "fused"):
             raise CostModelError(f"loss must be upcast or fused, got {self.loss!r}")

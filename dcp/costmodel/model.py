@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dcp.costmodel.collectives import bus_factor
-from dcp.costmodel.elementwise import ElementwiseBytes, elementwise_bytes, loss_bytes_per_token
+from dcp.costmodel.elementwise import elementwise_bytes, loss_bytes_per_token
 from dcp.costmodel.hardware import Cluster, HardwareProfile, LayerFit, TrainingSetup
 from dcp.costmodel.layout_queries import LayoutQueries
 from dcp.costmodel.memory import footprint_for
@@ -121,8 +121,8 @@ class CostModel(LayoutQueries):
         """What FSDP2's schedule adds during a step: stages 0-2 the gathered parameters and the
         whole local gradient, stage 3 the gathered units and their gradients."""
         local = sum(units) / shard_ranks(stage, n, shard_group)
-        self.optimizer_s = 0.0 if self.training.kernels is None else optimizer_step_s(
-            self.training.recipe, local, hardware.memory_bw_bytes_per_s, self.training.optimizer)
+        self.optimizer_s = optimizer_step_s(self.training.recipe, local, hardware.memory_bw_bytes_per_s,
+                                            self.training.optimizer)
         """The optimizer's step over this rank's shard, once per step (`traffic.optimizer_step_s`)."""
         self.per_step_s = self.optimizer_s + self.fit.step_fixed_s
         """What every step adds once beyond its micro-batches and its collectives' curves: the
@@ -143,21 +143,14 @@ class CostModel(LayoutQueries):
         """Coefficients from FLOPs and bytes when no measurement exists for this model."""
         m, hw, tr = self.model, self.hardware, self.training
         bw = hw.memory_bw_bytes_per_s
-        counted = tr.kernels is not None
         # Elementwise work (norms, RoPE, residual adds, the MLP's activation, autocast's casts)
         # streams its bytes through device memory: counted op by op from the layer's structure,
-        # eager or fused (dcp.costmodel.elementwise). Without `kernels` (the default for now) the
-        # estimate the presets priced with before: about the layer's activation bytes once
-        # (Korthikanti et al., arXiv 2205.05198: 34 s b h bytes) forward, twice backward.
-        if counted:
-            ew = elementwise_bytes(m, tr.recipe, tr.kernels)
-        else:
-            act = 34.0 * m.hidden * m.blocks_per_layer * m.bytes_per_element / 2
-            ew = ElementwiseBytes(act, 2 * act)
+        # eager or fused (dcp.costmodel.elementwise).
+        ew = elementwise_bytes(m, tr.recipe, tr.kernels)
         matmul_s = m.layer_fwd_flops_per_token() / hw.matmul_flops
         # Small-M GEMMs: each of the layer's matmuls over M tokens runs as M + offset tokens
         # (HardwareProfile.matmul_tokens_offset): a fixed cost per layer and pass.
-        offset = hw.matmul_tokens_offset if counted else 0.0
+        offset = hw.matmul_tokens_offset
         matmul_fixed = offset * matmul_s
         # Attention per kernel and direction: a kernel over T tokens and A pairs takes (A + kappa T)
         # pairs at its long-sequence rate, kappa the short-sequence cost per token of each attention
@@ -166,16 +159,14 @@ class CostModel(LayoutQueries):
         # kernel is the run's (TrainingSetup.attention), the causal backward on its own rate.
         kern = hw.attention_kernel(tr.attention)
         fwd_pair = m.layer_fwd_flops_per_pair() / kern.fwd_flops
-        bwd_pair = 2.5 * m.layer_fwd_flops_per_pair() / kern.backward_flops(counted and m.attention == "causal")
+        bwd_pair = 2.5 * m.layer_fwd_flops_per_pair() / kern.backward_flops(m.attention == "causal")
         fwd_tok = matmul_s + ew.fwd / bw + m.blocks_per_layer * kern.fwd_pairs_per_token * fwd_pair
         # Backward: two matmuls per forward matmul (grad of input and of weight) -> 2x.
-        # (The earlier estimate doubles the forward's elementwise work, in the order it always summed.)
-        bwd_elementwise = 2 * matmul_s + ew.bwd / bw if counted else 2 * (matmul_s + ew.fwd / bw)
-        bwd_tok = bwd_elementwise + m.blocks_per_layer * kern.bwd_pairs_per_token * bwd_pair
+        bwd_tok = 2 * matmul_s + ew.bwd / bw + m.blocks_per_layer * kern.bwd_pairs_per_token * bwd_pair
         # The per-tensor weight work (casts, gradient accumulation) is fixed per layer and pass.
         w = weight_traffic(m, tr.recipe, bw, hw.kernel_launch_s)
         head_flops = 2.0 * m.hidden * m.vocab * 3  # LM head forward + backward (x3)
-        loss_s = loss_bytes_per_token(m, tr.recipe, tr.loss) / bw if counted else 0.0  # the logits' upcast, loss
+        loss_s = loss_bytes_per_token(m, tr.recipe, tr.loss) / bw  # the logits' upcast, the loss
         return LayerFit(
             fwd_fixed_s=hw.kernel_overhead_s + w.fwd_layer_s + matmul_fixed,
             fwd_per_token_s=fwd_tok,

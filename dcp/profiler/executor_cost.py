@@ -143,9 +143,11 @@ def executor_fit(profile: HardwareProfile, spec: ModelSpec, dtype: torch.dtype, 
 
 def _priced_extra_s(cm: CostModel, tokens: float, pairs: float, world: int) -> float:
     """What `cm.step_price` adds to a step of three single-sample micro-batches on each of `world`
-    ranks beyond the micro-batches themselves (the step `measure_executor` runs)."""
+    ranks beyond the micro-batches themselves (the step `measure_executor` runs), less the
+    optimizer's step: `Executor.step` runs none (the training loop steps its optimizer after it)."""
     mbs = (MicroBatchShape(float(tokens), float(pairs), 0),) * 3
-    return cm.step_price([GroupShape(1, mbs)] * world).step_time_s - 3 * cm.time_s(tokens, pairs, 1, 0)
+    return (cm.step_price([GroupShape(1, mbs)] * world).step_time_s - 3 * cm.time_s(tokens, pairs, 1, 0)
+            - cm.optimizer_s)
 
 
 def executor_rows(spec: ModelSpec, dtype: torch.dtype, device: torch.device, min_tokens: int, max_tokens: int,
