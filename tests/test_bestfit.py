@@ -50,21 +50,23 @@ def test_every_packing_places_each_sample_once_within_the_cluster_and_its_level(
 
 def test_filling_the_larger_groups_room_packs_a_couple_of_samples_per_gpu_tightly(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Wikipedia, 512 samples on 256 GPUs (batch 4): the long samples' groups (SP 2-256) idle
-    much of the level unless short samples fill them. Best fit ends 20% below the warm start's
-    heuristic by estimate (0.233 s against 0.292 s) and below it when priced exactly; with the
-    fill left out, its least level is 19% higher (0.278 s)."""
+    """Wikipedia, 512 samples on 256 GPUs (batch 1): the long samples' groups (SP 2-256) idle
+    much of the level unless short samples fill them. Best fit ends 24% below the warm start's
+    heuristic by estimate (0.534 s against 0.705 s) and below it when priced exactly; with the
+    fill left out, its least level is 19% higher (0.636 s). (Batch 4, where this was written,
+    finds no level at all without the fill on the counted cost model, so it no longer measures
+    what the fill is worth.)"""
     from dcp.data.batches import make_batches
 
     cm = cost_model(gpus=256)
-    batch = make_batches("wikipedia", cm, global_batch=512, steps=1, seed=4)[0]
+    batch = make_batches("wikipedia", cm, global_batch=512, steps=1, seed=1)[0]
     arrays, pricer, table = _table(batch, cm)
     floor = capacity_busy(batch, cm)
     first = heuristic(table, 256, floor)
     found = best_fit(table, 256, floor, estimate(first, table))
     assert found
     best = found[-1]
-    # ratchet: best fit's estimate 15% under first fit's (0.233 s against 0.292 s, docstring); a margin under what this case gave when written (`pytest tests/test_bestfit.py::test_filling_the_larger_groups_room_packs_a_couple_of_samples_per_gpu_tightly`)
+    # ratchet: best fit's estimate 15% under first fit's (0.534 s against 0.705 s, docstring); a margin under what this case gave when written (`pytest tests/test_bestfit.py::test_filling_the_larger_groups_room_packs_a_couple_of_samples_per_gpu_tightly`)
     assert estimate(best, table) < 0.85 * estimate(first, table)
 
     def busy(groups) -> float:  # noqa: ANN001
@@ -74,5 +76,5 @@ def test_filling_the_larger_groups_room_packs_a_couple_of_samples_per_gpu_tightl
     assert busy(best) < 0.9 * busy(first)
     monkeypatch.setattr(bestfit._Bins, "fill", lambda self, candidates: np.zeros(0, dtype=np.int64))
     unfilled = best_fit(table, 256, floor, estimate(first, table))
-    # ratchet: the fill is worth 10% (0.278 s unfilled, docstring); a margin under what this case gave when written (`pytest tests/test_bestfit.py::test_filling_the_larger_groups_room_packs_a_couple_of_samples_per_gpu_tightly`)
+    # ratchet: the fill is worth 10% (0.636 s unfilled, docstring); a margin under what this case gave when written (`pytest tests/test_bestfit.py::test_filling_the_larger_groups_room_packs_a_couple_of_samples_per_gpu_tightly`)
     assert unfilled and estimate(unfilled[-1], table) > 1.1 * estimate(best, table)

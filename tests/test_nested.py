@@ -55,8 +55,15 @@ def test_gates_give_none() -> None:
     zero3 = CostModel(cm.model, cm.hardware, cm.cluster, TrainingSetup(zero_stage=3))
     assert nested_plan(batch, zero3, sizes, busy) is None  # stage 3 runs one layout
     # The micro-batch cap: never a plan past it, and below the uncapped plan's most a plan that
-    # keeps it (9 micro-batches uncapped; 8 under a cap of 8).
+    # keeps it. 100 samples on 128 GPUs (seed 2): 3 micro-batches uncapped, a plan of 2 under a cap
+    # of 2. On the counted cost model no cap below the uncapped plan's most gives a plan for 100
+    # samples on 64 GPUs (seeds 0-6) nor 70-120 samples (seeds 0-3): there every target's plan runs
+    # as many micro-batches in its busiest group as the uncapped one, leaving the cap untested.
+    cm, batch = lognormal_batch(gpus=128, samples=100, seed=2)
+    sizes = allowed_sp_sizes(cm)
+    busy = multi_phase_busy(batch, cm, sizes)
     most = max(len(g.microbatches) for g in nested_plan(batch, cm, sizes, busy).groups)
+    assert most >= 2
     kept = []
     for cap in range(1, most):
         capped = nested_plan(batch, cm, sizes, busy, max_microbatches=cap)

@@ -114,15 +114,17 @@ def _group_releases(cm, plan, by_id) -> np.ndarray:  # noqa: ANN001
 
 
 def test_spread_release_is_below_every_plans_and_raises_the_bound() -> None:
-    """128 short samples on 64 GPUs (ZeRO-1): no random plan's groups issue each layer's
-    reduction, at the latest, before `_Spread.at` its busy time (the batch's forward work
-    outside the backward below the layer, over 64 GPUs, each sample in a layout where it runs
-    within that time), and every plan's step is above the bound. It is the part that binds
-    here: the bound rises by more than 2% over the longest samples' releases (`_released`), and
-    the ILP's plan is within 2% of it."""
+    """128 short samples (100-1,500 tokens) on 64 GPUs (ZeRO-1): no random plan's groups issue
+    each layer's reduction, at the latest, before `_Spread.at` its busy time (the batch's forward
+    work outside the backward below the layer, over 64 GPUs, each sample in a layout where it
+    runs within that time), and every plan's step is above the bound. It is the part that binds
+    here: the bound rises by more than 2% over the longest samples' releases (`_released`: 11.8%),
+    and the ILP's plan is within 2% of it. (Up to 3,000 tokens, where this was written, the
+    counted cost model's per-token work puts the bound where the spread adds nothing, seeds 0-3;
+    up to 1,500 it adds 11.8% at seeds 0-2 and 12.5% on 128 GPUs.)"""
     cm = cost_model(gpus=64, zero_stage=1)
     rng = np.random.default_rng(0)
-    batch = make_batch([int(t) for t in rng.integers(100, 3000, 128)])
+    batch = make_batch([int(t) for t in rng.integers(100, 1500, 128)])
     by_id = {s.id: s for s in batch}
     sizes = allowed_sp_sizes(cm)
     tokens, pairs = sample_arrays(batch)
