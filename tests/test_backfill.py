@@ -236,10 +236,15 @@ def test_gates_give_none() -> None:
     zero3 = CostModel(cm.model, cm.hardware, cm.cluster, TrainingSetup(zero_stage=3))
     assert backfill_plan(batch, zero3, sizes, busy) is None  # stage 3 runs one layout
     # The micro-batch cap: never a plan past it (None instead), below the uncapped plan's most a
-    # plan that keeps it (seed 1: 4 micro-batches uncapped, a plan of 3 under a cap of 3; seed 0
-    # gives None for every cap below 4, which would leave the cap's plan untested), and the plan
-    # itself once the cap is its own. A roomy time limit: every level is tried at any load.
-    batch = mixed_batch(seed=1)
+    # plan that keeps it, and the plan itself once the cap is its own. Wikipedia's batch 1 of 1,024
+    # on 32 GPUs: 6 micro-batches uncapped, a plan under a cap of 5. On the counted cost model no
+    # cap below the most gives a plan for the mixed batches (n_short 300-4,800 on 16-128 GPUs,
+    # seeds 0-30 at 1,200 on 64) nor for wikipedia's 1,024 and 2,048 on 64 GPUs: every level's
+    # plan there runs as many micro-batches in its busiest group, which would leave the cap's plan
+    # untested. A roomy time limit: every level is tried at any load.
+    cm = cost_model(gpus=32)
+    sizes = allowed_sp_sizes(cm)
+    batch = make_batches("wikipedia", cm, global_batch=1024, steps=1, seed=1)[0]
     busy = multi_phase_busy(batch, cm, sizes)
     uncapped = backfill_plan(batch, cm, sizes, busy, time_limit_s=100)
     most = max(len(g.microbatches) for g in uncapped.groups)
