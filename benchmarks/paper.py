@@ -5,7 +5,9 @@ with the cluster and the model.
     .venv/bin/python benchmarks/paper.py --quick         # the 32-GPU table only (JSON + markdown)
 
 Without --quick it also runs `benchmarks/long_context.py` (128K-2M-token samples, Ulysses alone
-against Ulysses x ring, its own JSON), whose table the page includes.
+against Ulysses x ring, its own JSON), whose table the page includes. The page's HSDP and CPU
+self-check sections come from `benchmarks/hsdp_scale.py` and `benchmarks/selfcheck.py` runs: they
+are carried over from the page as it stands, between their markers (`paper_report.KEPT`).
 
 The paper's setting ("Training Variable Long Sequences With Data-centric Parallel", NUS; code
 NUS-HPC-AI-Lab/VideoSys, docs/dcp.md): 32 H200 in nodes of 8; a 1D (text) and a 2D (video)

@@ -63,8 +63,28 @@ def _setting(doc: dict[str, Any], hw: HardwareProfile) -> str:
 """
 
 
-def render(doc: dict[str, Any], hw: HardwareProfile, wall_s: float) -> str:
-    """The whole of docs/results.md."""
+KEPT = ("hsdp_scale", "selfcheck")
+"""Sections of docs/results.md this page carries over as they stand, each between
+`<!-- NAME.py:begin -->` and `<!-- NAME.py:end -->`: written by `benchmarks/NAME.py`'s runs and by
+hand from them (hsdp_scale.py prices a fixed step; selfcheck.py measures a CPU, which this page
+cannot re-run), so regenerating the page keeps them instead of dropping them."""
+
+
+def kept_sections(path: Path) -> dict[str, str]:
+    """Each `KEPT` section of the page at `path` (markers included), where it has one."""
+    text = path.read_text() if path.is_file() else ""
+    kept = {}
+    for name in KEPT:
+        begin, end = f"<!-- {name}.py:begin -->", f"<!-- {name}.py:end -->"
+        if begin in text and end in text:
+            start = text.index(begin)
+            kept[name] = text[start:text.index(end, start) + len(end)] + "\n\n"
+    return kept
+
+
+def render(doc: dict[str, Any], hw: HardwareProfile, wall_s: float, kept: dict[str, str] | None = None) -> str:
+    """The whole of docs/results.md; `kept`: the `KEPT` sections to carry over, by name."""
+    kept = kept or {}
     m, paper = doc["meta"], ok_cases(doc, "paper")
     pr = m["paper_range"]
     notes = [r for c in paper for r in reasons(c, pr)]
@@ -166,7 +186,7 @@ the others wait (groups of its first batch here: {per_batch}). Against that base
 {_span(paper, ilp_vs)} faster here (last column of the table). The paper's bucket parallel fixes one SP size for the whole training from the dataset's longest
 sample, which this page uses; the best-static columns show how much of the rest a better static choice recovers.
 {scaling}
-{long_context_section()}
+{kept.get("hsdp_scale", "")}{long_context_section()}
 ## Differences from the paper's setup
 
 - **Hardware numbers.** `{m['hardware']}` is {"a profile measured with `dcp profile`" if m['hardware_kind'] == 'measured'
@@ -201,7 +221,7 @@ sample, which this page uses; the best-static columns show how much of the rest 
 ## Measured on hardware
 
 {measured_section()}
-{costmodel_section()}"""
+{kept.get("selfcheck", "")}{costmodel_section()}"""
 
 
 def write_report(doc: dict[str, Any], out_dir: Path, started: float) -> Path:
@@ -217,5 +237,5 @@ def write_report(doc: dict[str, Any], out_dir: Path, started: float) -> Path:
         scaling(doc, "models", figures / "scaling-models.png")
     path = out_dir / "results.md"
     hw = load_hardware(doc["meta"]["hardware"])
-    path.write_text(render(doc, hw, time.perf_counter() - started))
+    path.write_text(render(doc, hw, time.perf_counter() - started, kept_sections(path)))
     return path

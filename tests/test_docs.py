@@ -37,3 +37,25 @@ def test_the_readme_points_to_the_design() -> None:
     design = (ROOT / "docs" / "design.md").read_text()
     for part in ("## The cost model", "## The planner", "## The executor", "What is deterministic"):
         assert part in design
+
+
+def test_regenerating_the_results_page_keeps_the_sections_it_does_not_generate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`benchmarks/paper.py --out docs/` renders docs/results.md from its JSON; the HSDP and CPU
+    self-check sections come from other runs and are carried over between their markers (they
+    were dropped by a regeneration once). Rendered from the committed JSON, the page holds each
+    of them as it stands."""
+    import json
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import paper_report
+
+    from dcp.costmodel import load_hardware
+
+    page = ROOT / "docs" / "results.md"
+    kept = paper_report.kept_sections(page)
+    assert set(kept) == set(paper_report.KEPT)
+    doc = json.loads((ROOT / "benchmarks" / "results" / "paper.json").read_text())
+    out = paper_report.render(doc, load_hardware(doc["meta"]["hardware"]), 1.0, kept)
+    for name, section in kept.items():
+        assert section.strip() in out and section.strip() in page.read_text(), name
+    assert "## HSDP at scale" in kept["hsdp_scale"] and "## CPU self-check" in kept["selfcheck"]
