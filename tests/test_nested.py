@@ -57,7 +57,7 @@ def test_gates_give_none() -> None:
     # The micro-batch cap: never a plan past it, and below the uncapped plan's most a plan that
     # keeps it. 100 samples on 128 GPUs (seed 2): 3 micro-batches uncapped, a plan of 2 under a cap
     # of 2. On the counted cost model no cap below the uncapped plan's most gives a plan for 100
-    # samples on 64 GPUs (seeds 0-6) nor 70-120 samples (seeds 0-3): there every target's plan runs
+    # samples on 64 GPUs (seeds 0-6) nor 70-120 samples (seeds 0-2): there every target's plan runs
     # as many micro-batches in its busiest group as the uncapped one, leaving the cap untested.
     cm, batch = lognormal_batch(gpus=128, samples=100, seed=2)
     sizes = allowed_sp_sizes(cm)

@@ -369,7 +369,7 @@ def test_longest_sample_beside_the_rest_beats_every_single_layout(unhurried) -> 
     (a single layout runs the rest of that group's step at SP 32): 1.976 s against 1.989 s.
     On the counted cost model it is not so on every batch whose longest sample needs half the
     cluster: 512 on 32 GPUs, batches 0 (where this was written), 1 and 27, and 1,024 on 64,
-    batches 0, 1, 10 and 13, end 0.6-3% above the single-layout bound. Unhurried: the plan, not
+    batches 0, 1, 10 and 13, end 0.7-2.8% above the single-layout bound. Unhurried: the plan, not
     the machine's speed."""
     from dcp.data.batches import make_batches
     from dcp.planner.bounds import single_layout_bound
