@@ -87,6 +87,24 @@ def test_comm_at_sp8_matches_hand_formula() -> None:
     assert cm.layer_times(t, 0, 32).comm_s == pytest.approx(4 * 46e-6 + 32768 * t / 32 * 31 / 32 / 64.7e9)
 
 
+def test_executor_all_to_all_extra_is_paid_per_call_and_per_shard_token() -> None:
+    cm, t = cost_model(), 8192
+    measured = dataclasses.replace(cm.fit, a2a_call_s=30e-6, a2a_token_s=2e-9)
+    with_extra = CostModel(cm.model, dataclasses.replace(cm.hardware, fits={cm.model.name: measured}), cm.cluster,
+                           cm.training)
+    plain = CostModel(cm.model, dataclasses.replace(cm.hardware, fits={cm.model.name: cm.fit}), cm.cluster,
+                      cm.training)
+    # Each of a direction's four all-to-alls costs 30 us more, plus 2 ns per token of the rank's T/8.
+    assert with_extra.layer_times(t, 0, 8).comm_s - plain.layer_times(t, 0, 8).comm_s == pytest.approx(
+        4 * (30e-6 + 2e-9 * t / 8), rel=1e-9)
+    # A micro-batch pays it for every all-to-all it issues: forward and backward of each of the 32
+    # layers, and the recompute of each checkpointed one; none at SP 1.
+    a, r = t * (t + 1) // 2, 3
+    assert with_extra.time_s(t, a, 8, r) - plain.time_s(t, a, 8, r) == pytest.approx(
+        (2 * 32 + r) * 4 * (30e-6 + 2e-9 * t / 8), rel=1e-9)
+    assert with_extra.time_s(t, a, 1, r) == plain.time_s(t, a, 1, r)
+
+
 def test_time_is_layers_plus_head() -> None:
     cm, t, a, p, r = cost_model(), 4096, 4096 * 4097 // 2, 4, 10
     lt, k, f = cm.layer_times(t, a, p), 32, cm.fit

@@ -220,6 +220,52 @@ def test_executor_fit_recovers_the_fixed_cost_beyond_layers_and_head() -> None:
     assert bare_modules(profile, "tiny-llama") == profile  # no executor record: unchanged
 
 
+def test_executor_fit_recovers_the_all_to_all_extra_from_sp_rows() -> None:
+    from dcp.costmodel.ring import SPLayout
+    from dcp.profiler.executor_cost import bare_modules, executor_fit
+
+    profile, spec = load_hardware(str(NOTEBOOK_PROFILE)), load_model("tiny-llama")
+    fit = profile.fits["tiny-llama"]
+    cm = CostModel(spec, profile, Cluster(num_gpus=1, gpus_per_node=1, memory_bytes=profile.memory_bytes))
+    rows = []
+    for n in (16, 64, 256, 1024):  # SP 1: 3 ms fixed, no per-token extra, 4 ms a step
+        pairs = n * (n + 1) // 2
+        mb = cm.time_s(n, pairs, 1, 0) - fit.microbatch_fixed_s + 3e-3
+        rows.append({"tokens": n, "attn_pairs": pairs, "measured_s": mb, "step_s": 3 * mb + 4e-3})
+    # SP 2 with the SP-1 extras above: priced by hand as the micro-batch without the executor's
+    # all-to-all extra, then 50 us and 0.1 us per token of the rank's shard for each of its
+    # (2 K + r) x 4 all-to-alls (tiny-llama: K = 2).
+    with_sp1 = replace(fit, microbatch_fixed_s=3e-3)
+    cm2 = CostModel(spec, replace(profile, fits={"tiny-llama": with_sp1}),
+                    Cluster(num_gpus=2, gpus_per_node=2, memory_bytes=profile.memory_bytes))
+    for n in (32, 128, 512, 2048):
+        for r in (0, 2):
+            pairs = n * (n + 1) // 2
+            calls = (2 * 2 + r) * 4
+            rows.append({"tokens": n, "attn_pairs": pairs, "sp": 2, "ckpt_layers": r,
+                         "measured_s": cm2.time_s(n, pairs, 2, r, SPLayout(2)) + calls * (50e-6 + 1e-7 * n / 2),
+                         "step_s": 0.0})
+    new, record = executor_fit(profile, spec, torch.float32, rows, world=2)
+    assert new.microbatch_fixed_s == pytest.approx(3e-3, rel=1e-6)  # the SP rows do not move it
+    assert new.a2a_call_s == pytest.approx(50e-6, rel=1e-6)
+    assert new.a2a_token_s == pytest.approx(1e-7, rel=1e-6)
+    assert record["all_to_all"]["r2"] == pytest.approx(1.0)
+    assert [r["calls"] for r in record["all_to_all"]["points"]] == [16, 24] * 4
+    # --validate's bare modules have no executor, so no all-to-all extra either.
+    meta = {**profile.meta, "fits": {**profile.meta["fits"], "tiny-llama": {"executor": record}}}
+    bare = bare_modules(replace(profile, fits={**profile.fits, "tiny-llama": new}, meta=meta), "tiny-llama")
+    assert bare.fits["tiny-llama"].a2a_call_s == 0.0 and bare.fits["tiny-llama"].a2a_token_s == 0.0
+
+
+def test_sp_sizes_the_executor_fit_runs() -> None:
+    from dcp.profiler.executor_cost import sp_sizes
+
+    spec = load_model("tiny-llama")  # 4 heads, 2 KV heads: Ulysses over 2 or 4 ranks, not 8
+    assert sp_sizes(spec, 1) == [] and sp_sizes(spec, 3) == []
+    assert sp_sizes(spec, 2) == [2] and sp_sizes(spec, 8) == [2, 4]
+    assert sp_sizes(spec, 6) == [2]  # 4 does not divide 6 ranks
+
+
 def test_executor_rows_time_the_middle_microbatch_on_a_group_of_its_own() -> None:
     import torch.distributed as dist
 

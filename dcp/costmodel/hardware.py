@@ -44,6 +44,14 @@ class LayerFit:
     """Per step, what the executor's first and last micro-batches (the parameters' gather, the
     gradients' reduction) cost beyond what the collectives' curves price for them: measured by
     `dcp profile` through the executor (`dcp.profiler.executor_cost`), 0 for a preset."""
+    a2a_call_s: float = 0.0
+    """Per Ulysses all-to-all the executor issues (`ModelSpec.a2a_per_layer` a layer and direction),
+    what it costs beyond the all-to-all curve's latency: the autograd wrapper, the contiguous send
+    buffer, the fresh receive buffer, the collective's CPU time as the executor calls it between
+    layers. Measured by `dcp profile` through the executor on SP groups (`dcp.profiler.executor_cost`),
+    0 for a preset."""
+    a2a_token_s: float = 0.0
+    """Per such all-to-all, per token of the rank's shard, beyond the curve's bytes / bandwidth."""
     head_bytes_per_token: float = 0.0
     """Peak bytes per token of embedding/head/loss (logits)."""
     max_fitted_tokens: int = 0

@@ -218,15 +218,16 @@ class CostModel(LayoutQueries):
         """One direction's all-to-alls of one layer among the u Ulysses ranks of an SP group of p
         (default u): each moves (u-1)/u of the rank's T/p tokens, at the alpha-beta fit of the
         all-to-all curve for a group of u (GPUs per node, nodes). KV heads replicated for u above
-        them travel as u heads."""
+        them travel as u heads. Where `dcp profile` ran the executor on SP groups, each call also
+        costs what it measured there beyond the curve (`LayerFit.a2a_call_s`, `a2a_token_s`)."""
         p = u if p is None else p
         if u == 1:
             return LinearCost(0.0, 0.0, 0.0)
         lat, bw = self.hardware.collective("all_to_all", u, self.cluster.gpus_per_node).alpha_beta()
-        m = self.model
+        m, calls = self.model, self.model.a2a_per_layer
         bytes_per_token = m.blocks_per_layer * (2 * m.hidden + 2 * kv_width(m, u)) * m.bytes_per_element
         per_tok = bytes_per_token / p * bus_factor("all_to_all", u) / bw
-        return LinearCost(self.model.a2a_per_layer * lat, per_tok, 0.0)
+        return LinearCost(calls * (lat + self.fit.a2a_call_s), per_tok + calls * self.fit.a2a_token_s / p, 0.0)
 
     def linear_time(self, sp_size: int, ckpt_layers: int) -> LinearCost:
         """Micro-batch time as a linear function of (T, A) at SP size p with r checkpointed layers.

@@ -15,6 +15,16 @@ parameters (in its first micro-batch), reduces the gradients (in its last) and d
 around the micro-batches: what the step takes beyond three middle micro-batches, less what the
 step price gives that step for its collectives, is the executor's per-step cost, `step_fixed_s`.
 
+With two ranks or more it also runs SP groups (every power of two p up to the world that the
+heads allow, aligned blocks of ranks), the same tokens a rank, without and with every layer
+checkpointed. What their middle micro-batch takes beyond the micro-batch's price (the fit above,
+the all-to-all curve's latency and bandwidth included) grows with the Ulysses all-to-alls it
+issues, (2K + r) x `a2a_per_layer` calls: (measured - priced) = calls x (per_call + per_token x T/p)
+by non-negative least squares gives `LayerFit.a2a_call_s` and `a2a_token_s`. On a CPU an
+all-to-all costs the executor more than the curve's isolated, back-to-back calls: the autograd
+wrapper, the contiguous send buffer, the fresh receive buffer, gloo's CPU time between layers
+(tiny-llama on 2 gloo ranks: a 512-token SP-2 micro-batch ran 1.45x its price, an SP-1 one 1.1x).
+
 Launched with torchrun, every rank runs the executor together (FSDP2 then gathers and reduces
 over them, as a run on these ranks does) and rank 0 fits; otherwise on a one-rank gloo or NCCL
 group of its own.
@@ -42,9 +52,10 @@ from dcp.costmodel import (
     TrainingSetup,
     attention_pairs,
 )
+from dcp.costmodel.ring import SPLayout
 from dcp.costmodel.schedule import GroupShape, MicroBatchShape
 from dcp.profiler.compute import Repeats
-from dcp.profiler.fitting import fit_nnls, geometric_grid
+from dcp.profiler.fitting import fit_nnls, geometric_grid, r_squared
 
 
 @contextmanager
@@ -90,13 +101,16 @@ def measure_executor(spec: ModelSpec, dtype: torch.dtype, device: torch.device, 
             return mse_loss(out, batch["target"], batch.valid)
         return lm_loss(out, batch["labels"])
 
-    rows = []
     world = state.world_size
-    for n in tokens:
-        batch = [Sample(i, n, attention_pairs(spec.attention, n)) for i in range(3 * world)]
+
+    def row(n: int, sp: int, ckpt: int) -> dict[str, float]:
+        """Groups of `sp` aligned ranks over the world, each three micro-batches of one `n`-token
+        sample with `ckpt` checkpointed layers; this rank's fastest middle micro-batch and step."""
+        groups = world // sp
+        batch = [Sample(i, n, attention_pairs(spec.attention, n)) for i in range(3 * groups)]
         tensors = {s.id: sample_tensors(spec, s, dtype=dtype) for s in batch}
         plan = manual_plan(batch, world, spec.num_layers,
-                           [(r, 1, [([3 * r + j], 0) for j in range(3)]) for r in range(world)],
+                           [(g * sp, sp, [([3 * g + j], ckpt) for j in range(3)]) for g in range(groups)],
                            gpus_per_node=state.gpus_per_node)
         middle, steps = [], []
         for i in range(reps.warmup + reps.repeats):
@@ -105,9 +119,22 @@ def measure_executor(spec: ModelSpec, dtype: torch.dtype, device: torch.device, 
                 mb = stats.microbatches[1]
                 middle.append(mb.cpu_s if cpu_clock else mb.measured_s)
                 steps.append(stats.cpu_step_s if cpu_clock else stats.measured_step_s)
-        rows.append({"tokens": n, "attn_pairs": batch[0].attn_pairs, "measured_s": min(middle),
-                     "step_s": min(steps)})
+        return {"tokens": n, "attn_pairs": batch[0].attn_pairs, "sp": sp, "ckpt_layers": ckpt,
+                "measured_s": min(middle), "step_s": min(steps)}
+
+    rows = [row(n, 1, 0) for n in tokens]
+    for sp in sp_sizes(spec, world):  # the same tokens a rank: n x sp a micro-batch
+        rows += [row(n * sp, sp, ckpt) for ckpt in (0, spec.num_layers) for n in tokens]
     return rows
+
+
+def sp_sizes(spec: ModelSpec, world: int) -> list[int]:
+    """The SP sizes above 1 whose all-to-alls the executor's fit measures: powers of two that divide
+    the world and whose Ulysses groups the model's heads allow."""
+    from dcp.executor.ulysses import ulysses_heads_error
+
+    return [p for p in (1 << i for i in range(1, world.bit_length()))
+            if world % p == 0 and ulysses_heads_error(spec.heads, spec.kv_heads, p) is None]
 
 
 def recipe_of(dtype: torch.dtype) -> str:
@@ -120,8 +147,9 @@ def executor_fit(profile: HardwareProfile, spec: ModelSpec, dtype: torch.dtype, 
     fit = profile.fits[spec.name]
     cm = CostModel(spec, profile, Cluster(num_gpus=1, gpus_per_node=1, memory_bytes=profile.memory_bytes),
                    TrainingSetup(precision=recipe_of(dtype), zero_stage=1))
+    sp_rows = [r for r in rows if r.get("sp", 1) > 1]
     rows = [{**r, "layers_and_head_s": cm.time_s(r["tokens"], r["attn_pairs"], 1, 0) - fit.microbatch_fixed_s}
-            for r in rows]
+            for r in rows if r.get("sp", 1) == 1]
     extra = fit_nnls([[1.0, r["tokens"]] for r in rows], [r["measured_s"] - r["layers_and_head_s"] for r in rows],
                      ("fixed", "per_token"), weights=[1.0 / r["measured_s"] for r in rows])
     # What the step takes beyond three middle micro-batches (the first's gather of the parameters,
@@ -133,12 +161,40 @@ def executor_fit(profile: HardwareProfile, spec: ModelSpec, dtype: torch.dtype, 
     step_extra = statistics.median(r["step_s"] - 3 * r["measured_s"] for r in rows)
     priced = statistics.median(_priced_extra_s(synced, r["tokens"], r["attn_pairs"], world) for r in rows)
     new = replace(fit, microbatch_fixed_s=extra.coef[0], head_per_token_s=fit.head_per_token_s + extra.coef[1],
-                  step_fixed_s=max(0.0, step_extra - priced))
+                  step_fixed_s=max(0.0, step_extra - priced), a2a_call_s=0.0, a2a_token_s=0.0)
     record = {"measured": True, "points": rows, "coef": extra.as_dict(), "fit_mape_of_residual": extra.mape,
               "head_intercept_s": fit.microbatch_fixed_s, "zero_stage": 1, "ranks": world,
               "step_extra_s": step_extra, "priced_extra_s": priced,
               "priced_sync_s": synced.sync_terms() if world > 1 else None}
+    if sp_rows:
+        new, record["all_to_all"] = a2a_fit(replace(profile, fits={**profile.fits, spec.name: new}), spec,
+                                            recipe_of(dtype), sp_rows, world)
     return new, record
+
+
+def a2a_fit(profile: HardwareProfile, spec: ModelSpec, recipe: str, rows: Sequence[dict[str, float]],
+            world: int) -> tuple[LayerFit, dict[str, Any]]:
+    """`profile`'s fit of `spec` with the executor's cost per all-to-all beyond the curve, fitted
+    on SP rows (module docstring): measured - priced = calls x (a2a_call_s + a2a_token_s x T/p)."""
+    cm = CostModel(spec, profile, Cluster(num_gpus=world, gpus_per_node=world, memory_bytes=profile.memory_bytes),
+                   TrainingSetup(precision=recipe, zero_stage=1))
+    rows = [{**r, "calls": (2 * spec.num_layers + r["ckpt_layers"]) * spec.a2a_per_layer,
+             "priced_s": cm.time_s(r["tokens"], r["attn_pairs"], r["sp"], r["ckpt_layers"], SPLayout(r["sp"]))}
+            for r in rows]
+    extra = fit_nnls([[r["calls"], r["calls"] * r["tokens"] / r["sp"]] for r in rows],
+                     [r["measured_s"] - r["priced_s"] for r in rows], ("per_call", "per_token"),
+                     weights=[1.0 / r["measured_s"] for r in rows])
+    fit = replace(profile.fits[spec.name], a2a_call_s=extra.coef[0], a2a_token_s=extra.coef[1])
+    return fit, {"points": rows, "coef": extra.as_dict(), "fit_mape_of_residual": extra.mape,
+                 "r2": r2_of_residual(rows, extra.coef)}
+
+
+def r2_of_residual(rows: Sequence[dict[str, float]], coef: Sequence[float]) -> float:
+    """R^2 of the priced micro-batch times with the fitted all-to-all extra against the measured
+    ones (the component's fit quality in the profile's terms: how much of the SP rows' spread the
+    priced times explain)."""
+    return r_squared([r["measured_s"] for r in rows],
+                     [r["priced_s"] + r["calls"] * (coef[0] + coef[1] * r["tokens"] / r["sp"]) for r in rows])
 
 
 def _priced_extra_s(cm: CostModel, tokens: float, pairs: float, world: int) -> float:
@@ -171,6 +227,6 @@ def bare_modules(profile: HardwareProfile, name: str) -> HardwareProfile:
     if not record.get("measured"):
         return profile
     fit = profile.fits[name]
-    bare = replace(fit, microbatch_fixed_s=record["head_intercept_s"], step_fixed_s=0.0,
+    bare = replace(fit, microbatch_fixed_s=record["head_intercept_s"], step_fixed_s=0.0, a2a_call_s=0.0, a2a_token_s=0.0,
                    head_per_token_s=fit.head_per_token_s - record["coef"]["per_token"])
     return replace(profile, fits={**profile.fits, name: bare})
