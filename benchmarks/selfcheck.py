@@ -13,9 +13,17 @@ plan (the first round is a warm-up): CPU time, because the machine is shared and
 measures the other jobs too (the wall-clock ratios are kept beside). Plans run round-robin, so a
 slow drift of the machine touches every plan alike.
 
+Each round also times the profiler's reference kernel (`dcp.profiler.reference.ReferenceKernel`,
+rank 0's fastest, both ranks running it at once as they do the plans), which a profile times
+before each of its passes and after the last (`meta.reference`): its time here over the profile's
+fastest says how much slower the machine ran now than when it was profiled ("machine speed").
+
 Reports, per profile, measured / predicted of each plan's step and of each micro-batch (median,
-min, max) and the Spearman rank correlation of predicted and measured steps; with two profiles,
-how far their predictions of each plan lie apart. Writes benchmarks/results/selfcheck.json (or
+min, max) and the Spearman rank correlation of predicted and measured steps, and the step ratio
+again with the prediction scaled by the machine speed (what the profile would have predicted had
+it been taken at this speed: model error apart from the machine's drift); with two profiles, how
+far their predictions of each plan lie apart, and how far once each is scaled by its own
+reference time (the disagreement the machine's drift between them does not explain). Writes benchmarks/results/selfcheck.json (or
 --output). Not a test: nothing asserts on time.
 """
 
@@ -93,6 +101,7 @@ def worker(rank: int, store: str, rounds: int, out: dict) -> None:
     from dcp.executor import Executor, ParallelState
     from dcp.executor.reference import manual_plan
     from dcp.models import build_model, lm_loss, sample_tensors
+    from dcp.profiler.reference import ReferenceKernel
 
     torch.set_num_threads(1)  # as the profile was timed
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD,
@@ -110,7 +119,10 @@ def worker(rank: int, store: str, rounds: int, out: dict) -> None:
         return lm_loss(o, b["labels"])
 
     measured: list[dict[str, Any]] = [{"step_cpu_s": [], "step_wall_s": [], "mb": {}} for _ in PLANS]
+    kernel, reference = ReferenceKernel(), []
     for rnd in range(rounds + 1):  # round 0: warm-up
+        dist.barrier()
+        reference.append(kernel.seconds())
         for i, (plan, tensors) in enumerate(plans):
             dist.barrier()
             stats = executor.step(plan, tensors, loss_fn)
@@ -126,6 +138,7 @@ def worker(rank: int, store: str, rounds: int, out: dict) -> None:
                 row["wall_s"].append(m.measured_s)
     if rank == 0:
         out["measured"] = measured
+        out["reference_s"] = reference[1:]
         out["load_after"] = os.getloadavg()
     dist.barrier()
     dist.destroy_process_group()
@@ -155,8 +168,10 @@ def ratio_summary(ratios: list[float]) -> dict[str, float]:
     return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
 
 
-def compare(measured: list[dict[str, Any]], predicted: list[dict[str, Any]]) -> dict[str, Any]:
-    """measured / predicted per plan (step) and per micro-batch, on CPU time and on wall time."""
+def compare(measured: list[dict[str, Any]], predicted: list[dict[str, Any]], speed: float | None) -> dict[str, Any]:
+    """measured / predicted per plan (step) and per micro-batch, on CPU time and on wall time;
+    with the machine `speed` (reference kernel now / at profiling), the step ratio of the
+    predictions scaled by it too."""
     plans, steps_m, steps_p, mb_ratios, mb_wall = [], [], [], [], []
     for (name, _), m, p in zip(PLANS, measured, predicted, strict=True):
         step_cpu, step_wall = min(m["step_cpu_s"]), min(m["step_wall_s"])
@@ -169,10 +184,14 @@ def compare(measured: list[dict[str, Any]], predicted: list[dict[str, Any]]) -> 
         plans.append({"plan": name, "predicted_step_s": p["step_s"], "step_cpu_s": step_cpu, "step_wall_s": step_wall,
                       "ratio": step_cpu / p["step_s"], "wall_ratio": step_wall / p["step_s"], "microbatches": mbs})
     step_ratios = [p["ratio"] for p in plans]
+    scaled = None
+    if speed is not None:
+        at_speed = [r / speed for r in step_ratios]
+        scaled = {**ratio_summary(at_speed), "in_0.75_1.33": sum(0.75 <= r <= 1.33 for r in at_speed)}
     return {
         "step": {**ratio_summary(step_ratios), "spearman": float(spearmanr(steps_p, steps_m).statistic),
                  "in_0.75_1.33": sum(0.75 <= r <= 1.33 for r in step_ratios), "plans": len(plans),
-                 "wall": ratio_summary([p["wall_ratio"] for p in plans])},
+                 "wall": ratio_summary([p["wall_ratio"] for p in plans]), "at_machine_speed": scaled},
         "microbatch": {**ratio_summary(mb_ratios), "spearman": float(spearmanr(
             [v["predicted_s"] for p in plans for v in p["microbatches"].values()],
             [v["cpu_s"] for p in plans for v in p["microbatches"].values()]).statistic),
@@ -184,8 +203,13 @@ def compare(measured: list[dict[str, Any]], predicted: list[dict[str, Any]]) -> 
 
 def profile_record(path: str, profile: HardwareProfile) -> dict[str, Any]:
     fit_meta = profile.meta.get("fits", {}).get(MODEL, {})
+    executor = fit_meta.get("executor") or {}
     return {"path": path, "name": profile.name, "created": profile.meta.get("created"),
             "r2": fit_meta.get("r2"), "r2_below": fit_meta.get("r2_below"),
+            "r2_all_to_all": (executor.get("all_to_all") or {}).get("r2"), "reference": profile.meta.get("reference"),
+            "warnings": profile.meta.get("warnings"),
+            "a2a_call_s": profile.fits[MODEL].a2a_call_s, "a2a_token_s": profile.fits[MODEL].a2a_token_s,
+            "step_fixed_s": profile.fits[MODEL].step_fixed_s,
             "heldout_mape": profile.fits[MODEL].heldout_mape,
             "microbatch_fixed_s": profile.fits[MODEL].microbatch_fixed_s, "timing": fit_meta.get("timing")}
 
@@ -206,10 +230,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, mp.Manager() as manager:
         out = manager.dict()
         mp.spawn(worker, args=(os.path.join(tmp, "store"), args.rounds, out), nprocs=WORLD)
-        measured, load_after = out["measured"], out["load_after"]
+        measured, load_after, reference = out["measured"], out["load_after"], out["reference_s"]
+    reference_s = min(reference)
+    speeds = {p: reference_s / ref["fastest_s"] if (ref := prof.meta.get("reference")) else None
+              for p, prof in profiles.items()}
     results: dict[str, Any] = {}
     for path, prof in profiles.items():
-        results[path] = {"profile": profile_record(path, prof), **compare(measured, preds[path])}
+        results[path] = {"profile": profile_record(path, prof), "machine_speed": speeds[path],
+                         **compare(measured, preds[path], speeds[path])}
     agreement = None
     if len(profiles) > 1:
         first, *rest = list(preds)
@@ -220,12 +248,20 @@ def main() -> None:
             agreement[other] = {"against": first, "step_ratio": ratio_summary(step), "microbatch_ratio": ratio_summary(mb),
                                 "max_step_difference": max(abs(r - 1) for r in step),
                                 "max_microbatch_difference": max(abs(r - 1) for r in mb)}
+            a, b = speeds[first], speeds[other]
+            if a and b:  # each profile's predictions at the machine speed of now: b / a of the references apart
+                agreement[other]["reference_ratio"] = a / b
+                agreement[other]["max_step_difference_at_speed"] = max(abs(r * b / a - 1) for r in step)
     for path, r in results.items():
         s, m = r["step"], r["microbatch"]
         print(f"{path}: R^2 {r['profile']['r2']}")
         print(f"  step  measured/predicted median {s['median']:.3f} [{s['min']:.3f}, {s['max']:.3f}] "
               f"in 0.75-1.33: {s['in_0.75_1.33']}/{s['plans']}  Spearman {s['spearman']:.3f}  "
               f"(wall: median {s['wall']['median']:.3f} [{s['wall']['min']:.3f}, {s['wall']['max']:.3f}])")
+        if s["at_machine_speed"]:
+            z = s["at_machine_speed"]
+            print(f"  machine speed {r['machine_speed']:.3f} x the profile's (reference kernel); step at that speed: "
+                  f"median {z['median']:.3f} [{z['min']:.3f}, {z['max']:.3f}] in 0.75-1.33: {z['in_0.75_1.33']}/{s['plans']}")
         print(f"  micro-batch median {m['median']:.3f} [{m['min']:.3f}, {m['max']:.3f}] in 0.75-1.33: "
               f"{m['in_0.75_1.33']}/{m['count']}  Spearman {m['spearman']:.3f}")
         for p in r["plans"]:
@@ -235,6 +271,9 @@ def main() -> None:
         for other, a in agreement.items():
             print(f"{other} against {a['against']}: steps {a['step_ratio']}, largest difference "
                   f"{a['max_step_difference']:.1%} (micro-batches {a['max_microbatch_difference']:.1%})")
+            if "reference_ratio" in a:
+                print(f"  reference kernel {a['reference_ratio']:.3f} x as long in {other}; predictions scaled by it "
+                      f"differ by at most {a['max_step_difference_at_speed']:.1%}")
     print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f}")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps({
@@ -243,6 +282,7 @@ def main() -> None:
                    + f" --rounds {args.rounds}",
         "machine": f"{platform.machine()} {os.cpu_count()} CPUs", "torch": torch.__version__,
         "load_average_before": load_before, "load_average_after": load_after, "ranks": WORLD, "model": MODEL,
+        "reference_s": reference,
         "zero_stage": ZERO_STAGE, "rounds": args.rounds,
         "plans": [{"plan": n, "groups": g} for n, g in PLANS],
         "profiles": results, "agreement": agreement,

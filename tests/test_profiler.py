@@ -150,6 +150,74 @@ def test_timed_best_keeps_each_clocks_fastest_and_remeasured_points_their_fastes
     assert merged[2] == first[1]
 
 
+def test_passes_merge_each_points_fastest_reading_and_the_executors_rows() -> None:
+    from dcp.profiler.profile import Measured, merge_passes, merge_rows
+
+    first = Measured(synthetic_points([(1024, 1024 * 512)]), [ModelPoint(64, 64 * 32, 0, 0, 2e-3, 640)],
+                     synthetic_points([(3000, 1_500_000)]))
+    slow_fwd = replace(first.points[0], fwd_s=2 * first.points[0].fwd_s, bwd_s=first.points[0].bwd_s / 2)
+    second = Measured([slow_fwd], [ModelPoint(64, 64 * 32, 0, 0, 1e-3, 640)], first.heldout)
+    merged = merge_passes(first, second)
+    assert merged.points[0].fwd_s == first.points[0].fwd_s and merged.points[0].bwd_s == first.points[0].bwd_s / 2
+    assert merged.model_points[0].seconds == 1e-3 and merged.heldout == first.heldout
+    rows_a = [{"tokens": 16, "measured_s": 3.0, "step_s": 9.0},
+              {"tokens": 32, "sp": 2, "ckpt_layers": 2, "measured_s": 5.0, "step_s": 20.0}]
+    rows_b = [{"tokens": 16, "measured_s": 4.0, "step_s": 8.0},
+              {"tokens": 32, "sp": 2, "ckpt_layers": 0, "measured_s": 1.0, "step_s": 2.0}]
+    by_key = {(r["tokens"], r.get("ckpt_layers", 0)): (r["measured_s"], r["step_s"]) for r in merge_rows(rows_a, rows_b)}
+    # Same size, SP and checkpointing: each clock's fastest; another checkpointing is another row.
+    assert by_key == {(16, 0): (3.0, 8.0), (32, 0): (1.0, 2.0), (32, 2): (5.0, 20.0)}
+
+
+def test_cpu_profiles_pass_three_times_and_gpu_or_quick_once() -> None:
+    from dcp.profiler.profile import CPU_PASSES
+
+    assert ProfileOptions().passes == CPU_PASSES == 3
+    assert ProfileOptions(quick=True).passes == 1 and ProfileOptions(device="cuda").passes == 1
+
+
+def test_profile_records_its_reference_kernel_and_warns_when_the_machine_drifted() -> None:
+    from dcp.profiler.profile import REFERENCE_DRIFT, build_profile, reference_record
+
+    record = reference_record([0.010, 0.0104, 0.0112])
+    assert record is not None and record["fastest_s"] == 0.010
+    assert record["drift"] == pytest.approx(0.12) and reference_record([]) is None
+    points = synthetic_points(grid_points())
+    report = fit_layer(points, [], synthetic_points([(3000, 1_500_000)]))
+    bench = LayerBench(name="my-layer", device=torch.device("cpu"), build_layer=TinyLayer,
+                       layer_inputs=lambda s: Call(torch.zeros(1, 32)))
+    drifted = build_profile(load_hardware("cpu"), bench, report, points, [], ProfileOptions(),
+                            reference_s=[0.010, 0.0104, 0.0112])
+    assert drifted.meta["reference"] == record
+    assert any("12.0% slower" in w for w in drifted.meta["warnings"])
+    still = build_profile(load_hardware("cpu"), bench, report, points, [], ProfileOptions(),
+                          reference_s=[0.010, 0.010 * (1 + REFERENCE_DRIFT / 2)])
+    assert not any("reference kernel" in w for w in still.meta["warnings"])
+
+
+def test_measure_passes_runs_the_executor_every_pass_and_times_the_reference_around_them() -> None:
+    from dcp.profiler.profile import measure_passes
+
+    def inputs(samples):  # noqa: ANN001, ANN202
+        lengths = [s.tokens for s in samples]
+        return Call(torch.randn(sum(lengths), 32), (lengths,))
+
+    bench = LayerBench(name="my-layer", device=torch.device("cpu"), build_layer=TinyLayer, layer_inputs=inputs)
+    calls: list[Repeats] = []
+
+    def executor(reps: Repeats) -> list[dict[str, float]]:
+        calls.append(reps)
+        return [{"tokens": 16, "measured_s": 1.0 / len(calls), "step_s": 3.0}]
+
+    opts = ProfileOptions(min_tokens=64, max_tokens=128, heldout=1, device_bench=False)
+    out = replace(opts, quick=False)
+    passes = measure_passes(bench, out, executor=executor)
+    assert calls == [out.repeats] * 3 and len(passes.reference_s) == 4
+    assert passes.rows == [{"tokens": 16, "measured_s": 1.0 / 3, "step_s": 3.0}]
+    assert passes.measured is not None and len(passes.measured.points) == len({(p.tokens, p.num_samples, p.attn_pairs)
+                                                                            for p in passes.measured.points})
+
+
 def test_r2_gate_names_the_component_that_fits_badly_and_the_profile_carries_it() -> None:
     from dcp.profiler.fitting import R2_THRESHOLD
     from dcp.profiler.profile import build_profile

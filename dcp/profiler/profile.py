@@ -27,7 +27,7 @@ from dcp.profiler.device_bench import measure_device
 from dcp.profiler.executor_cost import executor_fit, executor_rows
 from dcp.profiler.fitting import MAPE_THRESHOLD, R2_THRESHOLD, geometric_grid
 from dcp.profiler.layer_fit import LAYER_COMPONENTS, LayerFitReport, fit_layer
-from dcp.profiler.reference import DTYPES
+from dcp.profiler.reference import DTYPES, REFERENCE_WORK, ReferenceKernel
 from dcp.profiler.timing import clock_name
 
 
@@ -76,15 +76,28 @@ class ProfileOptions:
 
     @property
     def repeats(self) -> Repeats:
-        """GPU kernels repeat to a fraction of a percent, so 3 repeats do there; a CPU's fastest
-        run needs more draws to be found (docs/tuning-log.md, `CPU_REPEATS`)."""
+        """Repeats of every point in each pass (`passes`). GPU kernels repeat to a fraction of a
+        percent, so 3 repeats in one pass do there; a CPU's fastest run needs more draws to be
+        found, spread over the profile (docs/tuning-log.md, `CPU_PASSES`)."""
         if self.quick or self.device == "cuda":
             return Repeats(warmup=1, repeats=3)
-        return Repeats(warmup=2, repeats=CPU_REPEATS)
+        return Repeats(warmup=1, repeats=CPU_REPEATS)
+
+    @property
+    def passes(self) -> int:
+        """Passes over every point (layer grid, held-out, head, whole models, the executor's
+        micro-batches), each point keeping its fastest reading of all of them: a slow spell of
+        the machine then touches every component alike instead of the one measured in it."""
+        return 1 if self.quick or self.device == "cuda" else CPU_PASSES
 
 
-CPU_REPEATS = 7
-"""Timed repeats of every CPU point (the fastest kept; docs/tuning-log.md)."""
+CPU_PASSES = 3
+"""Passes over every CPU point (docs/tuning-log.md)."""
+CPU_REPEATS = 3
+"""Timed repeats of every CPU point in each pass, the fastest of all passes' kept (docs/tuning-log.md)."""
+REFERENCE_DRIFT = 0.05
+"""A profile whose reference kernel (`ReferenceKernel`) ran this much slower at its slowest than
+at its fastest reading says so in its warnings: the machine changed speed while it measured."""
 DENSER = 2.0 ** 0.5
 """Grid step of a re-measurement: the first pass's factor 2 halved in log space (twice the points)."""
 
@@ -131,7 +144,8 @@ def head_grid(bench: LayerBench, o: ProfileOptions, reps: Repeats, factor: float
 
 
 def measure_bench(bench: LayerBench, opts: ProfileOptions, progress: Any = None) -> Measured:
-    """Grid points, whole-model points (0, 1 and 2 layers) and held-out points of one bench."""
+    """Grid points, whole-model points (0, 1 and 2 layers) and held-out points of one bench (one
+    pass: `opts.repeats` of each)."""
     o, reps = opts.resolved(), opts.repeats
     assert o.min_tokens and o.max_tokens and o.heldout is not None
     layer = bench.build_layer()
@@ -155,6 +169,69 @@ def measure_bench(bench: LayerBench, opts: ProfileOptions, progress: Any = None)
     return Measured(points, model_points, held)
 
 
+def _layer_key(p: LayerPoint) -> tuple[int, ...]:
+    return p.tokens, p.num_samples, p.attn_pairs
+
+
+def _model_key(p: ModelPoint) -> tuple[int, ...]:
+    return p.tokens, p.attn_pairs, p.layers
+
+
+def merge_passes(old: Measured, new: Measured) -> Measured:
+    """Two passes over the same points: each point's fastest reading of every timed field."""
+    return Measured(_fastest(old.points, new.points, _layer_key), _fastest(old.model_points, new.model_points, _model_key),
+                    _fastest(old.heldout, new.heldout, _layer_key), old.remeasured + new.remeasured)
+
+
+def merge_rows(old: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Two passes of the executor's rows (`executor_cost.measure_executor`): each row's fastest
+    micro-batch and step."""
+    def key(r: dict[str, Any]) -> tuple[int, int, int]:
+        return r["tokens"], r.get("sp", 1), r.get("ckpt_layers", 0)
+
+    before = {key(r): r for r in old}
+    out = []
+    for r in new:
+        q = before.pop(key(r), None)
+        out.append(r if q is None else {**r, "measured_s": min(r["measured_s"], q["measured_s"]),
+                                         "step_s": min(r["step_s"], q["step_s"])})
+    return out + list(before.values())
+
+
+@dataclass
+class Passes:
+    """What `measure_passes` measured: this bench's points (rank 0's; None on other ranks), the
+    executor's rows (None when not asked for), and the reference kernel's seconds before each pass
+    and after the last."""
+
+    measured: Measured | None
+    rows: list[dict[str, Any]] | None
+    reference_s: list[float]
+
+
+def measure_passes(bench: LayerBench, opts: ProfileOptions, progress: Any = None,
+                   executor: Callable[[Repeats], list[dict[str, Any]] | None] | None = None) -> Passes:
+    """`opts.passes` passes of `measure_bench` (on rank 0) and of `executor(repeats)` (on every
+    rank, where given), each point keeping its fastest reading of all passes, with the reference
+    kernel timed on every rank before each pass and after the last (`meta.reference`)."""
+    o = opts.resolved()
+    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    kernel = ReferenceKernel(bench.device)
+    m: Measured | None = None
+    rows: list[dict[str, Any]] | None = None
+    reference = []
+    for _ in range(o.passes):
+        reference.append(kernel.seconds())
+        if rank0:
+            new = measure_bench(bench, o, progress)
+            m = new if m is None else merge_passes(m, new)
+        if executor is not None:
+            new_rows = executor(o.repeats)
+            rows = new_rows if rows is None or new_rows is None else merge_rows(rows, new_rows)
+    reference.append(kernel.seconds())
+    return Passes(m, rows, reference)
+
+
 def _fastest(old: Sequence[Any], new: Sequence[Any], key: Callable[[Any], tuple[int, ...]]) -> list[Any]:
     """`new` with each point that `old` also measured (same `key`) given the faster reading of
     every timed field (the minimum over both passes' repeats), then `old`'s other points."""
@@ -174,16 +251,16 @@ def remeasure(bench: LayerBench, opts: ProfileOptions, m: Measured, failing: Ite
     """Measure the failing components again on a grid twice as dense (`DENSER`) with twice the
     repeats; each point measured in both passes keeps its fastest reading."""
     o, reps = opts.resolved(), opts.repeats
-    more = Repeats(warmup=reps.warmup, repeats=2 * reps.repeats)
+    more = Repeats(warmup=reps.warmup, repeats=2 * o.passes * reps.repeats)
     failing = set(failing)
     points, model_points, again = m.points, m.model_points, []
     if failing & set(LAYER_COMPONENTS):
         new = layer_grid(bench, bench.build_layer(), o, more, DENSER, progress)
-        points = _fastest(m.points, new, lambda p: (p.tokens, p.num_samples, p.attn_pairs))
+        points = _fastest(m.points, new, _layer_key)
         again += [c for c in LAYER_COMPONENTS if c in failing]
     if "head+loss" in failing and bench.build_model is not None:
         heads = [p for p in m.model_points if p.layers == 0]
-        new = _fastest(heads, head_grid(bench, o, more, DENSER, progress), lambda p: (p.tokens, p.attn_pairs))
+        new = _fastest(heads, head_grid(bench, o, more, DENSER, progress), _model_key)
         model_points = new + [p for p in m.model_points if p.layers != 0]
         again.append("head+loss")
     return Measured(points, model_points, m.heldout, m.remeasured + again)
@@ -203,7 +280,7 @@ def stamp(device: torch.device) -> str:
 def build_profile(base: HardwareProfile, bench: LayerBench, report: LayerFitReport,
                   points: Sequence[LayerPoint], model_points: Sequence[ModelPoint], opts: ProfileOptions,
                   *, spec: ModelSpec | None = None, device_bench: Any = None, comm_result: Any = None,
-                  remeasured: Sequence[str] = ()) -> HardwareProfile:
+                  remeasured: Sequence[str] = (), reference_s: Sequence[float] = ()) -> HardwareProfile:
     """The base profile with this measurement's fit, device numbers and network numbers. A
     component whose R^2 is below `R2_THRESHOLD` after its re-measurement is named in
     meta["fits"][model]["r2_below"] and in meta["warnings"]: the profile is kept, flagged."""
@@ -240,9 +317,9 @@ def build_profile(base: HardwareProfile, bench: LayerBench, report: LayerFitRepo
                 "dtype": o.dtype, "quick": o.quick, "model": spec.to_dict() if spec else None,
                 "r2": {name: f.r2 for name, f in report.components().items() if f is not None},
                 "r2_threshold": R2_THRESHOLD, "r2_below": below, "remeasured": list(remeasured),
-                "timing": {"clock": clock_name(bench.device), "kept": "fastest of the repeats",
-                           "warmup": reps.warmup, "repeats": reps.repeats,
-                           "remeasured_repeats": 2 * reps.repeats if remeasured else None,
+                "timing": {"clock": clock_name(bench.device), "kept": "fastest of the repeats of all passes",
+                           "passes": o.passes, "warmup": reps.warmup, "repeats": reps.repeats,
+                           "remeasured_repeats": 2 * o.passes * reps.repeats if remeasured else None,
                            "wall": "each point's fastest wall-clock reading beside it (*_wall_s, wall_s)"}}
     all_fields = [f for f in HardwareProfile.__dataclass_fields__ if f not in ("name", "sources", "fits", "meta")]
     warnings = []
@@ -250,6 +327,10 @@ def build_profile(base: HardwareProfile, bench: LayerBench, report: LayerFitRepo
         warnings.append(f"{bench.name}: held-out MAPE {fit.heldout_mape:.1%} exceeds {MAPE_THRESHOLD:.0%}")
     warnings += [f"{bench.name}: {name} fit R^2 {r2:.3f} is below {R2_THRESHOLD} after re-measuring it"
                  for name, r2 in below.items()]
+    reference = reference_record(reference_s)
+    if reference and reference["drift"] > REFERENCE_DRIFT:
+        warnings.append(f"the reference kernel ran {reference['drift']:.1%} slower at its slowest than at its "
+                        f"fastest during the profile: the machine changed speed while it measured")
     meta = {
         "kind": "dcp profile", "created": datetime.datetime.now().isoformat(timespec="seconds"),
         "base": base.name, "device_name": where, "torch": torch.__version__,
@@ -260,11 +341,21 @@ def build_profile(base: HardwareProfile, bench: LayerBench, report: LayerFitRepo
         "from_preset": [f for f in all_fields if f not in measured and f not in ("device", "heldout_mape")],
         "mape_threshold": MAPE_THRESHOLD, "warnings": warnings, "comm": comm_meta,
         "attention_sweep": device_bench.attention_points if device_bench is not None else None,
+        "reference": reference,
         "fits": {**prior, bench.name: fit_meta},
     }
     mapes = [f.heldout_mape for f in fits.values() if f.heldout_mape is not None]
     return replace(base, name=o.name or f"{base.name.removesuffix('-profiled')}-profiled", device=where,
                    sources=sources, fits=fits, meta=meta, heldout_mape=max(mapes) if mapes else None, **fields)
+
+
+def reference_record(seconds: Sequence[float]) -> dict[str, Any] | None:
+    """meta.reference: the reference kernel's readings (before each pass, after the last), their
+    fastest (the machine's speed the profile stands for) and how far the slowest lay above it."""
+    if not seconds:
+        return None
+    return {"work": REFERENCE_WORK, "seconds": list(seconds), "fastest_s": min(seconds),
+            "drift": max(seconds) / min(seconds) - 1.0}
 
 
 def measure_comm(device: torch.device, dtype: torch.dtype, *, quick: bool, base: HardwareProfile,
@@ -302,20 +393,32 @@ def measure_comm(device: torch.device, dtype: torch.dtype, *, quick: bool, base:
 def profile_bench(bench: LayerBench, base: HardwareProfile, opts: ProfileOptions, *,
                   spec: ModelSpec | None = None, progress: Any = None) -> HardwareProfile:
     """Profile any model given as a `LayerBench` (the Python API behind `dcp profile`)."""
+    return _profile_bench(bench, base, opts, spec=spec, progress=progress)[0]
+
+
+def _profile_bench(bench: LayerBench, base: HardwareProfile, opts: ProfileOptions, *,
+                   spec: ModelSpec | None = None, progress: Any = None,
+                   executor: Callable[[Repeats], list[dict[str, Any]] | None] | None = None,
+                   ) -> tuple[HardwareProfile, list[dict[str, Any]] | None]:
+    """`profile_bench`, with `executor(repeats)` run on every rank in each pass; its merged rows
+    beside the profile (on ranks other than 0, `base` and the rows)."""
     o = opts.resolved()
     assert o.dtype is not None
     comm_result = measure_comm(bench.device, DTYPES[o.dtype], quick=o.quick, base=base, progress=progress)
-    if dist.is_initialized() and dist.get_rank() != 0:
-        return base  # the network is measured together; compute once, on rank 0
+    with cpu_threads(bench.device, o.threads):  # every rank: the executor runs on all of them
+        passes = measure_passes(bench, o, progress, executor)
+    if passes.measured is None:
+        return base, passes.rows  # the network is measured together; compute once, on rank 0
     with cpu_threads(bench.device, o.threads):
-        m = measure_bench(bench, o, progress)
+        m = passes.measured
         report = fit_layer(m.points, m.model_points, m.heldout)
         if report.below_threshold():  # one more, denser and longer pass for what fits badly
             m = remeasure(bench, o, m, report.below_threshold(), progress)
             report = fit_layer(m.points, m.model_points, m.heldout)
         device_numbers = measure_device(bench.device, DTYPES[o.dtype], quick=o.quick) if o.device_bench else None
         return build_profile(base, bench, report, m.points, m.model_points, o, spec=spec,
-                             device_bench=device_numbers, comm_result=comm_result, remeasured=m.remeasured)
+                             device_bench=device_numbers, comm_result=comm_result, remeasured=m.remeasured,
+                             reference_s=passes.reference_s), passes.rows
 
 
 @contextmanager
@@ -348,9 +451,9 @@ def profile_model(spec: ModelSpec, base: HardwareProfile, opts: ProfileOptions, 
     o = opts.resolved()
     assert o.dtype is not None and o.min_tokens and o.max_tokens
     bench = reference_bench(spec, torch_device(o.device), o.dtype, seed=o.seed)
-    profile = profile_bench(bench, base, o, spec=spec, progress=progress)
-    with cpu_threads(bench.device, o.threads):  # every rank: the executor runs on all of them
-        rows = executor_rows(spec, DTYPES[o.dtype], bench.device, o.min_tokens, o.max_tokens, o.repeats)
+    dtype, lo, hi = DTYPES[o.dtype], o.min_tokens, o.max_tokens
+    profile, rows = _profile_bench(bench, base, o, spec=spec, progress=progress,
+                                   executor=lambda reps: executor_rows(spec, dtype, bench.device, lo, hi, reps))
     if dist.is_initialized() and dist.get_rank() != 0:
         return profile
     if rows is None:

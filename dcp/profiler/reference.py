@@ -123,3 +123,37 @@ def reference_bench(spec: ModelSpec, device: torch.device | str, dtype: str, *, 
 
     return LayerBench(name=spec.name, device=dev, attention=spec.attention, build_layer=make_layer,
                       layer_inputs=layer_inputs, build_model=make_model, model_inputs=model_inputs)
+
+
+REFERENCE_WORK = "one tiny-llama layer (fp32), forward and backward of one 1,024-token sample"
+"""The reference kernel (`ReferenceKernel`): a fixed piece of work, the same in every profile and
+on every machine, whose time says how fast the machine ran when it was timed."""
+
+
+class ReferenceKernel:
+    """`REFERENCE_WORK` on a device, timed on the compute clock (`dcp.profiler.timing`: CPU time
+    with one torch thread), the fastest of a few runs. A profile records its time beside what it
+    measures (at the start, after every pass, at the end: `meta.reference`) and
+    `benchmarks/selfcheck.py` times it beside the executor: the machine's own speed then reads
+    apart from the cost model's error, and two profiles' disagreement apart from the machine's
+    drift between them (a virtual machine's CPU ran 9% slower ten minutes later, nothing else
+    running)."""
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        from dcp.costmodel import load_model
+
+        self.bench = reference_bench(load_model("tiny-llama"), device, "fp32")
+        self.layer = self.bench.build_layer()
+        self.call = self.bench.layer_inputs([self.bench.shape(1024)])
+
+    def seconds(self, repeats: int = 5) -> float:
+        """The fastest of `repeats` runs after one untimed."""
+        from dcp.profiler.timing import min_time
+
+        call, layer = self.call, self.layer
+
+        def run() -> None:
+            x = call.hidden.detach().requires_grad_(True)
+            layer(x, *call.args, **call.kwargs).sum().backward()
+
+        return min_time(run, self.bench.device, warmup=1, repeats=repeats).seconds
