@@ -291,6 +291,7 @@ def test_executor_fit_recovers_the_fixed_cost_beyond_layers_and_head() -> None:
 def test_executor_fit_recovers_the_all_to_all_extra_from_sp_rows() -> None:
     from dcp.costmodel.ring import SPLayout
     from dcp.profiler.executor_cost import bare_modules, executor_fit
+    from dcp.profiler.profile import executor_r2
 
     profile, spec = load_hardware(str(NOTEBOOK_PROFILE)), load_model("tiny-llama")
     fit = profile.fits["tiny-llama"]
@@ -317,7 +318,9 @@ def test_executor_fit_recovers_the_all_to_all_extra_from_sp_rows() -> None:
     assert new.microbatch_fixed_s == pytest.approx(3e-3, rel=1e-6)  # the SP rows do not move it
     assert new.a2a_call_s == pytest.approx(50e-6, rel=1e-6)
     assert new.a2a_token_s == pytest.approx(1e-7, rel=1e-6)
-    assert record["all_to_all"]["r2"] == pytest.approx(1.0)
+    assert record["all_to_all"]["r2"] == pytest.approx(1.0) and record["r2"] == pytest.approx(1.0)
+    assert executor_r2(record) == {"executor": record["r2"], "all_to_all": record["all_to_all"]["r2"]}
+    assert executor_r2({**record, "all_to_all": None}) == {"executor": record["r2"]}
     assert [r["calls"] for r in record["all_to_all"]["points"]] == [16, 24] * 4
     # --validate's bare modules have no executor, so no all-to-all extra either.
     meta = {**profile.meta, "fits": {**profile.meta["fits"], "tiny-llama": {"executor": record}}}
@@ -551,7 +554,9 @@ def test_dcp_profile_cli_writes_a_profile_that_plan_and_validate_use(tmp_path: P
     # The micro-batch's fixed cost measured through the executor, the head's intercept kept beside.
     executor = raw["meta"]["fits"]["tiny-llama"]["executor"]
     assert executor["measured"] and fit["microbatch_fixed_s"] == executor["coef"]["fixed"]
-    assert set(raw["meta"]["fits"]["tiny-llama"]["r2"]) == {"forward", "backward", "recompute", "head+loss"}
+    # Every fitted component's R^2, the executor's micro-batch fit's among them (one rank: no SP groups).
+    assert set(raw["meta"]["fits"]["tiny-llama"]["r2"]) == {"forward", "backward", "recompute", "head+loss", "executor"}
+    assert raw["meta"]["fits"]["tiny-llama"]["r2"]["executor"] == executor["r2"]
     plan = CliRunner().invoke(main, ["plan", "--hardware", str(out), "--model", "tiny-llama", "--gpus", "2",
                                      "--steps", "1", "--strategy", "bucket", "--workload",
                                      "lognormal:mean=128,min=16,max=512,size=64", "--global-batch", "16"],

@@ -162,8 +162,11 @@ def executor_fit(profile: HardwareProfile, spec: ModelSpec, dtype: torch.dtype, 
     priced = statistics.median(_priced_extra_s(synced, r["tokens"], r["attn_pairs"], world) for r in rows)
     new = replace(fit, microbatch_fixed_s=extra.coef[0], head_per_token_s=fit.head_per_token_s + extra.coef[1],
                   step_fixed_s=max(0.0, step_extra - priced), a2a_call_s=0.0, a2a_token_s=0.0)
+    # R^2 of the micro-batch as priced (layers, head and this extra) against the measured one.
+    r2 = r_squared([r["measured_s"] for r in rows],
+                   [r["layers_and_head_s"] + extra.coef[0] + extra.coef[1] * r["tokens"] for r in rows])
     record = {"measured": True, "points": rows, "coef": extra.as_dict(), "fit_mape_of_residual": extra.mape,
-              "head_intercept_s": fit.microbatch_fixed_s, "zero_stage": 1, "ranks": world,
+              "r2": r2, "head_intercept_s": fit.microbatch_fixed_s, "zero_stage": 1, "ranks": world,
               "step_extra_s": step_extra, "priced_extra_s": priced,
               "priced_sync_s": synced.sync_terms() if world > 1 else None}
     if sp_rows:

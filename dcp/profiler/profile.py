@@ -462,10 +462,26 @@ def profile_model(spec: ModelSpec, base: HardwareProfile, opts: ProfileOptions, 
     else:
         fit, record = executor_fit(profile, spec, DTYPES[o.dtype], rows,
                                    dist.get_world_size() if dist.is_initialized() else 1)
-    meta = {**profile.meta, "fits": {**profile.meta["fits"],
-                                     spec.name: {**profile.meta["fits"][spec.name], "executor": record}}}
+    fit_meta = {**profile.meta["fits"][spec.name], "executor": record}
+    warnings = list(profile.meta["warnings"])
+    if record["measured"]:  # the executor's fits are components too: their R^2, and named when below the bar
+        fit_meta["r2"] = {**fit_meta["r2"], **executor_r2(record)}
+        for name, r2 in executor_r2(record).items():
+            if r2 < R2_THRESHOLD:
+                fit_meta["r2_below"] = {**fit_meta["r2_below"], name: r2}
+                warnings.append(f"{spec.name}: {name} fit R^2 {r2:.3f} is below {R2_THRESHOLD}")
+    meta = {**profile.meta, "warnings": warnings, "fits": {**profile.meta["fits"], spec.name: fit_meta}}
     profile = replace(profile, fits={**profile.fits, spec.name: fit}, meta=meta)
     return record_memory(profile, spec, o.dtype)
+
+
+def executor_r2(record: dict[str, Any]) -> dict[str, float]:
+    """R^2 of the executor's fits (`executor_cost.executor_fit`'s record): the micro-batch's fixed
+    cost ("executor") and, where SP groups ran, the all-to-all's extra ("all_to_all")."""
+    out = {"executor": record["r2"]}
+    if record.get("all_to_all"):
+        out["all_to_all"] = record["all_to_all"]["r2"]
+    return out
 
 
 def torch_device(name: str) -> torch.device:
