@@ -3,7 +3,7 @@
     .venv/bin/dcp profile --device cpu -o A.json            # a profile of tiny-llama on this machine
     .venv/bin/python benchmarks/selfcheck.py --profile A.json [--profile B.json] [--rounds 5]
 
-Runs `PLANS` (14 hand-made plans of tiny-llama: micro-batch sizes and counts, packed samples,
+Runs `PLANS` (15 hand-made plans of tiny-llama: micro-batch sizes and counts, packed samples,
 0-2 checkpointed layers, SP 1 and 2, balanced and not) through the executor (ZeRO stage 1, fp32,
 one torch thread per rank, as the profile was timed) and compares, per profile, the cost model's
 predicted micro-batch times (`CostModel.time_s`) and step times (`CostModel.step_price`) with

@@ -211,9 +211,12 @@ class Passes:
 
 def measure_passes(bench: LayerBench, opts: ProfileOptions, progress: Any = None,
                    executor: Callable[[Repeats], list[dict[str, Any]] | None] | None = None) -> Passes:
-    """`opts.passes` passes of `measure_bench` (on rank 0) and of `executor(repeats)` (on every
-    rank, where given), each point keeping its fastest reading of all passes, with the reference
-    kernel timed on every rank before each pass and after the last (`meta.reference`)."""
+    """`opts.passes` passes of `measure_bench` and of `executor(repeats)` (where given), each point
+    keeping its fastest reading of all passes, with the reference kernel timed before each pass and
+    after the last (`meta.reference`). Every rank measures, at once, and rank 0's readings are kept:
+    the executor computes on every rank at once, and on a CPU a core computing beside another can run
+    slower than beside an idle one (shared caches and memory bandwidth), so the bench's layers are
+    timed beside the same neighbours as the executor's micro-batches."""
     o = opts.resolved()
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
     kernel = ReferenceKernel(bench.device)
@@ -222,8 +225,8 @@ def measure_passes(bench: LayerBench, opts: ProfileOptions, progress: Any = None
     reference = []
     for _ in range(o.passes):
         reference.append(kernel.seconds())
+        new = measure_bench(bench, o, progress if rank0 else None)
         if rank0:
-            new = measure_bench(bench, o, progress)
             m = new if m is None else merge_passes(m, new)
         if executor is not None:
             new_rows = executor(o.repeats)
