@@ -3,6 +3,7 @@ level, a plan that beats every single layout, and when the phase search asks for
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -323,3 +324,35 @@ def test_each_groups_part_with_the_longest_sample_runs_last(videos) -> None:  # 
     early = nested_columns._candidate([Nested(j, [longs[0][0]], jq, [short, [], [], []])], table, cm)
     assert [(p, mbs) for _, p, mbs in early.first] == [(1, [short])]
     assert [(p, mbs) for _, p, mbs in early.second] == [(4, [longs[0]])]
+
+
+def _with_shape_unrunnable_at(table, row: int, j: int):  # noqa: ANN001, ANN202
+    """`table` with sample `row` marked as `cost_table` marks a size it cannot run at: no
+    checkpointing level (-1) and infinite costs at size index j."""
+    cells = {name: getattr(table, name).copy() for name in ("ckpt", "solo", "load", "add", "marg")}
+    cells["ckpt"][row, j] = -1
+    for name in ("solo", "load", "add", "marg"):
+        cells[name][row, j] = np.inf
+    return dataclasses.replace(table, **cells)
+
+
+def test_a_shape_that_cannot_run_at_a_size_leaves_the_columns_without_it_alone(videos, monkeypatch) -> None:  # noqa: ANN001
+    """The longest video of a batch often cannot run at the smallest sizes: its costs there are
+    infinite. A part or start column at that size that does not hold it must be priced as if it
+    were not in the batch (0 copies of an infinite cost are nothing, not nan): the part estimate
+    equals the unmodified table's, and the configuration program keeps a start column that fits."""
+    cm, _, sizes, _, _, table, busy = videos
+    shapes = columns.shapes_of(table)
+    longest = int(np.argmax(table.tokens[shapes.first]))
+    gone = _with_shape_unrunnable_at(table, int(shapes.first[longest]), 0)
+    a = np.zeros(len(shapes.first), dtype=np.int64)
+    a[(longest + 1) % len(a)] = 1  # one other video
+    want = _Estimates(table, shapes.first)(0, a)
+    assert math.isfinite(want)
+    assert _Estimates(gone, shapes.first)(0, a) == want
+    # The configuration program at a level the column fits starts from it.
+    kept = []
+    real = columns.master_at
+    monkeypatch.setattr(columns, "master_at", lambda t, s, theta, cols=(): kept.extend(cols) or real(t, s, theta, cols))
+    columns.column_plan(gone, shapes, cm.cluster.num_gpus, 1.05 * busy, Deadline(time.perf_counter() + 1e5), start=[(0, a)])
+    assert [(j, list(c)) for j, c in kept] == [(0, list(a))]

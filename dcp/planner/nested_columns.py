@@ -293,7 +293,8 @@ class _Estimates:
                 held = np.flatnonzero(a * short_tok)
                 tokens = np.repeat(short_tok[held], a[held])
                 bins = len(pack_tokens(tokens, np.arange(len(tokens)), cap))
-            found = self.known[key] = float(group_estimate(self.table, float(a @ self.base[:, j]), tok,
+            held = a > 0  # not a @ base: a shape that cannot run at j costs inf there, and 0 * inf is nan
+            found = self.known[key] = float(group_estimate(self.table, float(a[held] @ self.base[held, j]), tok,
                                                            float(a @ self.short_pairs[:, j]), j, bins))
         return found
 

@@ -124,8 +124,8 @@ def column_plan(table: CostTable, shapes: Shapes, num_gpus: int, theta: float, d
     (`_rounded`) when it or the time runs out; None when it needs more GPUs or never solved."""
 
     rows = shapes.first
-    fit = [(j, a) for j, a in start
-           if float(a @ table.add[rows, j]) <= theta and (table.solo[rows[a > 0], j] <= theta).all()]
+    fit = [(j, a) for j, a in start  # the shapes a holds only: one that cannot run at j costs inf
+           if float(a[a > 0] @ table.add[rows[a > 0], j]) <= theta and (table.solo[rows[a > 0], j] <= theta).all()]
     master = master_at(table, shapes, theta, fit)
     fits = _generate(master, table, shapes, theta, num_gpus, True, deadline)
     if fits is False or master.last is None or master.last[0] > num_gpus * (1 + 1e-9):
