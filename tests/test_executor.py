@@ -12,8 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from dcp.costmodel import attention_pairs, load_model
 from dcp.executor import Executor, ExecutorError, ParallelState, aligned_blocks, default_forward
 from dcp.executor.reference import manual_plan, reference_step, relative_grad_diff
-from dcp.models import attention
-from dcp.models import PackedSeqs, build_model, lm_loss, mse_loss, sample_tensors
+from dcp.models import PackedSeqs, attention, build_model, lm_loss, mse_loss, sample_tensors
 from dcp.planner import Sample
 
 LLAMA = load_model("tiny-llama")

@@ -8,10 +8,9 @@ import dataclasses
 import pytest
 import torch
 
-from dcp.costmodel import load_model
-from dcp.executor import ParallelState, StepStats
-from dcp.costmodel import load_hardware
+from dcp.costmodel import load_hardware, load_model
 from dcp.costmodel.hardware import AttentionKernel
+from dcp.executor import ParallelState, StepStats
 from dcp.launch import RunOptions, planned_batches, priced_attention, step_summary
 
 
