@@ -165,14 +165,20 @@ def lpt_assign(times: Sequence[float], n_groups: int) -> list[list[int]]:
     return [order[jobs].tolist() for jobs in by_group(least_loaded(t[order], n_groups), n_groups)]
 
 
+def packing_budget(token_budget: int | None, arrays: BatchArrays, cm: CostModel, p: int) -> int:
+    """Packing's tokens per micro-batch at SP size p: `token_budget`, else what fits fully
+    checkpointed, at most the group's share of the batch (`group_share`)."""
+    return token_budget or min(cm.max_tokens(p, cm.model.num_layers),
+                               group_share(int(arrays.tokens.sum()), p, cm.cluster.num_gpus))
+
+
 def packed_layout(batch: Sequence[Sample], cm: CostModel, options: PackedOptions, sizes: Sequence[int],
                   arrays: BatchArrays, pricer: Pricer) -> tuple[Layout, list[list[int]], list[str]]:
     """Packing's groups, checkpointed layers (the fewest that fit) and notes."""
     p = static_sp_size(batch, cm, sizes, options.static_sp, options.dataset_longest_tokens,
                        longest_tokens=int(arrays.tokens.max()))
     k = cm.model.num_layers
-    budget = options.token_budget or min(
-        cm.max_tokens(p, k), group_share(int(arrays.tokens.sum()), p, cm.cluster.num_gpus))
+    budget = packing_budget(options.token_budget, arrays, cm, p)
     if budget <= 0:
         raise InfeasibleError(f"packed: token budget {budget} must be positive")
     bins = ffd_indices(arrays.tokens, arrays.ids, budget)

@@ -188,16 +188,10 @@ def a2a_fit(profile: HardwareProfile, spec: ModelSpec, recipe: str, rows: Sequen
                      [r["measured_s"] - r["priced_s"] for r in rows], ("per_call", "per_token"),
                      weights=[1.0 / r["measured_s"] for r in rows])
     fit = replace(profile.fits[spec.name], a2a_call_s=extra.coef[0], a2a_token_s=extra.coef[1])
-    return fit, {"points": rows, "coef": extra.as_dict(), "fit_mape_of_residual": extra.mape,
-                 "r2": r2_of_residual(rows, extra.coef)}
-
-
-def r2_of_residual(rows: Sequence[dict[str, float]], coef: Sequence[float]) -> float:
-    """R^2 of the priced micro-batch times with the fitted all-to-all extra against the measured
-    ones (the component's fit quality in the profile's terms: how much of the SP rows' spread the
-    priced times explain)."""
-    return r_squared([r["measured_s"] for r in rows],
-                     [r["priced_s"] + r["calls"] * (coef[0] + coef[1] * r["tokens"] / r["sp"]) for r in rows])
+    # R^2 of the SP micro-batches as priced with this extra against the measured ones.
+    r2 = r_squared([r["measured_s"] for r in rows],
+                   [r["priced_s"] + r["calls"] * (extra.coef[0] + extra.coef[1] * r["tokens"] / r["sp"]) for r in rows])
+    return fit, {"points": rows, "coef": extra.as_dict(), "fit_mape_of_residual": extra.mape, "r2": r2}
 
 
 def _priced_extra_s(cm: CostModel, tokens: float, pairs: float, world: int) -> float:

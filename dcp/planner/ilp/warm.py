@@ -16,8 +16,8 @@ import dcp.planner.knobs as knobs
 from dcp.costmodel import CostModel
 from dcp.planner.baselines import (
     bucket_layout,
-    group_share,
     packed_layout,
+    packing_budget,
     smallest_fitting_sp,
     solve_bucket,
     solve_packed,
@@ -110,8 +110,7 @@ def warm_start(inc: Incumbent, budget: Budget, batch: Sequence[Sample], cm: Cost
     for opts in options[head:]:  # the static size and token budget as `baselines` chooses them
         sp = static_sp_size(batch, cm, sizes, getattr(opts, "static_sp", None),
                             getattr(opts, "dataset_longest_tokens", None), longest_tokens=int(arrays.tokens.max()))
-        tokens = getattr(opts, "token_budget", None) or min(
-            cm.max_tokens(sp, cm.model.num_layers), group_share(int(arrays.tokens.sum()), sp, n))
+        tokens = packing_budget(getattr(opts, "token_budget", None), arrays, cm, sp)
         bound = baseline_busy(opts, cm, sizes, arrays, pricer, sp, tokens)
         if bound >= inc.winning_busy_s:
             notes.append(f"baseline {describe(opts)} not run: its busy time is at least {bound:.3f} s, "
