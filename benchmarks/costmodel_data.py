@@ -21,13 +21,16 @@ class Gemm:
     what: str
     tflops: float
     source: str
+    sustained: bool = False
+    """Measured at the clock a long run holds, not in a burst (compared with matmul_flops x
+    sustained_clock)."""
 
 
 GEMM = [
     Gemm("h100-sxm", "H100 SXM MAMF (6144x17920x2816)", 792.1, MAMF),
     Gemm("a100-80gb", "A100 SXM MAMF (6912x16384x2048)", 267.9, MAMF),
     Gemm("h200-sxm", "H200 MAMF, boost-clock burst", 828.0, MAMF_H200),
-    Gemm("h200-sxm", "H200 MSMF, sustained at the saturated clock", 702.9, MAMF_H200),
+    Gemm("h200-sxm", "H200 MSMF, sustained at the saturated clock", 702.9, MAMF_H200, sustained=True),
 ]
 
 
@@ -145,6 +148,7 @@ MODELS: dict[str, dict] = {
     "mpt-7b-bench": {
         "name": "mpt-7b-bench", "num_layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 32,
         "ffn_hidden": 16384, "vocab": 50368, "mlp": "gelu", "tied_embeddings": True,
+        "norm": "layernorm-lowp", "positions": "learned", "fused_qkv": True, "biases": True,
         "source": f"{FOUNDRY_CFG}: mpt-7b.yaml d_model 4096, 32 heads/layers, expansion 4, vocab_size 50368; "
                   "MPT defaults: learned position table (max_seq_len x d_model), biases on, LayerNorm with bias "
                   "(low_precision_layernorm), GELU MLP, tied embeddings. Checked: these give the README's NumParams "
@@ -152,6 +156,7 @@ MODELS: dict[str, dict] = {
     "mpt-13b-bench": {
         "name": "mpt-13b-bench", "num_layers": 40, "hidden": 5120, "heads": 40, "kv_heads": 40,
         "ffn_hidden": 20480, "vocab": 50368, "mlp": "gelu", "tied_embeddings": True,
+        "norm": "layernorm-lowp", "positions": "learned", "fused_qkv": True, "biases": True,
         "source": f"{FOUNDRY_CFG}: mpt-13b.yaml d_model 5120, 40 heads/layers, expansion 4, vocab 50368; same "
                   "MPT defaults; reproduces the README's NumParams 12,848,711,680 at 1K exactly."},
     "llama3-8b": {
@@ -171,6 +176,7 @@ MODELS: dict[str, dict] = {
     "gpt-7b-flexsp": {
         "name": "gpt-7b-flexsp", "num_layers": 32, "hidden": 4096, "heads": 64, "kv_heads": 64,
         "ffn_hidden": 16384, "vocab": 50257, "mlp": "gelu", "tied_embeddings": True,
+        "norm": "layernorm", "positions": "learned", "fused_qkv": True, "biases": True,
         "source": "PKU-DAIR/Hetu-Galvatron branch flexsp, galvatron/models/gpt_hf/meta_configs/gpt-7b.json: "
                   "n_layer 32, n_embd 4096, n_head 64, head_dim 64 (not 128), vocab 50257; GPT2LMHeadModel "
                   "(HF GPT-2 layout: 4h GELU MLP, biases, LayerNorm, learned positions, tied LM head)."},

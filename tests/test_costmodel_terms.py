@@ -29,9 +29,10 @@ test compares it with another setup."""
 
 def test_the_named_kernel_sets_the_pair_coefficients() -> None:
     """llama-7b (causal) on h100-sxm: per pair 4h FLOPs over the kernel's forward rate, 2.5 x 4h over
-    its causal backward rate where it has one (fa2: 327 TFLOP/s), else its unmasked one (fa3)."""
+    its causal backward rate where it has one (fa2: 327 TFLOP/s), else its unmasked one (fa3), each
+    at the sustained clock (0.849 of the benchmarks' burst, 702.9 / 828.0 on the H200)."""
     spec, hw = load_model("llama-7b"), load_hardware("h100-sxm")
-    flops = 4 * spec.hidden
+    flops = 4 * spec.hidden / 0.849
     fa2 = CostModel(spec, hw, CLUSTER, EAGER).fit
     fa3 = CostModel(spec, hw, CLUSTER, TrainingSetup(kernels="eager", attention="fa3")).fit
     assert fa2.fwd_per_pair_s == pytest.approx(flops / 350.6e12)
@@ -142,11 +143,26 @@ def test_gemm_offset_is_a_fixed_cost() -> None:
     hw = load_hardware("h200-sxm")
     flat = dataclasses.replace(hw, matmul_tokens_offset=0.0)
     a, b = CostModel(spec, hw, CLUSTER, EAGER).fit, CostModel(spec, flat, CLUSTER, EAGER).fit
-    layer = 192 * spec.layer_fwd_flops_per_token() / hw.matmul_flops
+    rate = 828e12 * 0.849  # the H200's burst matmul rate at the clock a step sustains (702.9 TFLOP/s)
+    layer = 192 * spec.layer_fwd_flops_per_token() / rate
     assert a.fwd_fixed_s - b.fwd_fixed_s == pytest.approx(layer)
     assert a.bwd_fixed_s - b.bwd_fixed_s == pytest.approx(2 * layer)
     assert a.rec_fixed_s - b.rec_fixed_s == pytest.approx(layer)
-    assert a.microbatch_fixed_s - b.microbatch_fixed_s == pytest.approx(192 * 6 * spec.hidden * spec.vocab / hw.matmul_flops)
+    assert a.microbatch_fixed_s - b.microbatch_fixed_s == pytest.approx(192 * 6 * spec.hidden * spec.vocab / rate)
     assert (a.fwd_per_token_s, a.bwd_per_token_s) == (b.fwd_per_token_s, b.bwd_per_token_s)
     # 512 tokens a GPU (SP 8 at 4K) run at 512 / (512 + 192) = 73% of the large-shape rate.
     assert 512 / (512 + hw.matmul_tokens_offset) == pytest.approx(0.727, abs=1e-3)
+
+
+def test_sustained_clock_scales_every_tensor_core_term() -> None:
+    """Halving the sustained clock doubles the matmul and attention terms (per pair, the fixed
+    matmul cost) and leaves the memory-bound ones (elementwise, loss) where they were."""
+    spec, hw = load_model("llama-7b"), load_hardware("h100-sxm")
+    full, half = (CostModel(spec, dataclasses.replace(hw, sustained_clock=c), CLUSTER, EAGER).fit for c in (1.0, 0.5))
+    assert half.fwd_per_pair_s == pytest.approx(2 * full.fwd_per_pair_s)
+    assert half.bwd_per_pair_s == pytest.approx(2 * full.bwd_per_pair_s)
+    matmul = spec.layer_fwd_flops_per_token() / hw.matmul_flops
+    pairs = 200.5 * full.fwd_per_pair_s  # the kernel's short-sequence term, per token
+    assert half.fwd_per_token_s - full.fwd_per_token_s == pytest.approx(matmul + pairs)
+    with pytest.raises(CostModelError, match="sustained_clock must be in"):
+        dataclasses.replace(hw, sustained_clock=1.2)

@@ -137,3 +137,69 @@ def test_loss_count_is_what_cross_entropy_moves(recipe: str) -> None:
         counts.append(sum(b for name, b in mode.bytes.items() if name not in ("ones_like", "sum", "ne")))
     per_token = (counts[1] - counts[0]) / 64
     assert loss_bytes_per_token(spec, get_recipe(recipe)) == pytest.approx(per_token, rel=0.02)
+
+
+class _GptBlock(torch.nn.Module):
+    """A pre-norm GELU block with learned positions (none in the block), as MPT and GPT-2 run it:
+    torch's LayerNorm or MPT's low-precision one, q/k/v from one projection or three."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        h, f = spec.hidden, spec.ffn_hidden
+        self.lowp = spec.norm == "layernorm-lowp"
+        self.norm_1, self.norm_2 = torch.nn.LayerNorm(h), torch.nn.LayerNorm(h)
+        b = spec.biases
+        self.qkv = torch.nn.ModuleList([torch.nn.Linear(h, 3 * h, bias=b)] if spec.fused_qkv else
+                                       [torch.nn.Linear(h, h, bias=b) for _ in range(3)])
+        self.out, self.up, self.down = (torch.nn.Linear(h, h, bias=b), torch.nn.Linear(h, f, bias=b),
+                                        torch.nn.Linear(f, h, bias=b))
+        self.attn_fn = None
+
+    def _norm(self, norm: torch.nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+        if not self.lowp or not torch.is_autocast_enabled("cpu"):
+            return norm(x)
+        # MPT's low_precision_layernorm: input and parameters cast to autocast's dtype, then the
+        # kernel with autocast off.
+        dt = torch.get_autocast_dtype("cpu")
+        with torch.autocast("cpu", enabled=False):
+            return torch.nn.functional.layer_norm(x.to(dt), norm.normalized_shape, norm.weight.to(dt),
+                                                  norm.bias.to(dt), norm.eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self._norm(self.norm_1, x)
+        q, k, v = self.qkv[0](a).chunk(3, dim=-1) if len(self.qkv) == 1 else (p(a) for p in self.qkv)
+        x = x + self.out(self.attn_fn(q, k, v, None, None))
+        return x + self.down(torch.nn.functional.gelu(self.up(self._norm(self.norm_2, x))))
+
+
+def _count_gpt(spec: ModelSpec, recipe: str, tokens: int) -> tuple[float, float]:
+    autocast = recipe == "autocast-bf16"
+    dtype = torch.float32 if autocast or recipe == "fp32" else torch.bfloat16
+    torch.manual_seed(0)
+    block = _GptBlock(spec).to(dtype)
+    x = torch.randn(tokens, spec.hidden, dtype=dtype, requires_grad=True)
+    grad = torch.randn(tokens, spec.hidden, dtype=dtype)
+    mode = ByteCount()
+    block.attn_fn = _opaque_attention(mode)
+    with mode:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            y = block(x)
+        fwd = sum(mode.bytes.values())
+        mode.bytes.clear()
+        y.backward(grad)
+        bwd = sum(mode.bytes.values())
+    return fwd, bwd
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "autocast-bf16", "fp32"])
+@pytest.mark.parametrize("norm", ["layernorm", "layernorm-lowp"])
+@pytest.mark.parametrize(("fused_qkv", "biases"), [(True, True), (False, False)])
+def test_eager_count_of_a_layernorm_gelu_block(recipe: str, norm: str, fused_qkv: bool, biases: bool) -> None:
+    """MPT's and GPT-2's layer structure (LayerNorm, learned positions, GELU, fused q/k/v)
+    against the bytes its ops move, counted the same way."""
+    spec = ModelSpec(name="t", num_layers=1, hidden=64, heads=4, kv_heads=4, ffn_hidden=256, mlp="gelu",
+                     norm=norm, positions="learned", fused_qkv=fused_qkv, biases=biases)
+    (f1, b1), (f2, b2) = _count_gpt(spec, recipe, 64), _count_gpt(spec, recipe, 192)
+    derived = elementwise_bytes(spec, get_recipe(recipe), "eager")
+    assert derived.fwd == pytest.approx((f2 - f1) / 128, rel=1e-9)
+    assert derived.bwd == pytest.approx((b2 - b1) / 128, rel=1e-9)

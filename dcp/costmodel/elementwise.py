@@ -72,43 +72,64 @@ def _stream_bytes(prec: PrecisionRecipe) -> int:
     return prec.param_bytes
 
 
+def _norm_ops(spec: ModelSpec, s: int, c: int) -> tuple[list[tuple[str, float]], list[tuple[str, float]], int]:
+    """(forward ops, backward ops, output bytes per element) of one eager norm of `spec.norm`
+    over a stream of s-byte elements with c-byte compute."""
+    h = spec.hidden
+    if spec.norm == "rmsnorm":
+        wide = max(4, s)
+        up = (s + wide) * h if s < wide else 0.0  # x.float() / .to(x.dtype): a no-op when already wide
+        fwd = [("norm upcast", up), ("norm square", 2 * wide * h), ("norm mean", wide * h + 4), ("norm eps", 8),
+               ("norm rsqrt", 8), ("norm scale", 2 * wide * h + 4), ("norm downcast", up), ("norm weight", 2 * s * h)]
+        bwd = [("norm weight grad", 4 * s * h), ("norm grad x weight", 2 * s * h), ("norm upcast", up),
+               ("norm backward", 18 * wide * h + 36), ("norm downcast", up)]
+        return fwd, bwd, s
+    # One layer_norm op each way: the forward reads x, writes y and the mean and rstd; the
+    # backward reads dy, x, mean and rstd and writes dx. It runs in w-byte elements:
+    # fp32 under autocast (its fp32 list), the compute dtype for MPT's low-precision norm.
+    w = c if spec.norm == "layernorm-lowp" else (4 if c != s else s)
+    cast = (s + w) * h if w != s else 0.0
+    fwd = [("norm input cast", cast), ("layer_norm", 2 * w * h + 2 * w)]
+    bwd = [("layer_norm backward", 3 * w * h + 2 * w), ("norm input cast grad", cast)]
+    return fwd, bwd, w
+
+
 def _eager_ops(spec: ModelSpec, prec: PrecisionRecipe) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
     """(name, bytes per token) of every elementwise op of one block's forward and backward, eager."""
     h, q, k, f, d = _widths(spec)
     s, c = _stream_bytes(prec), prec.compute_bytes
-    wide = max(4, s)
-    up = (s + wide) * h if s < wide else 0.0  # x.float() / .to(x.dtype): a no-op when already wide
-    norm = [("norm upcast", up), ("norm square", 2 * wide * h), ("norm mean", wide * h + 4), ("norm eps", 8),
-            ("norm rsqrt", 8), ("norm scale", 2 * wide * h + 4), ("norm downcast", up), ("norm weight", 2 * s * h)]
-    casts = (s + c) * h if c != s else 0.0  # autocast casts an fp32 input before each projection
+    norm, norm_b, o = _norm_ops(spec, s, c)
+    casts = (o + c) * h if c != o else 0.0  # autocast casts the norm's output before each projection
     table = 16 + 34 * d + (2 * (4 + c) * d if c != 4 else 0)  # RoPE's cos/sin table, made in each call
+    n_qkv, n_mlp = (1 if spec.fused_qkv else 3), (2 if spec.mlp == "swiglu" else 1)
 
     def rope(w: int) -> list[tuple[str, float]]:
-        return [("rope table", table), ("rope apply", 10 * c * w + 2 * c * d)]
+        return [("rope table", table), ("rope apply", 10 * c * w + 2 * c * d)] if spec.positions == "rope" else []
 
     mlp = [("silu", 2 * c * f), ("gate product", 3 * c * f)] if spec.mlp == "swiglu" else [("gelu", 2 * c * f)]
-    fwd = (norm + [("q/k/v input casts", 3 * casts)] + rope(q) + rope(k) + [("residual add", (2 * s + c) * h)]
-           + norm + [("mlp input casts", (2 if spec.mlp == "swiglu" else 1) * casts)] + mlp
-           + [("residual add", (2 * s + c) * h)])
-    norm_b = [("norm weight grad", 4 * s * h), ("norm grad x weight", 2 * s * h), ("norm upcast", up),
-              ("norm backward", 18 * wide * h + 36),
-              ("norm downcast", up)]
+    fwd = (norm + [("q/k/v input casts", n_qkv * casts)] + rope(q) + rope(k) + [("residual add", (2 * s + c) * h)]
+           + norm + [("mlp input casts", n_mlp * casts)] + mlp + [("residual add", (2 * s + c) * h)])
     junction = 3 * s * h  # where the stream feeds the norm and the residual: their gradients summed
 
     def branch_sum(inputs: int) -> float:
-        """Gradients of one normed input feeding `inputs` projections, summed (in fp32 after
-        autocast's casts back, else in the compute dtype)."""
-        if c != s:
-            return inputs * (s + c) * h + (inputs - 1) * 3 * s * h
+        """Gradients of one normed input feeding `inputs` projections, summed (in the norm's
+        output dtype after autocast's casts back, else in the compute dtype)."""
+        if c != o:
+            return inputs * (o + c) * h + (inputs - 1) * 3 * o * h
         return (inputs - 1) * 3 * c * h
 
     mlp_b = [("gate product grad", 6 * c * f), ("silu grad", 3 * c * f)] if spec.mlp == "swiglu" else [
         ("gelu grad", 3 * c * f)]
+    rope_b = [("rope grad", 14 * c * w + 2 * c * d) for w in (q, k)] if spec.positions == "rope" else []
+    # One projection's q, k, v gradients are concatenated into its output's gradient.
+    qkv_cat = [("q/k/v grad concat", 2 * c * (q + 2 * k))] if spec.fused_qkv else []
+    # Each bias's gradient sums its output's gradient over the tokens.
+    bias_b = [("bias grads", c * (q + 2 * k + h + n_mlp * f + h))] if spec.biases else []
     bwd = ([("residual grad cast", (s + c) * h if c != s else 0.0)] + mlp_b
-           + [("mlp input grads", branch_sum(2 if spec.mlp == "swiglu" else 1))] + norm_b
+           + [("mlp input grads", branch_sum(n_mlp))] + norm_b
            + [("residual junction", junction), ("residual grad cast", (s + c) * h if c != s else 0.0)]
-           + [("rope grad", 14 * c * w + 2 * c * d) for w in (q, k)]
-           + [("q/k/v input grads", branch_sum(3))] + norm_b + [("residual junction", junction)])
+           + rope_b + qkv_cat + [("q/k/v input grads", branch_sum(n_qkv))] + norm_b + bias_b
+           + [("residual junction", junction)])
     return fwd, bwd
 
 
@@ -116,12 +137,15 @@ def _compiled_bytes(spec: ModelSpec, prec: PrecisionRecipe) -> tuple[float, floa
     h, q, k, f, _ = _widths(spec)
     s, c = _stream_bytes(prec), prec.compute_bytes
     gated = spec.mlp == "swiglu"
-    fwd = 2 * (2 * s + 2 * c) * h + 2 * c * (q + k) + 8 * 2 + (3 if gated else 2) * c * f
+    rope = 2 * c * (q + k) + 8 * 2 if spec.positions == "rope" else 0
+    fwd = 2 * (2 * s + 2 * c) * h + rope + (3 if gated else 2) * c * f
     # Norm backward + junction: reads n branch gradients, the input and the residual gradient,
     # writes the input's gradient; weight gradient: the branch gradients and the input again.
-    n_attn, n_mlp = 3, (2 if gated else 1)
+    n_attn, n_mlp = (1 if spec.fused_qkv else 3), (2 if gated else 1)
     norms = sum(n * c * h + 2 * s * h + s * h + n * c * h + s * h for n in (n_attn, n_mlp))
-    bwd = norms + 2 * c * (q + k) + (5 if gated else 3) * c * f
+    bwd = norms + (2 * c * (q + k) if spec.positions == "rope" else 0) + (5 if gated else 3) * c * f
+    if spec.biases:  # each bias's gradient: its output's gradient summed over the tokens
+        bwd += c * (q + 2 * k + h + n_mlp * f + h)
     return fwd, bwd
 
 

@@ -123,7 +123,8 @@ class HardwareProfile:
     memory_capacity_bytes: float
     """Device memory per GPU as the device reports it (torch.cuda.get_device_properties)."""
     matmul_flops: float
-    """Achievable dense matmul FLOP/s at the training precision."""
+    """Achievable dense matmul FLOP/s at the training precision, as a kernel benchmark measures it
+    (a burst at the boost clock)."""
     attention_fwd_flops: float
     """Attention kernel forward FLOP/s on long sequences (4 h FLOPs per query-key pair)."""
     attention_bwd_flops: float
@@ -147,6 +148,11 @@ class HardwareProfile:
     """Small-M GEMM efficiency: a matmul over M tokens takes the time of (M + this) tokens at
     `matmul_flops`, so it reaches M / (M + this) of the large-shape rate (fitted to published
     cuBLAS measurements by shape; linear in tokens, so a fixed cost per layer and pass)."""
+    sustained_clock: float = 1.0
+    """The share of the benchmarked compute rates (`matmul_flops`, every attention kernel's) a
+    training step sustains: kernel benchmarks run in bursts at the boost clock, a step holds the
+    tensor cores busy for seconds and the power limit pulls the clock down (H200: 702.9 TFLOP/s
+    sustained against 828 in a burst). 1 for a profile that timed the layer itself."""
     memory_bw_bytes_per_s: float
     """Device memory bandwidth (bytes read plus written per second), for elementwise work and
     the per-micro-batch weight traffic."""
@@ -186,6 +192,8 @@ class HardwareProfile:
         if not self.memory_bytes > 0:
             raise CostModelError(f"hardware {self.name!r}: the memory reserve leaves nothing of "
                                  f"{self.memory_capacity_bytes / 1e9:.1f} GB")
+        if not 0 < self.sustained_clock <= 1:
+            raise CostModelError(f"hardware {self.name!r}: sustained_clock must be in (0, 1], got {self.sustained_clock}")
         if self.matmul_tokens_offset < 0:
             raise CostModelError(f"hardware {self.name!r}: matmul_tokens_offset must be >= 0")
         try:
@@ -275,6 +283,8 @@ class HardwareProfile:
         for optional in ("matmul_tokens_offset", "attention_bwd_causal_flops"):
             if not d[optional]:
                 del d[optional]
+        if d["sustained_clock"] == 1.0:
+            del d["sustained_clock"]
         return {"kind": "dcp-hardware-profile", "schema_version": PROFILE_SCHEMA_VERSION, **d}
 
     @classmethod

@@ -147,7 +147,11 @@ class CostModel(LayoutQueries):
         # streams its bytes through device memory: counted op by op from the layer's structure,
         # eager or fused (dcp.costmodel.elementwise).
         ew = elementwise_bytes(m, tr.recipe, tr.kernels)
-        matmul_s = m.layer_fwd_flops_per_token() / hw.matmul_flops
+        # Tensor-core work runs at the clock a step sustains, below the benchmarks' burst
+        # (HardwareProfile.sustained_clock): the matmuls, the attention kernels, the LM head.
+        clock = hw.sustained_clock
+        matmul_rate = hw.matmul_flops * clock
+        matmul_s = m.layer_fwd_flops_per_token() / matmul_rate
         # Small-M GEMMs: each of the layer's matmuls over M tokens runs as M + offset tokens
         # (HardwareProfile.matmul_tokens_offset): a fixed cost per layer and pass.
         offset = hw.matmul_tokens_offset
@@ -158,8 +162,8 @@ class CostModel(LayoutQueries):
         # (FlashAttention-2, arXiv 2307.08691); the rates count them so (HardwareProfile). The
         # kernel is the run's (TrainingSetup.attention), the causal backward on its own rate.
         kern = hw.attention_kernel(tr.attention)
-        fwd_pair = m.layer_fwd_flops_per_pair() / kern.fwd_flops
-        bwd_pair = 2.5 * m.layer_fwd_flops_per_pair() / kern.backward_flops(m.attention == "causal")
+        fwd_pair = m.layer_fwd_flops_per_pair() / (kern.fwd_flops * clock)
+        bwd_pair = 2.5 * m.layer_fwd_flops_per_pair() / (kern.backward_flops(m.attention == "causal") * clock)
         fwd_tok = matmul_s + ew.fwd / bw + m.blocks_per_layer * kern.fwd_pairs_per_token * fwd_pair
         # Backward: two matmuls per forward matmul (grad of input and of weight) -> 2x.
         bwd_tok = 2 * matmul_s + ew.bwd / bw + m.blocks_per_layer * kern.bwd_pairs_per_token * bwd_pair
@@ -180,8 +184,8 @@ class CostModel(LayoutQueries):
             # Memory is measured, never derived: the model's footprint in the training's recipe.
             act_full_bytes_per_token=self.footprint.act_full_bytes_per_token,
             act_ckpt_bytes_per_token=self.footprint.act_ckpt_bytes_per_token,
-            head_per_token_s=head_flops / hw.matmul_flops + loss_s,
-            microbatch_fixed_s=w.head_s + offset * head_flops / hw.matmul_flops,
+            head_per_token_s=head_flops / matmul_rate + loss_s,
+            microbatch_fixed_s=w.head_s + offset * head_flops / matmul_rate,
             head_bytes_per_token=self.footprint.working_bytes_per_token,
         )
 

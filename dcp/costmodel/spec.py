@@ -40,6 +40,9 @@ def attention_pairs(kind: str, tokens: int, frames: int = 1) -> int:
 # --------------------------------------------------------------------------------------------
 
 
+NORMS: tuple[str, ...] = ("rmsnorm", "layernorm", "layernorm-lowp")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     """Shape of a transformer, enough to derive FLOPs, parameters, activations and messages."""
@@ -68,6 +71,19 @@ class ModelSpec:
     """Each block also cross-attends to a short conditioning sequence (STDiT text captions)."""
     tied_embeddings: bool = False
     """Embedding and LM head share one matrix."""
+    norm: Literal["rmsnorm", "layernorm", "layernorm-lowp"] = "rmsnorm"
+    """The blocks' normalization, for their elementwise traffic (dcp.costmodel.elementwise):
+    rmsnorm as dcp.models runs it (eager ops in fp32), layernorm (torch's one kernel, in fp32
+    under autocast), layernorm-lowp (MPT's low_precision_layernorm: input cast to the compute
+    dtype, one kernel there)."""
+    positions: Literal["rope", "learned"] = "rope"
+    """rope rotates q and k in every block; learned adds a table once, at the embedding."""
+    biases: bool = False
+    """The projections carry biases (MPT's default, GPT-2): added inside the matmul forward, each
+    summed over the tokens backward (one read of its output's gradient)."""
+    fused_qkv: bool = False
+    """q, k and v come from one projection (MPT's Wqkv, GPT-2's c_attn): the normed input feeds
+    one matmul, not three (one autocast cast, no gradient sum)."""
     source: str = ""
     """Where the shape comes from."""
     memory: dict[str, MemoryFootprint] = field(default_factory=dict, compare=False)
@@ -84,6 +100,10 @@ class ModelSpec:
             raise CostModelError(f"model {self.name!r}: hidden {self.hidden} not divisible by heads {self.heads}")
         if self.heads % self.kv_heads:
             raise CostModelError(f"model {self.name!r}: heads {self.heads} not divisible by kv_heads {self.kv_heads}")
+        if self.norm not in NORMS:
+            raise CostModelError(f"model {self.name!r}: unknown norm {self.norm!r}; known: {', '.join(NORMS)}")
+        if self.positions not in ("rope", "learned"):
+            raise CostModelError(f"model {self.name!r}: positions must be rope or learned, got {self.positions!r}")
         if self.attention not in ATTENTION_KINDS:
             raise CostModelError(f"model {self.name!r}: unknown attention {self.attention!r}")
         for name, fp in self.memory.items():
