@@ -54,7 +54,8 @@ def tiny_cm(gpus: int = 4, gpus_per_node: int = 2, cap_tokens: int = 600, zero_s
         others = [CollectiveCurve(op=op, gpus_per_node=2, nodes=nodes, latency_s=0.0, bus_bw_bytes_per_s=4e6)
                   for op in ("all_reduce", "reduce_scatter", "all_gather", "broadcast") for nodes in (1, 2)]
     hw = dataclasses.replace(
-        base, matmul_flops=1e9, attention_fwd_flops=1e9, attention_bwd_flops=1e9, attention_fwd_pairs_per_token=0.0,
+        base, matmul_flops=1e9, sustained_clock=1.0, attention_fwd_flops=1e9, attention_bwd_flops=1e9,
+        attention_fwd_pairs_per_token=0.0,
         attention_bwd_pairs_per_token=0.0, attention_bwd_causal_flops=None, attention_kernels={},
         matmul_tokens_offset=0.0, memory_bw_bytes_per_s=1e12, kernel_overhead_s=1e-2,
         collectives=tuple(slow + others))
