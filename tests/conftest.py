@@ -13,7 +13,14 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
-from dcp.costmodel import Cluster, CostModel, HardwareProfile, TrainingSetup, load_hardware, load_model
+from dcp.costmodel import (
+    Cluster,
+    CostModel,
+    HardwareProfile,
+    TrainingSetup,
+    load_hardware,
+    load_model,
+)
 from dcp.planner.sample import Sample
 
 # Seeded and without deadlines: CI machines (2 cores) vary in speed, results must not.
