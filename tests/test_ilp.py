@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -67,11 +67,11 @@ def test_configuration_program_never_cuts_off_the_optimum(lengths: list[int], gp
     sizes = allowed_sp_sizes(cm)
     table = cost_table(BatchArrays.of(batch), cm, sizes)
     for scale in (1 + 1e-7, 1.05):
-        res = solve_patterns(table, gpus, busy * scale, busy * scale, time.perf_counter() + 1e5)
+        res = solve_patterns(table, gpus, busy * scale, busy * scale, math.inf)
         assert res is not None and not res.infeasible and res.groups is not None
         assert sorted(i for _, ids in res.groups for i in ids) == list(range(len(lengths)))
     floor = (capacity_bound(batch, cm, sizes) - cm.grad_sync_s()) * 0.9
-    res = solve_patterns(table, gpus, busy, floor, time.perf_counter() + 1e5)
+    res = solve_patterns(table, gpus, busy, floor, math.inf)
     assert res is not None and res.infeasible
 
 
@@ -354,12 +354,12 @@ def test_local_search_carves_room_for_a_large_samples_group(monkeypatch: pytest.
     arrays = BatchArrays.of(batch)
     table = cost_table(arrays, cm, sizes, Pricer(cm, sizes))
     floor = capacity_busy(batch, cm)  # the busy-time floor the search runs on
-    res = solve_patterns(table, 1024, 2 * floor, floor, time.perf_counter() + 1e5)
+    res = solve_patterns(table, 1024, 2 * floor, floor, math.inf)
     assert res.groups is not None
     monkeypatch.setattr(pack, "_grow", lambda *args: None)
-    stuck = improve(res.groups, table, time.perf_counter() + 1e5, 300, 1024)
+    stuck = improve(res.groups, table, math.inf, 300, 1024)
     monkeypatch.undo()
-    out = improve(stuck, table, time.perf_counter() + 1e5, 300, 1024)
+    out = improve(stuck, table, math.inf, 300, 1024)
     # ratchet: local search gains 2% on the stuck grouping; a margin under what this case gave when written (`pytest tests/test_ilp.py::test_local_search_carves_room_for_a_large_samples_group`)
     assert estimate(out, table) < estimate(stuck, table) * 0.98
     assert sorted(i for _, ids in out for i in ids) == list(range(len(batch)))

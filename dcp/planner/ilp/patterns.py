@@ -90,7 +90,7 @@ def solve_patterns(table: CostTable, num_gpus: int, upper: float, theta: float,
             return PatternResult(None, True, "a sample runs alone longer than theta")
     parts = knobs.PATTERN_PARTS
     # The program's size follows the time left: its root node costs about knobs.ROOT_S_PER_COLUMN each.
-    by_time = int(max(deadline.left(), 0.0) / knobs.ROOT_S_PER_COLUMN)
+    by_time = int(min(max(deadline.left(), 0.0) / knobs.ROOT_S_PER_COLUMN, knobs.MAX_PATTERNS))  # inf: no deadline
     most = max(1, min(knobs.MAX_PATTERNS, by_time))
     while True:
         big = {j: [t for t, it in enumerate(items) if it.exact and (t, j) in usable and it.coef[j] > theta / parts]
