@@ -6,6 +6,7 @@ casts, fixed per micro-batch) drops out."""
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 
 import pytest
@@ -73,20 +74,26 @@ def _opaque_attention(mode: ByteCount):  # noqa: ANN202
 
 
 def _count(spec: ModelSpec, recipe: str, tokens: int) -> tuple[float, float]:
-    """(forward, backward) bytes one layer's elementwise ops move on `tokens` tokens."""
+    """(forward, backward) bytes one layer's elementwise ops move on `tokens` tokens: dcp.models'
+    Llama layer, or `_GptBlock` for a model with LayerNorm and learned positions."""
     autocast = recipe == "autocast-bf16"
     dtype = torch.float32 if autocast or recipe == "fp32" else torch.bfloat16
     torch.manual_seed(0)
-    layer = LlamaLayer(spec).to(dtype)
-    seqs = PackedSeqs.pack([tokens])
-    seqs.positions()  # the micro-batch's positions, computed once for all its layers
+    mode = ByteCount()
+    if spec.positions == "rope":
+        layer = LlamaLayer(spec).to(dtype)
+        layer.attn.attn_fn = _opaque_attention(mode)
+        seqs = PackedSeqs.pack([tokens])
+        seqs.positions()  # the micro-batch's positions, computed once for all its layers
+        run = functools.partial(layer, seqs=seqs)
+    else:
+        run = _GptBlock(spec).to(dtype)
+        run.attn_fn = _opaque_attention(mode)
     x = torch.randn(tokens, spec.hidden, dtype=dtype, requires_grad=True)
     grad = torch.randn(tokens, spec.hidden, dtype=dtype)
-    mode = ByteCount()
-    layer.attn.attn_fn = _opaque_attention(mode)
     with mode:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            y = layer(x, seqs)
+            y = run(x)
         fwd = sum(mode.bytes.values())
         mode.bytes.clear()
         y.backward(grad)
@@ -172,25 +179,6 @@ class _GptBlock(torch.nn.Module):
         return x + self.down(torch.nn.functional.gelu(self.up(self._norm(self.norm_2, x))))
 
 
-def _count_gpt(spec: ModelSpec, recipe: str, tokens: int) -> tuple[float, float]:
-    autocast = recipe == "autocast-bf16"
-    dtype = torch.float32 if autocast or recipe == "fp32" else torch.bfloat16
-    torch.manual_seed(0)
-    block = _GptBlock(spec).to(dtype)
-    x = torch.randn(tokens, spec.hidden, dtype=dtype, requires_grad=True)
-    grad = torch.randn(tokens, spec.hidden, dtype=dtype)
-    mode = ByteCount()
-    block.attn_fn = _opaque_attention(mode)
-    with mode:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            y = block(x)
-        fwd = sum(mode.bytes.values())
-        mode.bytes.clear()
-        y.backward(grad)
-        bwd = sum(mode.bytes.values())
-    return fwd, bwd
-
-
 @pytest.mark.parametrize("recipe", ["bf16", "autocast-bf16", "fp32"])
 @pytest.mark.parametrize("norm", ["layernorm", "layernorm-lowp"])
 @pytest.mark.parametrize(("fused_qkv", "biases"), [(True, True), (False, False)])
@@ -199,7 +187,7 @@ def test_eager_count_of_a_layernorm_gelu_block(recipe: str, norm: str, fused_qkv
     against the bytes its ops move, counted the same way."""
     spec = ModelSpec(name="t", num_layers=1, hidden=64, heads=4, kv_heads=4, ffn_hidden=256, mlp="gelu",
                      norm=norm, positions="learned", fused_qkv=fused_qkv, biases=biases)
-    (f1, b1), (f2, b2) = _count_gpt(spec, recipe, 64), _count_gpt(spec, recipe, 192)
+    (f1, b1), (f2, b2) = _count(spec, recipe, 64), _count(spec, recipe, 192)
     derived = elementwise_bytes(spec, get_recipe(recipe), "eager")
     assert derived.fwd == pytest.approx((f2 - f1) / 128, rel=1e-9)
     assert derived.bwd == pytest.approx((b2 - b1) / 128, rel=1e-9)
