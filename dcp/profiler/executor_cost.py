@@ -19,8 +19,11 @@ With two ranks or more it also runs SP groups (every power of two p up to the wo
 heads allow, aligned blocks of ranks), the same tokens a rank, without and with every layer
 checkpointed. What their middle micro-batch takes beyond the micro-batch's price (the fit above,
 the all-to-all curve's latency and bandwidth included) grows with the Ulysses all-to-alls it
-issues, (2K + r) x `a2a_per_layer` calls: (measured - priced) = calls x (per_call + per_token x T/p)
-by non-negative least squares gives `LayerFit.a2a_call_s` and `a2a_token_s`. On a CPU an
+issues, (2K + r) x `a2a_per_layer` calls: (measured - priced) = calls x per_call by non-negative
+least squares gives `LayerFit.a2a_call_s`. A per-token part (`a2a_token_s`) is not fitted: the
+largest rows' extra is a few percent of their time, as large as their noise, and a slope fitted on
+it swung from 0 to 0.57 us a shard token between passes minutes apart, moving the SP plans' prices
+by up to 24% (tiny-llama, 2 gloo ranks, 2026-12-07; one parameter: 3%). On a CPU an
 all-to-all costs the executor more than the curve's isolated, back-to-back calls: the autograd
 wrapper, the contiguous send buffer, the fresh receive buffer, gloo's CPU time between layers
 (tiny-llama on 2 gloo ranks: a 512-token SP-2 micro-batch ran 1.45x its price, an SP-1 one 1.1x).
@@ -84,7 +87,10 @@ def measure_executor(spec: ModelSpec, dtype: torch.dtype, device: torch.device, 
     collective when distributed), this rank's times. Each step runs three micro-batches per rank
     and the middle one is read as the micro-batch (the first gathers the parameters and the last
     reduces the gradients: the step's work, not every micro-batch's), the whole step beside it
-    (`step_s`, for the per-step cost)."""
+    (`step_s`, for the per-step cost). The rows run round-robin, one step of each in turn per
+    repeat: every row's readings then span the same stretch of time, so what the SP rows take
+    beyond the SP-1 ones (the all-to-all's extra, `a2a_fit`) is not a spell of the machine that
+    one row met and another did not."""
     from dcp.executor import Executor, ParallelState
     from dcp.executor.reference import manual_plan
     from dcp.models import build_model, lm_loss, mse_loss, sample_tensors
@@ -103,29 +109,31 @@ def measure_executor(spec: ModelSpec, dtype: torch.dtype, device: torch.device, 
 
     world = state.world_size
 
-    def row(n: int, sp: int, ckpt: int) -> dict[str, float]:
+    def row(n: int, sp: int, ckpt: int) -> tuple[dict[str, float], Any, dict[int, Any]]:
         """Groups of `sp` aligned ranks over the world, each three micro-batches of one `n`-token
-        sample with `ckpt` checkpointed layers; this rank's fastest middle micro-batch and step."""
+        sample with `ckpt` checkpointed layers: the row's description, its plan and tensors."""
         groups = world // sp
         batch = [Sample(i, n, attention_pairs(spec.attention, n)) for i in range(3 * groups)]
         tensors = {s.id: sample_tensors(spec, s, dtype=dtype) for s in batch}
         plan = manual_plan(batch, world, spec.num_layers,
                            [(g * sp, sp, [([3 * g + j], ckpt) for j in range(3)]) for g in range(groups)],
                            gpus_per_node=state.gpus_per_node)
-        middle, steps = [], []
-        for i in range(reps.warmup + reps.repeats):
-            stats = executor.step(plan, tensors, loss_fn)
-            if i >= reps.warmup:
-                mb = stats.microbatches[1]
-                middle.append(mb.cpu_s if cpu_clock else mb.measured_s)
-                steps.append(stats.cpu_step_s if cpu_clock else stats.measured_step_s)
-        return {"tokens": n, "attn_pairs": batch[0].attn_pairs, "sp": sp, "ckpt_layers": ckpt,
-                "measured_s": min(middle), "step_s": min(steps)}
+        return {"tokens": n, "attn_pairs": batch[0].attn_pairs, "sp": sp, "ckpt_layers": ckpt}, plan, tensors
 
     rows = [row(n, 1, 0) for n in tokens]
     for sp in sp_sizes(spec, world):  # the same tokens a rank: n x sp a micro-batch
         rows += [row(n * sp, sp, ckpt) for ckpt in (0, spec.num_layers) for n in tokens]
-    return rows
+    middle: list[list[float]] = [[] for _ in rows]
+    steps: list[list[float]] = [[] for _ in rows]
+    for i in range(reps.warmup + reps.repeats):
+        for (_, plan, tensors), mids, whole in zip(rows, middle, steps, strict=True):
+            stats = executor.step(plan, tensors, loss_fn)
+            if i >= reps.warmup:
+                mb = stats.microbatches[1]
+                mids.append(mb.cpu_s if cpu_clock else mb.measured_s)
+                whole.append(stats.cpu_step_s if cpu_clock else stats.measured_step_s)
+    return [{**r, "measured_s": min(mids), "step_s": min(whole)}
+            for (r, _, _), mids, whole in zip(rows, middle, steps, strict=True)]
 
 
 def sp_sizes(spec: ModelSpec, world: int) -> list[int]:
@@ -178,19 +186,17 @@ def executor_fit(profile: HardwareProfile, spec: ModelSpec, dtype: torch.dtype, 
 def a2a_fit(profile: HardwareProfile, spec: ModelSpec, recipe: str, rows: Sequence[dict[str, float]],
             world: int) -> tuple[LayerFit, dict[str, Any]]:
     """`profile`'s fit of `spec` with the executor's cost per all-to-all beyond the curve, fitted
-    on SP rows (module docstring): measured - priced = calls x (a2a_call_s + a2a_token_s x T/p)."""
+    on SP rows (module docstring): measured - priced = calls x a2a_call_s (a2a_token_s 0)."""
     cm = CostModel(spec, profile, Cluster(num_gpus=world, gpus_per_node=world, memory_bytes=profile.memory_bytes),
                    TrainingSetup(precision=recipe, zero_stage=1))
     rows = [{**r, "calls": (2 * spec.num_layers + r["ckpt_layers"]) * spec.a2a_per_layer,
              "priced_s": cm.time_s(r["tokens"], r["attn_pairs"], r["sp"], r["ckpt_layers"], SPLayout(r["sp"]))}
             for r in rows]
-    extra = fit_nnls([[r["calls"], r["calls"] * r["tokens"] / r["sp"]] for r in rows],
-                     [r["measured_s"] - r["priced_s"] for r in rows], ("per_call", "per_token"),
+    extra = fit_nnls([[r["calls"]] for r in rows], [r["measured_s"] - r["priced_s"] for r in rows], ("per_call",),
                      weights=[1.0 / r["measured_s"] for r in rows])
-    fit = replace(profile.fits[spec.name], a2a_call_s=extra.coef[0], a2a_token_s=extra.coef[1])
+    fit = replace(profile.fits[spec.name], a2a_call_s=extra.coef[0], a2a_token_s=0.0)
     # R^2 of the SP micro-batches as priced with this extra against the measured ones.
-    r2 = r_squared([r["measured_s"] for r in rows],
-                   [r["priced_s"] + r["calls"] * (extra.coef[0] + extra.coef[1] * r["tokens"] / r["sp"]) for r in rows])
+    r2 = r_squared([r["measured_s"] for r in rows], [r["priced_s"] + r["calls"] * extra.coef[0] for r in rows])
     return fit, {"points": rows, "coef": extra.as_dict(), "fit_mape_of_residual": extra.mape, "r2": r2}
 
 

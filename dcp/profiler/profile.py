@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import platform
+import statistics
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
@@ -86,15 +87,16 @@ class ProfileOptions:
     @property
     def passes(self) -> int:
         """Passes over every point (layer grid, held-out, head, whole models, the executor's
-        micro-batches), each point keeping its fastest reading of all of them: a slow spell of
-        the machine then touches every component alike instead of the one measured in it."""
+        micro-batches), each point keeping the median over the passes of its fastest reading in
+        each (`merge_passes`): a spell of the machine, slow or fast, then touches every component
+        alike instead of the one measured in it, and one pass's spell does not carry the profile."""
         return 1 if self.quick or self.device == "cuda" else CPU_PASSES
 
 
 CPU_PASSES = 3
-"""Passes over every CPU point (docs/tuning-log.md)."""
+"""Passes over every CPU point, the median of the passes' fastest kept (docs/tuning-log.md)."""
 CPU_REPEATS = 3
-"""Timed repeats of every CPU point in each pass, the fastest of all passes' kept (docs/tuning-log.md)."""
+"""Timed repeats of every CPU point in each pass, the fastest kept for the pass (docs/tuning-log.md)."""
 REFERENCE_DRIFT = 0.05
 """A profile whose reference kernel (`ReferenceKernel`) ran this much slower at its slowest than
 at its fastest reading says so in its warnings: the machine changed speed while it measured."""
@@ -177,25 +179,27 @@ def _model_key(p: ModelPoint) -> tuple[int, ...]:
     return p.tokens, p.attn_pairs, p.layers
 
 
-def merge_passes(old: Measured, new: Measured) -> Measured:
-    """Two passes over the same points: each point's fastest reading of every timed field."""
-    return Measured(_fastest(old.points, new.points, _layer_key), _fastest(old.model_points, new.model_points, _model_key),
-                    _fastest(old.heldout, new.heldout, _layer_key), old.remeasured + new.remeasured)
+def merge_passes(passes: Sequence[Measured]) -> Measured:
+    """Passes over the same points: each point's median over the passes of its fastest reading in
+    each, field by field (`_median_of_passes`)."""
+    return Measured(_median_of_passes([m.points for m in passes], _layer_key),
+                    _median_of_passes([m.model_points for m in passes], _model_key),
+                    _median_of_passes([m.heldout for m in passes], _layer_key),
+                    [c for m in passes for c in m.remeasured])
 
 
-def merge_rows(old: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Two passes of the executor's rows (`executor_cost.measure_executor`): each row's fastest
-    micro-batch and step."""
+def merge_rows(passes: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Passes of the executor's rows (`executor_cost.measure_executor`): each row's median over the
+    passes of its fastest micro-batch and step in each."""
     def key(r: dict[str, Any]) -> tuple[int, int, int]:
         return r["tokens"], r.get("sp", 1), r.get("ckpt_layers", 0)
 
-    before = {key(r): r for r in old}
-    out = []
-    for r in new:
-        q = before.pop(key(r), None)
-        out.append(r if q is None else {**r, "measured_s": min(r["measured_s"], q["measured_s"]),
-                                         "step_s": min(r["step_s"], q["step_s"])})
-    return out + list(before.values())
+    seen: dict[tuple[int, int, int], list[dict[str, Any]]] = {}
+    for rows in passes:
+        for r in rows:
+            seen.setdefault(key(r), []).append(r)
+    return [{**rs[-1], "measured_s": statistics.median(r["measured_s"] for r in rs),
+             "step_s": statistics.median(r["step_s"] for r in rs)} for rs in seen.values()]
 
 
 @dataclass
@@ -212,27 +216,45 @@ class Passes:
 def measure_passes(bench: LayerBench, opts: ProfileOptions, progress: Any = None,
                    executor: Callable[[Repeats], list[dict[str, Any]] | None] | None = None) -> Passes:
     """`opts.passes` passes of `measure_bench` and of `executor(repeats)` (where given), each point
-    keeping its fastest reading of all passes, with the reference kernel timed before each pass and
-    after the last (`meta.reference`). Every rank measures, at once, and rank 0's readings are kept:
+    keeping the median over the passes of its fastest reading in each (`merge_passes`, `merge_rows`),
+    with the reference kernel timed before each pass and after the last (`meta.reference`). Every
+    rank measures, at once, and rank 0's readings are kept:
     the executor computes on every rank at once, and on a CPU a core computing beside another can run
     slower than beside an idle one (shared caches and memory bandwidth), so the bench's layers are
     timed beside the same neighbours as the executor's micro-batches."""
     o = opts.resolved()
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
     kernel = ReferenceKernel(bench.device)
-    m: Measured | None = None
-    rows: list[dict[str, Any]] | None = None
+    measured: list[Measured] = []
+    rows: list[list[dict[str, Any]]] = []
     reference = []
     for _ in range(o.passes):
         reference.append(kernel.seconds())
         new = measure_bench(bench, o, progress if rank0 else None)
         if rank0:
-            m = new if m is None else merge_passes(m, new)
-        if executor is not None:
-            new_rows = executor(o.repeats)
-            rows = new_rows if rows is None or new_rows is None else merge_rows(rows, new_rows)
+            measured.append(new)
+        if executor is not None and (new_rows := executor(o.repeats)) is not None:
+            rows.append(new_rows)
     reference.append(kernel.seconds())
-    return Passes(m, rows, reference)
+    return Passes(merge_passes(measured) if measured else None, merge_rows(rows) if rows else None, reference)
+
+
+def _median_of_passes(passes: Sequence[Sequence[Any]], key: Callable[[Any], tuple[int, ...]]) -> list[Any]:
+    """The points of every pass (the same `key`: the same point), each with every timed field the
+    median of that field's readings over the passes that measured it. Each reading is its pass's
+    fastest repeat: noise only adds time, so a repeat's minimum is the work itself where the pass
+    met a moment without it; the median over passes then keeps the moment the machine typically
+    offers rather than its one fastest spell (with three passes, the middle one). On the 2-core
+    development VM the fastest spell is an outlier: a reference kernel's fastest reading ran 6.6%
+    under another profile's ten minutes later (12.0 against 12.8 ms) and carried every component of
+    that profile with it (docs/tuning-log.md, `CPU_PASSES`)."""
+    groups: dict[tuple[int, ...], list[Any]] = {}
+    for points in passes:
+        for p in points:
+            groups.setdefault(key(p), []).append(p)
+    return [replace(ps[-1], **{f: statistics.median(getattr(q, f) for q in ps) for f in asdict(ps[-1])
+                               if f.endswith("_s") or f == "seconds"}) if len(ps) > 1 else ps[0]
+            for ps in groups.values()]
 
 
 def _fastest(old: Sequence[Any], new: Sequence[Any], key: Callable[[Any], tuple[int, ...]]) -> list[Any]:
@@ -320,7 +342,7 @@ def build_profile(base: HardwareProfile, bench: LayerBench, report: LayerFitRepo
                 "dtype": o.dtype, "quick": o.quick, "model": spec.to_dict() if spec else None,
                 "r2": {name: f.r2 for name, f in report.components().items() if f is not None},
                 "r2_threshold": R2_THRESHOLD, "r2_below": below, "remeasured": list(remeasured),
-                "timing": {"clock": clock_name(bench.device), "kept": "fastest of the repeats of all passes",
+                "timing": {"clock": clock_name(bench.device), "kept": "median over the passes of each pass's fastest repeat",
                            "passes": o.passes, "warmup": reps.warmup, "repeats": reps.repeats,
                            "remeasured_repeats": 2 * o.passes * reps.repeats if remeasured else None,
                            "wall": "each point's fastest wall-clock reading beside it (*_wall_s, wall_s)"}}
