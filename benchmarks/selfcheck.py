@@ -16,7 +16,8 @@ slow drift of the machine touches every plan alike.
 Each round also times the profiler's reference kernel (`dcp.profiler.reference.ReferenceKernel`,
 rank 0's fastest, both ranks running it at once as they do the plans), which a profile times
 before each of its passes and after the last (`meta.reference`): its time here over the profile's
-fastest says how much slower the machine ran now than when it was profiled ("machine speed").
+median (its fastest for a profile without one) says how much slower the machine ran now than when
+it was profiled ("machine speed").
 
 Reports, per profile, measured / predicted of each plan's step and of each micro-batch (median,
 min, max) and the Spearman rank correlation of predicted and measured steps, and the step ratio
@@ -232,7 +233,9 @@ def main() -> None:
         mp.spawn(worker, args=(os.path.join(tmp, "store"), args.rounds, out), nprocs=WORLD)
         measured, load_after, reference = out["measured"], out["load_after"], out["reference_s"]
     reference_s = min(reference)
-    speeds = {p: reference_s / ref["fastest_s"] if (ref := prof.meta.get("reference")) else None
+    # The profile's speed: the median of its reference readings, as each point keeps its median
+    # pass (a profile from before that kept its fastest reading: the fastest).
+    speeds = {p: reference_s / ref.get("median_s", ref["fastest_s"]) if (ref := prof.meta.get("reference")) else None
               for p, prof in profiles.items()}
     results: dict[str, Any] = {}
     for path, prof in profiles.items():

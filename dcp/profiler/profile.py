@@ -376,11 +376,12 @@ def build_profile(base: HardwareProfile, bench: LayerBench, report: LayerFitRepo
 
 def reference_record(seconds: Sequence[float]) -> dict[str, Any] | None:
     """meta.reference: the reference kernel's readings (before each pass, after the last), their
-    fastest (the machine's speed the profile stands for) and how far the slowest lay above it."""
+    median (the machine's speed the profile stands for, as each point keeps its median pass), their
+    fastest, and how far the slowest lay above the fastest."""
     if not seconds:
         return None
-    return {"work": REFERENCE_WORK, "seconds": list(seconds), "fastest_s": min(seconds),
-            "drift": max(seconds) / min(seconds) - 1.0}
+    return {"work": REFERENCE_WORK, "seconds": list(seconds), "median_s": statistics.median(seconds),
+            "fastest_s": min(seconds), "drift": max(seconds) / min(seconds) - 1.0}
 
 
 def measure_comm(device: torch.device, dtype: torch.dtype, *, quick: bool, base: HardwareProfile,
