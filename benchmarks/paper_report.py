@@ -45,7 +45,7 @@ def _setting(doc: dict[str, Any], hw: HardwareProfile) -> str:
     kind = "measured profile (`dcp profile`)" if m["hardware_kind"] == "measured" else "preset, not a measurement of ours"
     return f"""- Hardware profile **`{m['hardware']}`** ({kind}): {hw.device}, {hw.memory_bytes / 1e9:.1f} GB usable,
   matmul {hw.matmul_flops / 1e12:.0f} TFLOP/s, attention ({hw.attention_backend}) forward
-  {hw.attention_fwd_flops / 1e12:.0f} / backward {hw.attention_bwd_flops / 1e12:.0f} TFLOP/s, all-to-all bus
+  {hw.attention_fwd_flops / 1e12:.0f} / backward {hw.attention_bwd_flops / 1e12:.0f} TFLOP/s{_sustained(hw)}, all-to-all bus
   bandwidth by group size (GB/s) {a2a}, all-reduce over 32 GPUs up to {world.bus_bw(1e12) / 1e9:.0f} GB/s bus
   bandwidth (by message size). Sources, as the profile states them: matmul: {hw.sources.get('matmul_flops', '?')};
   attention: {hw.sources.get('attention_fwd_flops', '?')}; all-to-all: {hw.collective('all_to_all', 8, g).source} /
@@ -80,6 +80,15 @@ def kept_sections(path: Path) -> dict[str, str]:
             start = text.index(begin)
             kept[name] = text[start:text.index(end, start) + len(end)] + "\n\n"
     return kept
+
+
+def _sustained(hw: HardwareProfile) -> str:
+    """The rates a training step runs at, where the profile's are bursts (`sustained_clock` < 1)."""
+    if hw.sustained_clock == 1.0:
+        return ""
+    c = hw.sustained_clock
+    return (f" as kernel benchmarks time them; a step sustains {c:g} of each (matmul {hw.matmul_flops * c / 1e12:.0f}, "
+            f"attention {hw.attention_fwd_flops * c / 1e12:.0f} / {hw.attention_bwd_flops * c / 1e12:.0f} TFLOP/s)")
 
 
 def render(doc: dict[str, Any], hw: HardwareProfile, wall_s: float, kept: dict[str, str] | None = None) -> str:
@@ -190,7 +199,7 @@ sample, which this page uses; the best-static columns show how much of the rest 
 ## Differences from the paper's setup
 
 - **Hardware numbers.** `{m['hardware']}` is {"a profile measured with `dcp profile`" if m['hardware_kind'] == 'measured'
-  else "a preset: matmul and memory bandwidth measured on one borrowed H200, attention from FlashAttention-2's published H100 curves, collectives from published nccl-tests curves of an H100 cluster with the same NVLink and 8x400G network (all-to-all across nodes at an ideal-fabric estimate)"},
+  else "a preset: memory bandwidth measured on one borrowed H200, matmul the H200's published burst rate run at its published sustained clock, attention from FlashAttention-2's published H100 curves, collectives from published nccl-tests curves of an H100 cluster with the same NVLink and 8x400G network (all-to-all across nodes at an ideal-fabric estimate)"},
   not the paper's cluster. A congested fabric (FlexSP measured 5-10 GB/s across nodes) would make large SP
   groups dearer than here, which would hurt the best-static baselines and DCP's SP choices alike.
 - **Memory and the static SP.** The static SP follows from dcp's memory model (Korthikanti et al.
