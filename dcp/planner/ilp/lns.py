@@ -24,6 +24,9 @@ _HIGHS_OPTIONS: dict[str, float | int] = {
     "mip_max_improving_sols": knobs.LNS_SOLUTIONS,
     # Sub-MIP heuristics cost more than they find on these small, warm-started problems.
     "mip_heuristic_run_rins": False, "mip_heuristic_run_rens": False,
+    # HiGHS's MIP presolve (strengthenInequalities) can run without checking the time limit or
+    # the interrupt callback: a 32-GPU wikipedia batch spent over 20 minutes there (docs/tuning-log.md).
+    "presolve": "off",
 }
 
 
