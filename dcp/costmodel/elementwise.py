@@ -94,6 +94,13 @@ def _norm_ops(spec: ModelSpec, s: int, c: int) -> tuple[list[tuple[str, float]],
     return fwd, bwd, w
 
 
+def _bias_grad_bytes(spec: ModelSpec, c: int) -> float:
+    """Each projection bias's gradient sums its output's gradient (c-byte elements) over the
+    tokens: one read of every projection's output width (q, k, v, out, the MLP's up and down)."""
+    h, q, k, f, _ = _widths(spec)
+    return c * (q + 2 * k + h + (2 if spec.mlp == "swiglu" else 1) * f + h)
+
+
 def _eager_ops(spec: ModelSpec, prec: PrecisionRecipe) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
     """(name, bytes per token) of every elementwise op of one block's forward and backward, eager."""
     h, q, k, f, d = _widths(spec)
@@ -123,8 +130,7 @@ def _eager_ops(spec: ModelSpec, prec: PrecisionRecipe) -> tuple[list[tuple[str, 
     rope_b = [("rope grad", 14 * c * w + 2 * c * d) for w in (q, k)] if spec.positions == "rope" else []
     # One projection's q, k, v gradients are concatenated into its output's gradient.
     qkv_cat = [("q/k/v grad concat", 2 * c * (q + 2 * k))] if spec.fused_qkv else []
-    # Each bias's gradient sums its output's gradient over the tokens.
-    bias_b = [("bias grads", c * (q + 2 * k + h + n_mlp * f + h))] if spec.biases else []
+    bias_b = [("bias grads", _bias_grad_bytes(spec, c))] if spec.biases else []
     bwd = ([("residual grad cast", (s + c) * h if c != s else 0.0)] + mlp_b
            + [("mlp input grads", branch_sum(n_mlp))] + norm_b
            + [("residual junction", junction), ("residual grad cast", (s + c) * h if c != s else 0.0)]
@@ -144,8 +150,8 @@ def _compiled_bytes(spec: ModelSpec, prec: PrecisionRecipe) -> tuple[float, floa
     n_attn, n_mlp = (1 if spec.fused_qkv else 3), (2 if gated else 1)
     norms = sum(n * c * h + 2 * s * h + s * h + n * c * h + s * h for n in (n_attn, n_mlp))
     bwd = norms + (2 * c * (q + k) if spec.positions == "rope" else 0) + (5 if gated else 3) * c * f
-    if spec.biases:  # each bias's gradient: its output's gradient summed over the tokens
-        bwd += c * (q + 2 * k + h + n_mlp * f + h)
+    if spec.biases:
+        bwd += _bias_grad_bytes(spec, c)
     return fwd, bwd
 
 
