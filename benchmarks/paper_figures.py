@@ -38,7 +38,8 @@ def speedup_bars(doc: dict[str, Any], path: Path) -> None:
 def breakdown(doc: dict[str, Any], path: Path) -> None:
     cases = ok_cases(doc, "paper")
     names = ("bucket", "bucket-best-static", "packed", "dcp-greedy-inter", "dcp-greedy", "ilp")
-    kinds = (("compute", ("forward", "backward")), ("recompute", ("recompute",)), ("all_to_all", ("all_to_all",)),
+    kinds = (("compute", ("forward", "backward", "contention")), ("recompute", ("recompute",)),
+             ("all_to_all", ("all_to_all",)),
              ("allreduce", ("allreduce",)), ("idle", ("idle",)))
     fig = _figure(13, 6.4)
     for i, c in enumerate(cases):

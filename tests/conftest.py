@@ -83,13 +83,15 @@ def state() -> Iterator[Any]:
             dist.destroy_process_group()
 
 
-def tested_hardware(name: str) -> HardwareProfile:
+def tested_hardware(name: str, overlap_slowdown: float = 0.0) -> HardwareProfile:
     """A preset as the planner tests' cases were chosen on: h200-sxm at 790 TFLOP/s and its
-    benchmarked clock (before `sustained_clock` lowered every compute rate by 15%). The planner's
+    benchmarked clock (before `sustained_clock` lowered every compute rate by 15%), and every
+    preset without the compute a collective in flight slows (`overlap_slowdown`; test_schedule
+    prices it, and checks the closed form against the replay with it on). The planner's
     guarantees hold on any linear model; these cases exercise paths (fillers, reductions, column
     levels) that a 15% shift in compute against memory and network can move elsewhere. The
     shipped presets' own numbers are tested in test_costmodel_terms and test_collectives."""
-    hw = load_hardware(name)
+    hw = dataclasses.replace(load_hardware(name), overlap_slowdown=overlap_slowdown)
     if name == "h200-sxm":
         hw = dataclasses.replace(hw, matmul_flops=790e12, sustained_clock=1.0)
     return hw
@@ -97,11 +99,12 @@ def tested_hardware(name: str) -> HardwareProfile:
 
 @functools.cache
 def cost_model(model: str = "llama-7b", gpus: int = 32, gpus_per_node: int = 8,
-               memory_gb: float | None = None, zero_stage: int = 1, hardware: str = "h200-sxm") -> CostModel:
+               memory_gb: float | None = None, zero_stage: int = 1, hardware: str = "h200-sxm",
+               overlap_slowdown: float = 0.0) -> CostModel:
     """A cached cost model (hypothesis tests cannot take function-scoped fixtures). On h200-sxm
     it prices at the preset's burst matmul rate of 790 TFLOP/s and no clock drop, the numbers the
     planner tests' cases were chosen on (`tested_hardware`)."""
-    hw = tested_hardware(hardware)
+    hw = tested_hardware(hardware, overlap_slowdown)
     cluster = Cluster(num_gpus=gpus, gpus_per_node=gpus_per_node,
                       memory_bytes=hw.memory_bytes if memory_gb is None else memory_gb * 1e9)
     return CostModel(load_model(model), hw, cluster, TrainingSetup(zero_stage=zero_stage))

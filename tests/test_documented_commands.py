@@ -184,5 +184,7 @@ def test_the_quoted_figures_are_what_the_commands_print(tmp_path: Path, monkeypa
     long = json.loads(run("plan", "--model", "llama-3-8b", "--gpus", "64", "--global-batch", "1", "--workload",
                           "one-512k-sample.txt", "--format", "json").stdout)["steps"][0]["plan"]
     assert f"plans at {long['step_time_s']:.3f} s on 8 x 8" in readme
-    # That plan is at its bound (one sample on the whole cluster), so the figure does not move with load.
-    assert long["step_time_s"] == pytest.approx(long["lower_bound_s"])
+    # That plan is at its bound (one sample on the whole cluster), so the figure does not move with
+    # load: above it only by what its backward loses beside the reductions it hides
+    # (`overlap_slowdown`), which the bound leaves out (a plan's last micro-batch may be short).
+    assert long["lower_bound_s"] <= long["step_time_s"] <= 1.005 * long["lower_bound_s"]

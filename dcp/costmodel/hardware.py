@@ -153,6 +153,11 @@ class HardwareProfile:
     training step sustains: kernel benchmarks run in bursts at the boost clock, a step holds the
     tensor cores busy for seconds and the power limit pulls the clock down (H200: 702.9 TFLOP/s
     sustained against 828 in a burst). 1 for a profile that timed the layer itself."""
+    overlap_slowdown: float = 0.0
+    """Compute that runs while a collective is in flight takes (1 + this) times as long: NCCL's
+    kernels hold SMs and memory bandwidth beside the matmuls. The step's schedule charges it on
+    the stretch each prefetched gather or overlapped reduction shares with a layer's compute
+    (`schedule._Step.contention`). 0 for a profile that measured no overlapped collective."""
     memory_bw_bytes_per_s: float
     """Device memory bandwidth (bytes read plus written per second), for elementwise work and
     the per-micro-batch weight traffic."""
@@ -194,6 +199,8 @@ class HardwareProfile:
                                  f"{self.memory_capacity_bytes / 1e9:.1f} GB")
         if not 0 < self.sustained_clock <= 1:
             raise CostModelError(f"hardware {self.name!r}: sustained_clock must be in (0, 1], got {self.sustained_clock}")
+        if not 0 <= self.overlap_slowdown < 1:
+            raise CostModelError(f"hardware {self.name!r}: overlap_slowdown must be in [0, 1), got {self.overlap_slowdown}")
         if self.matmul_tokens_offset < 0:
             raise CostModelError(f"hardware {self.name!r}: matmul_tokens_offset must be >= 0")
         try:
@@ -280,7 +287,7 @@ class HardwareProfile:
         d["collectives"] = [c.to_dict() for c in self.collectives]
         if not d["attention_kernels"]:
             del d["attention_kernels"]
-        for optional in ("matmul_tokens_offset", "attention_bwd_causal_flops"):
+        for optional in ("matmul_tokens_offset", "attention_bwd_causal_flops", "overlap_slowdown"):
             if not d[optional]:
                 del d[optional]
         if d["sustained_clock"] == 1.0:

@@ -118,6 +118,17 @@ class _Step:
         self._times = _LAYER_TIMES.setdefault(cm, {})
         if len(self._times) > _LAYER_TIMES_MAX:
             self._times.clear()
+        self.slowdown = cm.hardware.overlap_slowdown
+        k, g, r = self.k, self.gather_s, self.reduce_s
+        if self.stage >= 3:
+            # Forward of layer l: the next unit's gather (after the last layer, the backward's
+            # first re-gather, layer K-2's). Backward of layer l: layer l-1's re-gather and layer
+            # l+1's reduce-scatter, one after the other on the link.
+            self.fwd_beside = [g[u + 1] if u + 1 < k else (g[k - 2] if k >= 2 else 0.0) for u in range(k)]
+            self.bwd_beside = [(g[u - 1] if u >= 1 else 0.0) + (r[u + 1] if u + 1 < k else 0.0) for u in range(k)]
+        else:  # the last micro-batch's backward of layer l runs beside layer l+1's reduction
+            self.fwd_beside = [0.0] * k
+            self.bwd_beside = [r[u + 1] if u + 1 < k else 0.0 for u in range(k)]
 
     def layer_times(self, mb: MicroBatchShape, group: GroupShape) -> LayerTimes:
         """`CostModel.layer_times` of `mb` in its group's layout (the same for each of its layers),
@@ -127,6 +138,24 @@ class _Step:
         if key not in self._times:
             self._times[key] = self.cm.layer_times(mb.tokens, mb.pairs, group.sp, key[2])
         return self._times[key]
+
+    def contention(self, compute_s: float, beside_s: float) -> float:
+        """What `beside_s` of collectives in flight add to a stretch of `compute_s` of compute
+        (`HardwareProfile.overlap_slowdown` = s): the compute runs 1 + s times slower while they
+        do, so they cover min(beside, (1 + s) compute) of it and add s / (1 + s) of that."""
+        s = self.slowdown
+        return s / (1 + s) * min(beside_s, compute_s * (1 + s)) if s and beside_s > 0 else 0.0
+
+    def contended(self, compute_s: np.ndarray, beside_s: float | np.ndarray) -> np.ndarray:
+        """`contention` elementwise (over members' compute, or layers' collectives)."""
+        s = self.slowdown
+        if not s:
+            return np.zeros_like(compute_s)
+        return s / (1 + s) * np.minimum(np.maximum(beside_s, 0.0), compute_s * (1 + s))
+
+    def _contention_op(self, compute_s: float, beside_s: float, i: int) -> list[Op]:
+        extra = self.contention(compute_s, beside_s)
+        return [("compute", extra, "contention", i)] if extra > 0 else []
 
     # -- pieces ----------------------------------------------------------------------------------
     def forward(self, mb: MicroBatchShape, group: GroupShape, i: int) -> tuple[list[Op], Op]:
@@ -173,9 +202,12 @@ class _Step:
             last = overlap and i == len(mbs) - 1
             layer_ops, head = self.forward(mb, group, i)
             ops += layer_ops * self.k + [head]
+            lt = self.layer_times(mb, group)
             for layer in reversed(range(self.k)):
                 ops += self.backward(mb, group, i, layer)
                 if last:
+                    redone = lt.rec_compute_s if layer < mb.ckpt_layers else 0.0
+                    ops += self._contention_op(lt.bwd_compute_s + redone, self.bwd_beside[layer], i)
                     issued.append(self.reduce(layer))
                     ops.append(("issue", issued[-1]))
         for layer in reversed(range(self.k)):
@@ -212,9 +244,12 @@ class _Step:
                 ops.append(("issue", order[0]))
             _use(ops, order, 0, overlap)
             layer_ops, head = self.forward(mb, group, j) if mb else ([], None)
+            lt = self.layer_times(mb, group) if mb else None
             for layer in range(self.k):
                 _use(ops, order, 1 + layer, overlap)
                 ops += layer_ops
+                if lt and overlap:
+                    ops += self._contention_op(lt.fwd_compute_s, self.fwd_beside[layer], j)
             if head:
                 ops.append(head)
             for layer in reversed(range(self.k)):
@@ -222,6 +257,9 @@ class _Step:
                     _use(ops, order, self.k + 1 + (self.k - 2 - layer), overlap)
                 if mb:
                     ops += self.backward(mb, group, j, layer)
+                    if overlap:
+                        redone = lt.rec_compute_s if layer < mb.ckpt_layers else 0.0
+                        ops += self._contention_op(lt.bwd_compute_s + redone, self.bwd_beside[layer], j)
                 reduce_scatter(layer, j)
             reduce_scatter(self.root, j)
         self.finish(ops, inflight)

@@ -28,11 +28,13 @@ if TYPE_CHECKING:
     from dcp.costmodel.schedule import GroupShape, MicroBatchShape, _Step
 
 
-def _layer_costs(step: _Step, mb: MicroBatchShape, group: GroupShape) -> tuple[float, float, float, float]:
+def _layer_costs(step: _Step, mb: MicroBatchShape, group: GroupShape) -> tuple[float, ...]:
     """(one layer's forward, the head, one layer's backward, its recompute) of a micro-batch,
-    all-to-alls and unhidden ring transfers included."""
+    all-to-alls and unhidden ring transfers included, then the compute alone of the forward,
+    backward and recompute (what collectives in flight slow down)."""
     lt = step.layer_times(mb, group)
-    return lt.forward_s, step.cm.head_s(mb.tokens, group.sp), lt.backward_s, lt.recompute_s
+    return (lt.forward_s, step.cm.head_s(mb.tokens, group.sp), lt.backward_s, lt.recompute_s,
+            lt.fwd_compute_s, lt.bwd_compute_s, lt.rec_compute_s)
 
 
 def independent_s(step: _Step, groups: Sequence[GroupShape], busy: Sequence[float], overlap: bool) -> float:
@@ -50,7 +52,10 @@ def independent_s(step: _Step, groups: Sequence[GroupShape], busy: Sequence[floa
             # below[c, u]: group c's last micro-batch's backward still to run after layer u's
             # (layers u-1 .. 0), the running sum of one layer's backward (and recompute below
             # its checkpointed layers) in the order the layers run, as a loop over u adds it.
+            # The last micro-batch's backward of layer u runs beside layer u+1's reduction
+            # (`_Step.contention`): its extra joins that layer's backward and the group's end.
             steps = np.empty((len(held), k))
+            beside = np.array(step.bwd_beside)
             for c, (g, _) in enumerate(held):
                 last = g.microbatches[-1]
                 lt = step.layer_times(last, g)
@@ -58,6 +63,13 @@ def independent_s(step: _Step, groups: Sequence[GroupShape], busy: Sequence[floa
                 steps[c, 0] = 0.0
                 steps[c, 1:] = bwd
                 steps[c, 1:min(last.ckpt_layers, k - 1) + 1] += rec
+                if step.slowdown:
+                    compute = np.full(k, lt.bwd_compute_s)
+                    compute[:last.ckpt_layers] += lt.rec_compute_s
+                    extra = step.contended(compute, beside)
+                    steps[c, 1:] += extra[:k - 1]
+                    ends[c] += float(extra.sum())
+            release[k] = max(0.0, float(ends.max()))
             below = np.cumsum(steps, axis=1)
             release[:k] = np.maximum((ends[:, None] - below).max(axis=0), 0.0)
     # Issue order: layers K-1..0, the root, then the loss scalars (issued with the root).
@@ -77,26 +89,37 @@ def lockstep_s(step: _Step, groups: Sequence[GroupShape], idle_ranks: bool, over
     k = step.k
     gathers = [step.gather_s[step.root], *step.gather_s[:k], *reversed(step.gather_s[:k - 1])]
     for j in range(max((len(g.microbatches) for g in groups), default=0)):
-        costs = np.zeros((len(members), 4))
+        costs = np.zeros((len(members), 7))
         ckpt = np.zeros(len(members))
         for c, g in enumerate(members):
             if g is not None and j < len(g.microbatches):
                 costs[c] = _layer_costs(step, g.microbatches[j], g)
                 ckpt[c] = g.microbatches[j].ckpt_layers
-        fwd, head, bwd, rec = costs.T
-        # One layer's backward per member, with and without its recompute (the sum formed before
-        # it is added to the clocks).
-        plain, redone = clocks.of(bwd), clocks.of(bwd + rec)
-        fwd, head, ckpt = clocks.of(fwd), clocks.of(head), clocks.of(ckpt)
+        fwd, head, bwd, rec, fc, bc, rc = costs.T
+        # Per amount of collectives in flight beside it (`_Step.contention`; a few distinct ones:
+        # layers have one size), one layer's forward and its backward with and without the
+        # recompute, per member, in the clocks' form (each sum formed before the clocks add it).
+        forwards: dict[float, np.ndarray | list[float]] = {}
+        backwards: dict[float, tuple[np.ndarray | list[float], np.ndarray | list[float]]] = {}
+        if overlap:
+            for beside in set(step.fwd_beside):
+                forwards[beside] = clocks.of(fwd + step.contended(fc, beside))
+            for beside in set(step.bwd_beside):
+                backwards[beside] = (clocks.of(bwd + step.contended(bc, beside)),
+                                     clocks.of(bwd + rec + step.contended(bc + rc, beside)))
+        else:
+            forwards[0.0], backwards[0.0] = clocks.of(fwd), (clocks.of(bwd), clocks.of(bwd + rec))
+        head, ckpt = clocks.of(head), clocks.of(ckpt)
         clocks.slot(gathers)
         clocks.use(0)
         for layer in range(k):
             clocks.use(1 + layer)
-            clocks.advance(fwd)
+            clocks.advance(forwards[step.fwd_beside[layer] if overlap else 0.0])
         clocks.advance(head)
         for layer in reversed(range(k)):
             if layer < k - 1:
                 clocks.use(k + 1 + (k - 2 - layer))
+            plain, redone = backwards[step.bwd_beside[layer] if overlap else 0.0]
             clocks.advance(clocks.below(layer, ckpt, redone, plain))
             clocks.reduce_scatter(step.reduce_s[layer])
         clocks.reduce_scatter(step.reduce_s[step.root])

@@ -13,11 +13,13 @@ from dcp.planner.plan import Group, MicroBatch, Plan, PlanError
 from dcp.planner.pricing import group_layout
 from dcp.planner.sync import group_shapes, phased_step_s
 
-EventKind = Literal["forward", "backward", "recompute", "all_to_all", "ring", "param_gather", "idle", "allreduce"]
+EventKind = Literal["forward", "backward", "recompute", "all_to_all", "ring", "param_gather", "idle", "allreduce",
+                    "contention"]
 EVENT_KINDS: tuple[str, ...] = ("forward", "backward", "recompute", "all_to_all", "ring", "param_gather", "idle",
-                                "allreduce")
+                                "allreduce", "contention")
 COMM_KINDS = ("all_to_all", "ring", "param_gather", "allreduce")
-"""`ring`: ring attention's point-to-point transfers its block attention does not hide."""
+"""`ring`: ring attention's point-to-point transfers its block attention does not hide. Not
+`contention`: the compute a collective in flight slows (`HardwareProfile.overlap_slowdown`)."""
 # Plan times and re-priced phase sums are the same floats added in different orders.
 _RTOL = 1e-6
 
@@ -190,7 +192,8 @@ def _shares(timeline: Timeline, plan: Plan) -> Timeline:
 
 
 KIND_COLORS = {"forward": "#4c72b0", "backward": "#55a868", "recompute": "#dd8452",
-               "all_to_all": "#c44e52", "ring": "#da8bc3", "param_gather": "#937860", "idle": "#dddddd", "allreduce": "#8172b3"}
+               "all_to_all": "#c44e52", "ring": "#da8bc3", "param_gather": "#937860", "idle": "#dddddd", "allreduce": "#8172b3",
+               "contention": "#ccb974"}
 
 
 def gantt(timeline: Timeline, title: str = "") -> Any:
