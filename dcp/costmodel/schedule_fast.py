@@ -55,7 +55,7 @@ def independent_s(step: _Step, groups: Sequence[GroupShape], busy: Sequence[floa
             # The last micro-batch's backward of layer u runs beside layer u+1's reduction
             # (`_Step.contention`): its extra joins that layer's backward and the group's end.
             steps = np.empty((len(held), k))
-            beside = np.array(step.bwd_beside)
+            compute = np.empty((len(held), 3))  # the last micro-batch's backward, recompute, checkpointed layers
             for c, (g, _) in enumerate(held):
                 last = g.microbatches[-1]
                 lt = step.layer_times(last, g)
@@ -63,12 +63,12 @@ def independent_s(step: _Step, groups: Sequence[GroupShape], busy: Sequence[floa
                 steps[c, 0] = 0.0
                 steps[c, 1:] = bwd
                 steps[c, 1:min(last.ckpt_layers, k - 1) + 1] += rec
-                if step.slowdown:
-                    compute = np.full(k, lt.bwd_compute_s)
-                    compute[:last.ckpt_layers] += lt.rec_compute_s
-                    extra = step.contended(compute, beside)
-                    steps[c, 1:] += extra[:k - 1]
-                    ends[c] += float(extra.sum())
+                compute[c] = lt.bwd_compute_s, lt.rec_compute_s, last.ckpt_layers
+            if step.slowdown:
+                redone = np.arange(k)[None, :] < compute[:, 2:3]
+                extra = step.contended(compute[:, 0:1] + compute[:, 1:2] * redone, np.array(step.bwd_beside)[None, :])
+                steps[:, 1:] += extra[:, :k - 1]
+                ends += extra.sum(axis=1)
             release[k] = max(0.0, float(ends.max()))
             below = np.cumsum(steps, axis=1)
             release[:k] = np.maximum((ends[:, None] - below).max(axis=0), 0.0)
