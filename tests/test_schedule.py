@@ -10,7 +10,7 @@ from conftest import cost_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dcp.costmodel import CostModelError, HardwareProfile, TrainingSetup, schedule_fast
+from dcp.costmodel import CostModel, CostModelError, HardwareProfile, TrainingSetup, schedule_fast
 from dcp.costmodel.events import replay
 from dcp.costmodel.schedule import GroupShape, MicroBatchShape, least_link_s
 from dcp.costmodel.zero import in_step_bytes, padded, resident_bytes, unit_params
@@ -104,10 +104,34 @@ def test_compute_beside_a_collective_in_flight_runs_slower_by_the_overlap_slowdo
     else:
         beside = (k - 1) * base.hardware.collective_time_s("all_reduce", layer * recipe.reduce_bytes, 8, 8)
     lt = base.layer_times(mb.tokens, mb.pairs, 1, None)
-    assert gather < lt.fwd_compute_s if stage == 3 else beside / (k - 1) < lt.bwd_compute_s  # hidden
+    assert gather < lt.forward_s if stage == 3 else beside / (k - 1) < lt.backward_s  # hidden
     added = slow.step_price(groups).step_time_s - base.step_price(groups).step_time_s
     assert added == pytest.approx(beside * s / (1 + s), rel=1e-9)
     assert slow.step_price(groups, overlap=False).step_time_s == base.step_price(groups, overlap=False).step_time_s
+
+
+def test_reductions_longer_than_the_layers_beside_them_still_cost_their_share() -> None:
+    """Stage 1 on 32 GPUs: the slowest group's last micro-batch (2,693 tokens on SP 2, 29 of 32
+    layers checkpointed) has layers whose backward is shorter than the reduction issued beside it
+    (5.1 ms), so reductions pile up and run beside the checkpointed layers after them, all-to-alls
+    included. Each of layers 31..1's reductions costs at least s / (1 + s) of its seconds, beside
+    the backward or exposed after it, which `least_exposed_s` counts: the step stays above it.
+    Counting only the layer's compute and its own reduction, this case priced 0.5 ms under it."""
+    cm = cost_model(gpus=32, zero_stage=1, overlap_slowdown=0.189)
+    groups = [GroupShape(2, (MicroBatchShape(t, t * (t + 1) / 2, c),)) for t, c in ((246, 27), (2_693, 29))]
+    for overlap in (True, False):
+        price = cm.step_price(groups, overlap=overlap)
+        assert price.step_time_s >= (price.busy_s + cm.grad_sync_s()) * (1 - 1e-12)
+    base = cost_model(gpus=32, zero_stage=1)
+    share = 0.189 / 1.189 * sum(_reductions(base)[1:base.model.num_layers])
+    assert cm.grad_sync_s() == pytest.approx(base.grad_sync_s() + share, rel=1e-12)
+
+
+def _reductions(cm: CostModel) -> list[float]:
+    """Each unit's reduction seconds, from the hardware's all-reduce curve over the world."""
+    recipe = cm.training.recipe
+    return [cm.hardware.collective_time_s("all_reduce", u * recipe.reduce_bytes, cm.cluster.num_gpus,
+                                          cm.cluster.gpus_per_node) for u in unit_params(cm.model)]
 
 
 def test_overlap_slowdown_is_a_fraction_and_round_trips() -> None:

@@ -140,9 +140,10 @@ class _Step:
         return self._times[key]
 
     def contention(self, compute_s: float, beside_s: float) -> float:
-        """What `beside_s` of collectives in flight add to a stretch of `compute_s` of compute
-        (`HardwareProfile.overlap_slowdown` = s): the compute runs 1 + s times slower while they
-        do, so they cover min(beside, (1 + s) compute) of it and add s / (1 + s) of that."""
+        """What `beside_s` of collectives in flight add to a stretch of `compute_s` of a layer's
+        work (its all-to-alls and ring transfers included: they share the GPU with the collective
+        too; `HardwareProfile.overlap_slowdown` = s): it runs 1 + s times slower while they do, so
+        they cover min(beside, (1 + s) compute) of it and add s / (1 + s) of that."""
         s = self.slowdown
         return s / (1 + s) * min(beside_s, compute_s * (1 + s)) if s and beside_s > 0 else 0.0
 
@@ -152,6 +153,30 @@ class _Step:
         if not s:
             return np.zeros_like(compute_s)
         return s / (1 + s) * np.minimum(np.maximum(beside_s, 0.0), compute_s * (1 + s))
+
+    def last_backward_contention(self, bwd_s: np.ndarray, rec_s: np.ndarray, ckpt: np.ndarray) -> np.ndarray:
+        """Stages 0-2, per group (rows) and layer u (columns): what the reductions in flight add to
+        its last micro-batch's backward of layer u (`bwd_s`, and `rec_s` below its `ckpt`
+        checkpointed layers: the whole stretch, all-to-alls and ring transfers included, which
+        share the GPU with the reduction too). The layers run K-1..0 and layer u+1's reduction is
+        issued as layer u's backward starts; the link works off what is pending (as when this
+        group issues last), so a reduction longer than the layer beside it carries over to the
+        layers after it: each second the link runs beside the backward adds s / (1 + s)
+        (`contention`), whatever layer it lands on. Pending work left after layer 0 is exposed,
+        which costs more; so the total is at least s / (1 + s) of layers K-1..1's reductions
+        (`least_exposed_s`)."""
+        n, k, s = len(bwd_s), self.k, self.slowdown
+        extra = np.zeros((n, k))
+        if not s:
+            return extra
+        carry = np.zeros(n)
+        for u in reversed(range(k)):
+            compute = bwd_s + np.where(u < ckpt, rec_s, 0.0)
+            pending = carry + self.bwd_beside[u]
+            covered = np.minimum(pending, compute * (1 + s))
+            extra[:, u] = s / (1 + s) * covered
+            carry = pending - covered
+        return extra
 
     def _contention_op(self, compute_s: float, beside_s: float, i: int) -> list[Op]:
         extra = self.contention(compute_s, beside_s)
@@ -203,11 +228,13 @@ class _Step:
             layer_ops, head = self.forward(mb, group, i)
             ops += layer_ops * self.k + [head]
             lt = self.layer_times(mb, group)
+            extra = self.last_backward_contention(np.array([lt.backward_s]), np.array([lt.recompute_s]),
+                                                  np.array([mb.ckpt_layers]))[0]
             for layer in reversed(range(self.k)):
                 ops += self.backward(mb, group, i, layer)
                 if last:
-                    redone = lt.rec_compute_s if layer < mb.ckpt_layers else 0.0
-                    ops += self._contention_op(lt.bwd_compute_s + redone, self.bwd_beside[layer], i)
+                    if extra[layer] > 0:
+                        ops.append(("compute", float(extra[layer]), "contention", i))
                     issued.append(self.reduce(layer))
                     ops.append(("issue", issued[-1]))
         for layer in reversed(range(self.k)):
@@ -249,7 +276,7 @@ class _Step:
                 _use(ops, order, 1 + layer, overlap)
                 ops += layer_ops
                 if lt and overlap:
-                    ops += self._contention_op(lt.fwd_compute_s, self.fwd_beside[layer], j)
+                    ops += self._contention_op(lt.forward_s, self.fwd_beside[layer], j)
             if head:
                 ops.append(head)
             for layer in reversed(range(self.k)):
@@ -258,8 +285,8 @@ class _Step:
                 if mb:
                     ops += self.backward(mb, group, j, layer)
                     if overlap:
-                        redone = lt.rec_compute_s if layer < mb.ckpt_layers else 0.0
-                        ops += self._contention_op(lt.bwd_compute_s + redone, self.bwd_beside[layer], j)
+                        redone = lt.recompute_s if layer < mb.ckpt_layers else 0.0
+                        ops += self._contention_op(lt.backward_s + redone, self.bwd_beside[layer], j)
                 reduce_scatter(layer, j)
             reduce_scatter(self.root, j)
         self.finish(ops, inflight)
@@ -361,15 +388,19 @@ def least_exposed_s(cm: CostModel) -> float:
     so layer 0's and the root's reductions and the loss all-reduce run after it, and at stages 1
     and 2 the parameters' all-gathers after those; at stage 3 (one slot at least) the root's and
     layer 0's gathers precede the first forward and the root's reduce-scatter and the loss
-    all-reduce follow the last backward. A lower bound, so a makespan bound plus it stays a lower
-    bound of the step."""
+    all-reduce follow the last backward. At stages 0-2 layers K-1..1's reductions run either beside
+    that group's last backward, slowing it by s / (1 + s) of their seconds (`HardwareProfile.
+    overlap_slowdown` = s, `_Step.last_backward_contention`), or after it, exposed, which costs
+    their whole seconds: s / (1 + s) of them at least. A lower bound, so a makespan bound plus it
+    stays a lower bound of the step."""
     if cm.cluster.num_gpus == 1:
         return cm.per_step_s
     gather, reduce, _ = collective_seconds(cm)
     k = cm.model.num_layers
     if cm.training.zero_stage >= 3:
         return _after_layers_s(cm) + gather[k] + (gather[0] if k else 0.0)
-    return _after_layers_s(cm) + (reduce[0] if k else 0.0)
+    s = cm.hardware.overlap_slowdown
+    return _after_layers_s(cm) + (reduce[0] if k else 0.0) + s / (1 + s) * sum(reduce[1:k])
 
 
 def _after_layers_s(cm: CostModel) -> float:

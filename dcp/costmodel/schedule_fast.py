@@ -28,13 +28,11 @@ if TYPE_CHECKING:
     from dcp.costmodel.schedule import GroupShape, MicroBatchShape, _Step
 
 
-def _layer_costs(step: _Step, mb: MicroBatchShape, group: GroupShape) -> tuple[float, ...]:
+def _layer_costs(step: _Step, mb: MicroBatchShape, group: GroupShape) -> tuple[float, float, float, float]:
     """(one layer's forward, the head, one layer's backward, its recompute) of a micro-batch,
-    all-to-alls and unhidden ring transfers included, then the compute alone of the forward,
-    backward and recompute (what collectives in flight slow down)."""
+    all-to-alls and unhidden ring transfers included."""
     lt = step.layer_times(mb, group)
-    return (lt.forward_s, step.cm.head_s(mb.tokens, group.sp), lt.backward_s, lt.recompute_s,
-            lt.fwd_compute_s, lt.bwd_compute_s, lt.rec_compute_s)
+    return lt.forward_s, step.cm.head_s(mb.tokens, group.sp), lt.backward_s, lt.recompute_s
 
 
 def independent_s(step: _Step, groups: Sequence[GroupShape], busy: Sequence[float], overlap: bool) -> float:
@@ -52,8 +50,9 @@ def independent_s(step: _Step, groups: Sequence[GroupShape], busy: Sequence[floa
             # below[c, u]: group c's last micro-batch's backward still to run after layer u's
             # (layers u-1 .. 0), the running sum of one layer's backward (and recompute below
             # its checkpointed layers) in the order the layers run, as a loop over u adds it.
-            # The last micro-batch's backward of layer u runs beside layer u+1's reduction
-            # (`_Step.contention`): its extra joins that layer's backward and the group's end.
+            # The last micro-batch's backward runs beside the reductions it issues
+            # (`_Step.last_backward_contention`): each layer's extra joins that layer's backward
+            # and the group's end.
             steps = np.empty((len(held), k))
             compute = np.empty((len(held), 3))  # the last micro-batch's backward, recompute, checkpointed layers
             for c, (g, _) in enumerate(held):
@@ -63,10 +62,9 @@ def independent_s(step: _Step, groups: Sequence[GroupShape], busy: Sequence[floa
                 steps[c, 0] = 0.0
                 steps[c, 1:] = bwd
                 steps[c, 1:min(last.ckpt_layers, k - 1) + 1] += rec
-                compute[c] = lt.bwd_compute_s, lt.rec_compute_s, last.ckpt_layers
+                compute[c] = bwd, rec, last.ckpt_layers
             if step.slowdown:
-                redone = np.arange(k)[None, :] < compute[:, 2:3]
-                extra = step.contended(compute[:, 0:1] + compute[:, 1:2] * redone, np.array(step.bwd_beside)[None, :])
+                extra = step.last_backward_contention(compute[:, 0], compute[:, 1], compute[:, 2])
                 steps[:, 1:] += extra[:, :k - 1]
                 ends += extra.sum(axis=1)
             release[k] = max(0.0, float(ends.max()))
@@ -89,13 +87,13 @@ def lockstep_s(step: _Step, groups: Sequence[GroupShape], idle_ranks: bool, over
     k = step.k
     gathers = [step.gather_s[step.root], *step.gather_s[:k], *reversed(step.gather_s[:k - 1])]
     for j in range(max((len(g.microbatches) for g in groups), default=0)):
-        costs = np.zeros((len(members), 7))
+        costs = np.zeros((len(members), 4))
         ckpt = np.zeros(len(members))
         for c, g in enumerate(members):
             if g is not None and j < len(g.microbatches):
                 costs[c] = _layer_costs(step, g.microbatches[j], g)
                 ckpt[c] = g.microbatches[j].ckpt_layers
-        fwd, head, bwd, rec, fc, bc, rc = costs.T
+        fwd, head, bwd, rec = costs.T
         # Per amount of collectives in flight beside it (`_Step.contention`; a few distinct ones:
         # layers have one size), one layer's forward and its backward with and without the
         # recompute, per member, in the clocks' form (each sum formed before the clocks add it).
@@ -103,10 +101,10 @@ def lockstep_s(step: _Step, groups: Sequence[GroupShape], idle_ranks: bool, over
         backwards: dict[float, tuple[np.ndarray | list[float], np.ndarray | list[float]]] = {}
         if overlap:
             for beside in set(step.fwd_beside):
-                forwards[beside] = clocks.of(fwd + step.contended(fc, beside))
+                forwards[beside] = clocks.of(fwd + step.contended(fwd, beside))
             for beside in set(step.bwd_beside):
-                backwards[beside] = (clocks.of(bwd + step.contended(bc, beside)),
-                                     clocks.of(bwd + rec + step.contended(bc + rc, beside)))
+                backwards[beside] = (clocks.of(bwd + step.contended(bwd, beside)),
+                                     clocks.of(bwd + rec + step.contended(bwd + rec, beside)))
         else:
             forwards[0.0], backwards[0.0] = clocks.of(fwd), (clocks.of(bwd), clocks.of(bwd + rec))
         head, ckpt = clocks.of(head), clocks.of(ckpt)
