@@ -144,11 +144,10 @@ class _Step:
         work (its all-to-alls and ring transfers included: they share the GPU with the collective
         too; `HardwareProfile.overlap_slowdown` = s): it runs 1 + s times slower while they do, so
         they cover min(beside, (1 + s) compute) of it and add s / (1 + s) of that."""
-        s = self.slowdown
-        return s / (1 + s) * min(beside_s, compute_s * (1 + s)) if s and beside_s > 0 else 0.0
+        return float(self.contended(np.array([compute_s]), beside_s)[0])
 
     def contended(self, compute_s: np.ndarray, beside_s: float | np.ndarray) -> np.ndarray:
-        """`contention` elementwise (over members' compute, or layers' collectives)."""
+        """`contention` elementwise (over members' work, or layers' collectives)."""
         s = self.slowdown
         if not s:
             return np.zeros_like(compute_s)
@@ -227,9 +226,10 @@ class _Step:
             last = overlap and i == len(mbs) - 1
             layer_ops, head = self.forward(mb, group, i)
             ops += layer_ops * self.k + [head]
-            lt = self.layer_times(mb, group)
-            extra = self.last_backward_contention(np.array([lt.backward_s]), np.array([lt.recompute_s]),
-                                                  np.array([mb.ckpt_layers]))[0]
+            if last:
+                lt = self.layer_times(mb, group)
+                extra = self.last_backward_contention(np.array([lt.backward_s]), np.array([lt.recompute_s]),
+                                                      np.array([mb.ckpt_layers]))[0]
             for layer in reversed(range(self.k)):
                 ops += self.backward(mb, group, i, layer)
                 if last:
