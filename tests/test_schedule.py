@@ -84,10 +84,12 @@ def test_compute_beside_a_collective_in_flight_runs_slower_by_the_overlap_slowdo
     """One SP-1 group per GPU on 8 GPUs, each one micro-batch long enough that every collective
     hides under a layer's compute. Compute beside a collective runs 1 + s times slower, so a
     collective of c seconds adds c s / (1 + s). By the schedule: at stage 3 every layer's forward
-    runs beside the next unit's gather (the last layer's beside the backward's first re-gather)
-    and every backward beside the re-gather of the layer below and the reduce-scatter of the one
-    above, except at the ends: K gathers in the forward, K - 1 gathers and K - 1 reduce-scatters
-    in the backward. At stage 0 the last backward runs beside layers K-1..1's reductions: K - 1.
+    runs beside the next unit's gather (the last layer's beside the backward's first re-gather,
+    layer K-2's) and every backward beside the re-gather of the layer below and the reduce-scatter
+    of the one above, except at the ends (the last layer's backward beside nothing new, layer 0's
+    beside no gather): K gathers in the forward, K - 2 gathers and K - 1 reduce-scatters in the
+    backward, 2K - 2 gathers in all, as many as the slot issues after the root's and layer 0's.
+    At stage 0 the last backward runs beside layers K-1..1's reductions: K - 1.
     Without overlap nothing runs beside compute: the step is the same with or without s."""
     s = 0.189
     base, slow = (cost_model(gpus=8, zero_stage=stage, overlap_slowdown=x) for x in (0.0, s))
@@ -100,7 +102,7 @@ def test_compute_beside_a_collective_in_flight_runs_slower_by_the_overlap_slowdo
     if stage == 3:
         gather = base.hardware.collective_time_s("all_gather", padded(layer, 8) * recipe.param_bytes, 8, 8)
         reduce = base.hardware.collective_time_s("reduce_scatter", padded(layer, 8) * recipe.reduce_bytes, 8, 8)
-        beside = k * gather + (k - 1) * (gather + reduce)
+        beside = k * gather + (k - 2) * gather + (k - 1) * reduce
     else:
         beside = (k - 1) * base.hardware.collective_time_s("all_reduce", layer * recipe.reduce_bytes, 8, 8)
     lt = base.layer_times(mb.tokens, mb.pairs, 1, None)
@@ -125,6 +127,20 @@ def test_reductions_longer_than_the_layers_beside_them_still_cost_their_share() 
     base = cost_model(gpus=32, zero_stage=1)
     share = 0.189 / 1.189 * sum(_reductions(base)[1:base.model.num_layers])
     assert cm.grad_sync_s() == pytest.approx(base.grad_sync_s() + share, rel=1e-12)
+
+
+def test_the_stage3_bound_counts_a_slots_collectives_at_their_share() -> None:
+    """At stage 3 a slot gathers layers 1..K-1 for the forward and K-2..0 again for the backward
+    and reduce-scatters K-1..0: each runs beside a layer's work (s / (1 + s) of it added) or is
+    waited for (all of it), so the least a step adds grows by s / (1 + s) of (2K - 2) gathers and
+    K reduce-scatters, from the hardware's curves among the 32 ranks."""
+    base, slow = (cost_model(gpus=32, zero_stage=3, overlap_slowdown=x) for x in (0.0, 0.189))
+    k, recipe = base.model.num_layers, base.training.recipe
+    layer = padded(unit_params(base.model)[0], 32)
+    gather = base.hardware.collective_time_s("all_gather", layer * recipe.param_bytes, 32, 8)
+    reduce = base.hardware.collective_time_s("reduce_scatter", layer * recipe.reduce_bytes, 32, 8)
+    added = slow.grad_sync_s() - base.grad_sync_s()
+    assert added == pytest.approx(0.189 / 1.189 * ((2 * k - 2) * gather + k * reduce), rel=1e-12)
 
 
 def _reductions(cm: CostModel) -> list[float]:

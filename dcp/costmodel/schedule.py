@@ -122,10 +122,12 @@ class _Step:
         k, g, r = self.k, self.gather_s, self.reduce_s
         if self.stage >= 3:
             # Forward of layer l: the next unit's gather (after the last layer, the backward's
-            # first re-gather, layer K-2's). Backward of layer l: layer l-1's re-gather and layer
-            # l+1's reduce-scatter, one after the other on the link.
+            # first re-gather, layer K-2's; what the last forward leaves of it runs beside the
+            # head and layer K-1's backward, `last_layer_leftover`). Backward of layer l < K-1:
+            # layer l-1's re-gather and layer l+1's reduce-scatter, one after the other on the link.
             self.fwd_beside = [g[u + 1] if u + 1 < k else (g[k - 2] if k >= 2 else 0.0) for u in range(k)]
-            self.bwd_beside = [(g[u - 1] if u >= 1 else 0.0) + (r[u + 1] if u + 1 < k else 0.0) for u in range(k)]
+            self.bwd_beside = [(g[u - 1] if 1 <= u < k - 1 else 0.0) + (r[u + 1] if u + 1 < k else 0.0)
+                               for u in range(k)]
         else:  # the last micro-batch's backward of layer l runs beside layer l+1's reduction
             self.fwd_beside = [0.0] * k
             self.bwd_beside = [r[u + 1] if u + 1 < k else 0.0 for u in range(k)]
@@ -152,6 +154,14 @@ class _Step:
         if not s:
             return np.zeros_like(compute_s)
         return s / (1 + s) * np.minimum(np.maximum(beside_s, 0.0), compute_s * (1 + s))
+
+    def last_layer_leftover(self, fwd_s: np.ndarray, head_s: np.ndarray, back_s: np.ndarray) -> np.ndarray:
+        """Stage 3, elementwise: what layer K-2's re-gather, issued as the last layer's forward
+        (`fwd_s`) starts, adds beside the head and that layer's backward (`back_s`, its
+        recompute included) once the forward has covered what it can."""
+        s = self.slowdown
+        left = np.maximum(self.fwd_beside[-1] - fwd_s * (1 + s), 0.0) if self.k and s else np.zeros_like(fwd_s)
+        return self.contended(head_s + back_s, left)
 
     def last_backward_contention(self, bwd_s: np.ndarray, rec_s: np.ndarray, ckpt: np.ndarray) -> np.ndarray:
         """Stages 0-2, per group (rows) and layer u (columns): what the reductions in flight add to
@@ -285,8 +295,13 @@ class _Step:
                 if mb:
                     ops += self.backward(mb, group, j, layer)
                     if overlap:
-                        redone = lt.recompute_s if layer < mb.ckpt_layers else 0.0
-                        ops += self._contention_op(lt.backward_s + redone, self.bwd_beside[layer], j)
+                        back = lt.backward_s + (lt.recompute_s if layer < mb.ckpt_layers else 0.0)
+                        ops += self._contention_op(back, self.bwd_beside[layer], j)
+                        if layer == self.k - 1:
+                            left = self.last_layer_leftover(np.array([lt.forward_s]), np.array([head[1]]),
+                                                            np.array([back]))[0]
+                            if left > 0:
+                                ops.append(("compute", float(left), "contention", j))
                 reduce_scatter(layer, j)
             reduce_scatter(self.root, j)
         self.finish(ops, inflight)
@@ -391,15 +406,19 @@ def least_exposed_s(cm: CostModel) -> float:
     all-reduce follow the last backward. At stages 0-2 layers K-1..1's reductions run either beside
     that group's last backward, slowing it by s / (1 + s) of their seconds (`HardwareProfile.
     overlap_slowdown` = s, `_Step.last_backward_contention`), or after it, exposed, which costs
-    their whole seconds: s / (1 + s) of them at least. A lower bound, so a makespan bound plus it
-    stays a lower bound of the step."""
+    their whole seconds: s / (1 + s) of them at least; at stage 3 likewise each of the slot's
+    other gathers and reduce-scatters, beside some layer's work or waited for. A lower bound, so a
+    makespan bound plus it stays a lower bound of the step."""
     if cm.cluster.num_gpus == 1:
         return cm.per_step_s
     gather, reduce, _ = collective_seconds(cm)
     k = cm.model.num_layers
-    if cm.training.zero_stage >= 3:
-        return _after_layers_s(cm) + gather[k] + (gather[0] if k else 0.0)
     s = cm.hardware.overlap_slowdown
+    if cm.training.zero_stage >= 3:
+        # A slot's other collectives (layers 1..K-1's gathers, K-2..0's re-gathers, K-1..0's
+        # reduce-scatters) each run beside a layer's work or are waited for: s / (1 + s) at least.
+        beside = sum(gather[1:k]) + sum(gather[:max(k - 1, 0)]) + sum(reduce[:k])
+        return _after_layers_s(cm) + gather[k] + (gather[0] if k else 0.0) + s / (1 + s) * beside
     return _after_layers_s(cm) + (reduce[0] if k else 0.0) + s / (1 + s) * sum(reduce[1:k])
 
 

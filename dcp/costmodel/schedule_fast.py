@@ -107,6 +107,8 @@ def lockstep_s(step: _Step, groups: Sequence[GroupShape], idle_ranks: bool, over
                                      clocks.of(bwd + rec + step.contended(bwd + rec, beside)))
         else:
             forwards[0.0], backwards[0.0] = clocks.of(fwd), (clocks.of(bwd), clocks.of(bwd + rec))
+        left = clocks.of(step.last_layer_leftover(fwd, head, np.where(k - 1 < ckpt, bwd + rec, bwd))
+                         if overlap and k else np.zeros(len(members)))
         head, ckpt = clocks.of(head), clocks.of(ckpt)
         clocks.slot(gathers)
         clocks.use(0)
@@ -119,6 +121,8 @@ def lockstep_s(step: _Step, groups: Sequence[GroupShape], idle_ranks: bool, over
                 clocks.use(k + 1 + (k - 2 - layer))
             plain, redone = backwards[step.bwd_beside[layer] if overlap else 0.0]
             clocks.advance(clocks.below(layer, ckpt, redone, plain))
+            if layer == k - 1:
+                clocks.advance(left)
             clocks.reduce_scatter(step.reduce_s[layer])
         clocks.reduce_scatter(step.reduce_s[step.root])
     scalars = clocks.collective(step.scalars_s)
