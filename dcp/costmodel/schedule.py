@@ -187,9 +187,10 @@ class _Step:
             carry = pending - covered
         return extra
 
-    def _contention_op(self, compute_s: float, beside_s: float, i: int) -> list[Op]:
-        extra = self.contention(compute_s, beside_s)
-        return [("compute", extra, "contention", i)] if extra > 0 else []
+    @staticmethod
+    def _contention_op(seconds: float, i: int) -> list[Op]:
+        """The op of `seconds` of contention in micro-batch `i`'s program (none when 0)."""
+        return [("compute", float(seconds), "contention", i)] if seconds > 0 else []
 
     # -- pieces ----------------------------------------------------------------------------------
     def forward(self, mb: MicroBatchShape, group: GroupShape, i: int) -> tuple[list[Op], Op]:
@@ -243,8 +244,7 @@ class _Step:
             for layer in reversed(range(self.k)):
                 ops += self.backward(mb, group, i, layer)
                 if last:
-                    if extra[layer] > 0:
-                        ops.append(("compute", float(extra[layer]), "contention", i))
+                    ops += self._contention_op(extra[layer], i)
                     issued.append(self.reduce(layer))
                     ops.append(("issue", issued[-1]))
         for layer in reversed(range(self.k)):
@@ -286,7 +286,7 @@ class _Step:
                 _use(ops, order, 1 + layer, overlap)
                 ops += layer_ops
                 if lt and overlap:
-                    ops += self._contention_op(lt.forward_s, self.fwd_beside[layer], j)
+                    ops += self._contention_op(self.contention(lt.forward_s, self.fwd_beside[layer]), j)
             if head:
                 ops.append(head)
             for layer in reversed(range(self.k)):
@@ -296,12 +296,10 @@ class _Step:
                     ops += self.backward(mb, group, j, layer)
                     if overlap:
                         back = lt.backward_s + (lt.recompute_s if layer < mb.ckpt_layers else 0.0)
-                        ops += self._contention_op(back, self.bwd_beside[layer], j)
+                        ops += self._contention_op(self.contention(back, self.bwd_beside[layer]), j)
                         if layer == self.k - 1:
-                            left = self.last_layer_leftover(np.array([lt.forward_s]), np.array([head[1]]),
-                                                            np.array([back]))[0]
-                            if left > 0:
-                                ops.append(("compute", float(left), "contention", j))
+                            ops += self._contention_op(self.last_layer_leftover(
+                                np.array([lt.forward_s]), np.array([head[1]]), np.array([back]))[0], j)
                 reduce_scatter(layer, j)
             reduce_scatter(self.root, j)
         self.finish(ops, inflight)

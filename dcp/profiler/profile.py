@@ -194,12 +194,8 @@ def merge_rows(passes: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any
     def key(r: dict[str, Any]) -> tuple[int, int, int]:
         return r["tokens"], r.get("sp", 1), r.get("ckpt_layers", 0)
 
-    seen: dict[tuple[int, int, int], list[dict[str, Any]]] = {}
-    for rows in passes:
-        for r in rows:
-            seen.setdefault(key(r), []).append(r)
     return [{**rs[-1], "measured_s": statistics.median(r["measured_s"] for r in rs),
-             "step_s": statistics.median(r["step_s"] for r in rs)} for rs in seen.values()]
+             "step_s": statistics.median(r["step_s"] for r in rs)} for rs in _by_point(passes, key)]
 
 
 @dataclass
@@ -248,13 +244,18 @@ def _median_of_passes(passes: Sequence[Sequence[Any]], key: Callable[[Any], tupl
     development VM the fastest spell is an outlier: a reference kernel's fastest reading ran 6.6%
     under another profile's ten minutes later (12.0 against 12.8 ms) and carried every component of
     that profile with it (docs/tuning-log.md, `CPU_PASSES`)."""
+    return [replace(ps[-1], **{f: statistics.median(getattr(q, f) for q in ps) for f in asdict(ps[-1])
+                               if f.endswith("_s") or f == "seconds"}) if len(ps) > 1 else ps[0]
+            for ps in _by_point(passes, key)]
+
+
+def _by_point(passes: Sequence[Sequence[Any]], key: Callable[[Any], tuple[int, ...]]) -> list[list[Any]]:
+    """Every pass's readings grouped by point (the same `key`), in the order first seen."""
     groups: dict[tuple[int, ...], list[Any]] = {}
     for points in passes:
         for p in points:
             groups.setdefault(key(p), []).append(p)
-    return [replace(ps[-1], **{f: statistics.median(getattr(q, f) for q in ps) for f in asdict(ps[-1])
-                               if f.endswith("_s") or f == "seconds"}) if len(ps) > 1 else ps[0]
-            for ps in groups.values()]
+    return list(groups.values())
 
 
 def _fastest(old: Sequence[Any], new: Sequence[Any], key: Callable[[Any], tuple[int, ...]]) -> list[Any]:
