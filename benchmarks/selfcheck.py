@@ -13,18 +13,20 @@ plan (the first round is a warm-up): CPU time, because the machine is shared and
 measures the other jobs too (the wall-clock ratios are kept beside). Plans run round-robin, so a
 slow drift of the machine touches every plan alike.
 
-Each round also times the profiler's reference kernel (`dcp.profiler.reference.ReferenceKernel`,
-rank 0's fastest, both ranks running it at once as they do the plans), which a profile times
-before each of its passes and after the last (`meta.reference`): its time here over the profile's
-median (its fastest for a profile without one) says how much slower the machine ran now than when
-it was profiled ("machine speed").
+Each round also times the profiler's reference kernel (`dcp.profiler.reference.ReferenceKernel`)
+before its first plan and after every plan, both ranks at once as they run the plans: a CPU profile
+reads each of its points in units of that kernel timed beside it and records them at the kernel's
+median reading (`dcp.profiler.profile.Anchor`, `meta.reference`), and the self-check reads each
+round's step the same way. The machine's speed then reads apart from the cost model's error
+("machine speed": the kernel's median here over the profile's), and two profiles' disagreement
+apart from the machine's drift between them.
 
 Reports, per profile, measured / predicted of each plan's step and of each micro-batch (median,
-min, max) and the Spearman rank correlation of predicted and measured steps, and the step ratio
-again with the prediction scaled by the machine speed (what the profile would have predicted had
-it been taken at this speed: model error apart from the machine's drift); with two profiles, how
-far their predictions of each plan lie apart, and how far once each is scaled by its own
-reference time (the disagreement the machine's drift between them does not explain). Writes benchmarks/results/selfcheck.json (or
+min, max) and the Spearman rank correlation of predicted and measured steps, in CPU seconds and at
+one machine speed (the step in kernel units against the prediction in the profile's units:
+model error apart from the machine's drift); with two profiles, how far their predictions of each
+plan lie apart, in seconds and in each profile's units (the disagreement the machine's drift
+between them does not explain). Writes benchmarks/results/selfcheck.json (or
 --output). Not a test: nothing asserts on time.
 """
 
@@ -119,27 +121,31 @@ def worker(rank: int, store: str, rounds: int, out: dict) -> None:
     def loss_fn(o, b):  # noqa: ANN001, ANN202
         return lm_loss(o, b["labels"])
 
-    measured: list[dict[str, Any]] = [{"step_cpu_s": [], "step_wall_s": [], "mb": {}} for _ in PLANS]
+    measured: list[dict[str, Any]] = [{"step_cpu_s": [], "step_wall_s": [], "reference_s": [], "mb": {}}
+                                      for _ in PLANS]
     kernel, reference = ReferenceKernel(), []
     for rnd in range(rounds + 1):  # round 0: warm-up
         dist.barrier()
         reference.append(kernel.seconds())
         for i, (plan, tensors) in enumerate(plans):
             dist.barrier()
+            before = reference[-1]
             stats = executor.step(plan, tensors, loss_fn)
+            reference.append(kernel.seconds())  # every rank, at once, as the profile's points were read
             steps: list[Any] = [None] * WORLD
             dist.all_gather_object(steps, (stats.cpu_step_s, stats.measured_step_s))
             if rnd == 0:
                 continue
             measured[i]["step_cpu_s"].append(max(c for c, _ in steps))
             measured[i]["step_wall_s"].append(max(w for _, w in steps))
+            measured[i]["reference_s"].append((before + reference[-1]) / 2)
             for m in stats.microbatches:
                 row = measured[i]["mb"].setdefault(f"{m.group}.{m.index}", {"cpu_s": [], "wall_s": []})
                 row["cpu_s"].append(m.cpu_s)
                 row["wall_s"].append(m.measured_s)
     if rank == 0:
         out["measured"] = measured
-        out["reference_s"] = reference[1:]
+        out["reference_s"] = reference[len(PLANS) + 1:]  # after the warm-up round
         out["load_after"] = os.getloadavg()
     dist.barrier()
     dist.destroy_process_group()
@@ -169,13 +175,17 @@ def ratio_summary(ratios: list[float]) -> dict[str, float]:
     return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
 
 
-def compare(measured: list[dict[str, Any]], predicted: list[dict[str, Any]], speed: float | None) -> dict[str, Any]:
+def compare(measured: list[dict[str, Any]], predicted: list[dict[str, Any]], profile_speed_s: float | None
+            ) -> dict[str, Any]:
     """measured / predicted per plan (step) and per micro-batch, on CPU time and on wall time;
-    with the machine `speed` (reference kernel now / at profiling), the step ratio of the
-    predictions scaled by it too."""
+    with the profile's speed (`profile_speed_s`, its reference kernel's median reading), the step
+    ratio at one machine speed too: each round's step in units of the kernel read beside it (the
+    mean of the readings before and after it), the fastest round's, against the prediction in the
+    profile's units (predicted / `profile_speed_s`), as the profile read its points (`Anchor`)."""
     plans, steps_m, steps_p, mb_ratios, mb_wall = [], [], [], [], []
     for (name, _), m, p in zip(PLANS, measured, predicted, strict=True):
         step_cpu, step_wall = min(m["step_cpu_s"]), min(m["step_wall_s"])
+        step_units = min(c / r for c, r in zip(m["step_cpu_s"], m["reference_s"], strict=True))
         mbs = {k: {"predicted_s": p["mb"][k], "cpu_s": min(v["cpu_s"]), "wall_s": min(v["wall_s"]),
                    "ratio": min(v["cpu_s"]) / p["mb"][k]} for k, v in sorted(m["mb"].items())}
         mb_ratios += [v["ratio"] for v in mbs.values()]
@@ -183,12 +193,15 @@ def compare(measured: list[dict[str, Any]], predicted: list[dict[str, Any]], spe
         steps_m.append(step_cpu)
         steps_p.append(p["step_s"])
         plans.append({"plan": name, "predicted_step_s": p["step_s"], "step_cpu_s": step_cpu, "step_wall_s": step_wall,
-                      "ratio": step_cpu / p["step_s"], "wall_ratio": step_wall / p["step_s"], "microbatches": mbs})
+                      "ratio": step_cpu / p["step_s"], "wall_ratio": step_wall / p["step_s"], "step_units": step_units,
+                      "ratio_at_speed": step_units * profile_speed_s / p["step_s"] if profile_speed_s else None,
+                      "microbatches": mbs})
     step_ratios = [p["ratio"] for p in plans]
     scaled = None
-    if speed is not None:
-        at_speed = [r / speed for r in step_ratios]
-        scaled = {**ratio_summary(at_speed), "in_0.75_1.33": sum(0.75 <= r <= 1.33 for r in at_speed)}
+    if profile_speed_s is not None:
+        at_speed = [p["ratio_at_speed"] for p in plans]
+        scaled = {**ratio_summary(at_speed), "in_0.75_1.33": sum(0.75 <= r <= 1.33 for r in at_speed),
+                  "spearman": float(spearmanr([p["step_units"] for p in plans], steps_p).statistic)}
     return {
         "step": {**ratio_summary(step_ratios), "spearman": float(spearmanr(steps_p, steps_m).statistic),
                  "in_0.75_1.33": sum(0.75 <= r <= 1.33 for r in step_ratios), "plans": len(plans),
@@ -232,15 +245,15 @@ def main() -> None:
         out = manager.dict()
         mp.spawn(worker, args=(os.path.join(tmp, "store"), args.rounds, out), nprocs=WORLD)
         measured, load_after, reference = out["measured"], out["load_after"], out["reference_s"]
-    reference_s = min(reference)
-    # The profile's speed: the median of its reference readings, as each point keeps its median
-    # pass (a profile from before that kept its fastest reading: the fastest).
-    speeds = {p: reference_s / ref.get("median_s", ref["fastest_s"]) if (ref := prof.meta.get("reference")) else None
-              for p, prof in profiles.items()}
+    # The profile's speed: the median of its reference readings (an anchored profile's points are
+    # recorded at it; a profile from before that kept its fastest reading: the fastest).
+    profile_speed = {p: ref.get("median_s", ref["fastest_s"]) if (ref := prof.meta.get("reference")) else None
+                     for p, prof in profiles.items()}
+    speeds = {p: statistics.median(reference) / s if s else None for p, s in profile_speed.items()}
     results: dict[str, Any] = {}
     for path, prof in profiles.items():
         results[path] = {"profile": profile_record(path, prof), "machine_speed": speeds[path],
-                         **compare(measured, preds[path], speeds[path])}
+                         **compare(measured, preds[path], profile_speed[path])}
     agreement = None
     if len(profiles) > 1:
         first, *rest = list(preds)
@@ -251,10 +264,10 @@ def main() -> None:
             agreement[other] = {"against": first, "step_ratio": ratio_summary(step), "microbatch_ratio": ratio_summary(mb),
                                 "max_step_difference": max(abs(r - 1) for r in step),
                                 "max_microbatch_difference": max(abs(r - 1) for r in mb)}
-            a, b = speeds[first], speeds[other]
-            if a and b:  # each profile's predictions at the machine speed of now: b / a of the references apart
-                agreement[other]["reference_ratio"] = a / b
-                agreement[other]["max_step_difference_at_speed"] = max(abs(r * b / a - 1) for r in step)
+            a, b = profile_speed[first], profile_speed[other]
+            if a and b:  # each profile's predictions in its kernel's units (at one machine speed)
+                agreement[other]["reference_ratio"] = b / a
+                agreement[other]["max_step_difference_at_speed"] = max(abs(r * a / b - 1) for r in step)
     for path, r in results.items():
         s, m = r["step"], r["microbatch"]
         print(f"{path}: R^2 {r['profile']['r2']}")
@@ -263,8 +276,9 @@ def main() -> None:
               f"(wall: median {s['wall']['median']:.3f} [{s['wall']['min']:.3f}, {s['wall']['max']:.3f}])")
         if s["at_machine_speed"]:
             z = s["at_machine_speed"]
-            print(f"  machine speed {r['machine_speed']:.3f} x the profile's (reference kernel); step at that speed: "
-                  f"median {z['median']:.3f} [{z['min']:.3f}, {z['max']:.3f}] in 0.75-1.33: {z['in_0.75_1.33']}/{s['plans']}")
+            print(f"  machine {r['machine_speed']:.3f} x as slow as the profile's (reference kernel); step at one "
+                  f"speed (kernel units): median {z['median']:.3f} [{z['min']:.3f}, {z['max']:.3f}] in 0.75-1.33: "
+                  f"{z['in_0.75_1.33']}/{s['plans']}  Spearman {z['spearman']:.3f}")
         print(f"  micro-batch median {m['median']:.3f} [{m['min']:.3f}, {m['max']:.3f}] in 0.75-1.33: "
               f"{m['in_0.75_1.33']}/{m['count']}  Spearman {m['spearman']:.3f}")
         for p in r["plans"]:

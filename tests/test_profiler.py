@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -40,6 +42,7 @@ from dcp.profiler import (
     profile_bench,
     refit,
 )
+from dcp.profiler.anchor import UNANCHORED, Anchor
 from dcp.profiler.comm import CommPoint, curves_from_points
 from dcp.profiler.compute import LayerPoint, ModelPoint, Repeats
 from dcp.profiler.layer_fit import fit_layer
@@ -185,7 +188,7 @@ def test_cpu_profiles_pass_three_times_and_gpu_or_quick_once() -> None:
     assert ProfileOptions(quick=True).passes == 1 and ProfileOptions(device="cuda").passes == 1
 
 
-def test_profile_records_its_reference_kernel_and_warns_when_the_machine_drifted() -> None:
+def test_profile_records_its_reference_kernel_and_warns_when_an_unanchored_machine_drifted() -> None:
     from dcp.profiler.profile import REFERENCE_DRIFT, build_profile, reference_record
 
     record = reference_record([0.010, 0.0104, 0.0112])
@@ -195,16 +198,110 @@ def test_profile_records_its_reference_kernel_and_warns_when_the_machine_drifted
     report = fit_layer(points, [], synthetic_points([(3000, 1_500_000)]))
     bench = LayerBench(name="my-layer", device=torch.device("cpu"), build_layer=TinyLayer,
                        layer_inputs=lambda s: Call(torch.zeros(1, 32)))
-    drifted = build_profile(load_hardware("cpu"), bench, report, points, [], ProfileOptions(),
+    unanchored = ProfileOptions(device="cuda")  # readings in seconds: a drift moves the points
+    drifted = build_profile(load_hardware("cpu"), bench, report, points, [], unanchored,
                             reference_s=[0.010, 0.0104, 0.0112])
     assert drifted.meta["reference"] == record
     assert any("12.0% slower" in w for w in drifted.meta["warnings"])
-    still = build_profile(load_hardware("cpu"), bench, report, points, [], ProfileOptions(),
+    still = build_profile(load_hardware("cpu"), bench, report, points, [], unanchored,
                           reference_s=[0.010, 0.010 * (1 + REFERENCE_DRIFT / 2)])
     assert not any("reference kernel" in w for w in still.meta["warnings"])
+    # Anchored, each point was read in the kernel's units: the drift is recorded, not warned of.
+    anchored = build_profile(load_hardware("cpu"), bench, report, points, [], ProfileOptions(),
+                             reference_s=[0.010, 0.0104, 0.0112])
+    assert anchored.meta["reference"]["anchored"] and anchored.meta["reference"]["drift"] == pytest.approx(0.12)
+    assert not any("reference kernel" in w for w in anchored.meta["warnings"])
 
 
-def test_measure_passes_runs_the_executor_every_pass_and_times_the_reference_around_them() -> None:
+class FakeKernel:
+    """A reference kernel on a machine whose speed the test sets: it reads 10 ms x `speed`."""
+
+    def __init__(self) -> None:
+        self.speed, self.reads = 1.0, 0
+
+    def seconds(self) -> float:
+        self.reads += 1
+        return 0.010 * self.speed
+
+
+def test_anchor_reads_each_point_in_units_of_the_kernel_beside_it() -> None:
+    kernel = FakeKernel()
+    anchor = Anchor(kernel)
+    point = ModelPoint(64, 64 * 32, 0, 0, 0.0, 640)
+
+    def work(seconds: float) -> Callable[[], ModelPoint]:
+        return lambda: replace(point, seconds=seconds, wall_s=2 * seconds)
+
+    # The machine slows from 1x to 3x while the first point runs: read against the mean of the
+    # kernel before (10 ms) and after (30 ms), its 40 ms are 2 units.
+    def slowing() -> ModelPoint:
+        kernel.speed = 3.0
+        return work(0.040)()
+
+    first = anchor(slowing)
+    assert first.seconds == pytest.approx(2.0) and first.wall_s == pytest.approx(4.0)
+    assert (first.tokens, first.act_bytes) == (64, 640)  # untimed fields untouched
+    # The next point reuses the reading after the first as its own before: one kernel run more.
+    second = anchor(work(0.060))
+    assert second.seconds == pytest.approx(2.0) and kernel.reads == 3
+    anchor.gap()  # untimed work since: read before it again
+    third = anchor(lambda: {"tokens": 16, "measured_s": 0.030, "step_s": 0.090})
+    assert third == pytest.approx({"tokens": 16, "measured_s": 1.0, "step_s": 3.0}) and kernel.reads == 5
+    # Settled at the median reading (10, 30, 30, 30, 30 ms: 30 ms), units are seconds at 3x; a
+    # later reading does not move it.
+    anchor.settle()
+    kernel.speed = 1.0
+    anchor(work(0.010))
+    assert anchor.speed_s == pytest.approx(0.030)
+    assert anchor.seconds([first, second])[1].seconds == pytest.approx(0.060)
+    with pytest.raises(AssertionError, match="settle"):
+        Anchor(FakeKernel()).seconds(first)
+    assert UNANCHORED(work(0.5)).seconds == 0.5 and UNANCHORED.seconds(first) is first
+
+
+def test_cpu_profiles_are_anchored_and_gpu_or_quick_ones_are_not() -> None:
+    assert ProfileOptions().anchored
+    assert not ProfileOptions(quick=True).anchored and not ProfileOptions(device="cuda").anchored
+
+
+def test_measure_passes_anchors_every_point_and_the_executor_to_the_kernel_beside_them(monkeypatch) -> None:  # noqa: ANN001
+    import dcp.profiler.profile as profile_mod
+
+    kernel = FakeKernel()
+    monkeypatch.setattr(profile_mod, "ReferenceKernel", lambda device: kernel)
+
+    calls: list[Repeats] = []
+
+    # The machine runs 1x, 2x, then 4x slow from each pass's points on (their inputs are built as
+    # each is measured), the kernel with it: in the kernel's units every pass's executor rows
+    # read the same 100 units.
+    def inputs(samples):  # noqa: ANN001, ANN202
+        kernel.speed = 2.0 ** len(calls)
+        lengths = [s.tokens for s in samples]
+        return Call(torch.randn(sum(lengths), 32), (lengths,))
+
+    bench = LayerBench(name="my-layer", device=torch.device("cpu"), build_layer=TinyLayer, layer_inputs=inputs)
+
+    def executor(reps: Repeats, anchor: Anchor) -> list[dict[str, float]]:  # one step read by the anchor
+        calls.append(reps)
+        anchor.gap()
+        return [anchor(lambda: {"tokens": 16, "measured_s": 1.0 * kernel.speed, "step_s": 3.0 * kernel.speed})]
+
+    opts = ProfileOptions(min_tokens=64, max_tokens=128, heldout=1, device_bench=False)
+    passes = profile_mod.measure_passes(bench, opts, executor=executor)
+    assert calls == [opts.repeats] * 3 and passes.anchor.kernel is kernel
+    measured = passes.measured
+    assert measured is not None
+    points = len(measured.points) + len(measured.heldout)
+    # Each pass reads the kernel before the grid, beside every point, and around the executor.
+    assert len(passes.reference_s) == kernel.reads == 3 * (points + 3)
+    # Recorded at the median reading: every pass's executor rows are 100 units, at that speed.
+    speed = passes.anchor.speed_s
+    assert speed == pytest.approx(statistics.median(passes.reference_s))
+    assert passes.rows == [pytest.approx({"tokens": 16, "measured_s": 100 * speed, "step_s": 300 * speed})]
+
+
+def test_measure_passes_unanchored_times_the_reference_around_the_passes(monkeypatch) -> None:  # noqa: ANN001
     from dcp.profiler.profile import measure_passes
 
     def inputs(samples):  # noqa: ANN001, ANN202
@@ -214,14 +311,14 @@ def test_measure_passes_runs_the_executor_every_pass_and_times_the_reference_aro
     bench = LayerBench(name="my-layer", device=torch.device("cpu"), build_layer=TinyLayer, layer_inputs=inputs)
     calls: list[Repeats] = []
 
-    def executor(reps: Repeats) -> list[dict[str, float]]:
+    def executor(reps: Repeats, anchor: Anchor) -> list[dict[str, float]]:
         calls.append(reps)
-        return [{"tokens": 16, "measured_s": 1.0 / len(calls), "step_s": 3.0}]
+        return [anchor(lambda: {"tokens": 16, "measured_s": 1.0 / len(calls), "step_s": 3.0})]
 
     opts = ProfileOptions(min_tokens=64, max_tokens=128, heldout=1, device_bench=False)
-    out = replace(opts, quick=False)
-    passes = measure_passes(bench, out, executor=executor)
-    assert calls == [out.repeats] * 3 and len(passes.reference_s) == 4
+    monkeypatch.setattr(ProfileOptions, "anchored", property(lambda self: False))  # as on a GPU, three passes
+    passes = measure_passes(bench, opts, executor=executor)
+    assert calls == [opts.repeats] * 3 and len(passes.reference_s) == 4
     assert passes.rows == [{"tokens": 16, "measured_s": 1.0 / 2, "step_s": 3.0}]  # median of 1, 1/2, 1/3
     assert passes.measured is not None and len(passes.measured.points) == len({(p.tokens, p.num_samples, p.attn_pairs)
                                                                             for p in passes.measured.points})
@@ -370,10 +467,12 @@ def test_executor_rows_run_round_robin_so_every_row_spans_the_same_time(monkeypa
         return step(self, plan, tensors, loss_fn)
 
     monkeypatch.setattr(Executor, "step", recording)
+    kernel = FakeKernel()
     rows = executor_rows(load_model("tiny-llama"), torch.float32, torch.device("cpu"), 64, 256,
-                         Repeats(warmup=1, repeats=2))
+                         Repeats(warmup=1, repeats=2), Anchor(kernel))
     assert rows is not None and [r["tokens"] for r in rows] == [16, 64, 256]
     assert order == [16, 64, 256] * 3  # one step of each row in turn, warm-up included, not row after row
+    assert kernel.reads == 1 + 2 * 3  # the kernel read before the first timed step and after each
 
 
 def test_collective_points_become_curves_keyed_by_shape_with_their_latency_and_bandwidth() -> None:
@@ -673,6 +772,28 @@ def test_calibration_phases_stop_at_their_deadline(tiny_calibration: Path) -> No
         prof, "tiny-llama", device="cpu", layers=1, cap_tokens=256, count=2, deadline=time.monotonic(),
         reps=Repeats(warmup=0, repeats=1))
     assert speed["truncated"] and speed["rows"] == [] and speed["measured_speedup"] is None
+
+
+def test_validation_reads_an_anchored_profile_at_its_speed(tiny_calibration: Path, monkeypatch) -> None:  # noqa: ANN001
+    """Against an anchored (CPU) profile each micro-batch is read in units of the reference kernel
+    beside it and priced back at the profile's speed: a machine twice as slow as when profiled
+    measures the same seconds; an unanchored profile's readings stay as measured."""
+    import dcp.profiler.validate as validate
+
+    kernel = FakeKernel()
+    kernel.speed = 2.0  # reads 20 ms: twice the profile's 10 ms below
+    monkeypatch.setattr(validate, "ReferenceKernel", lambda device: kernel)
+    monkeypatch.setattr(validate, "measure_model", lambda model, bench, samples, n, reps, ckpt_layers: ModelPoint(
+        sum(s.tokens for s in samples), 0, n, ckpt_layers, 0.5, 0))
+    prof = load_hardware(str(tiny_calibration / "profile-tiny.json"))
+    assert not prof.meta["reference"]["anchored"]  # a quick profile
+    plain = validate.validate_profile(prof, load_model("tiny-llama"), layers=1, count=1)
+    assert plain.rows and {r.measured_s for r in plain.rows} == {0.5} and plain.machine_speed is None
+    anchored = replace(prof, meta={**prof.meta, "reference": {**prof.meta["reference"], "anchored": True,
+                                                              "median_s": 0.010}})
+    report = validate.validate_profile(anchored, load_model("tiny-llama"), layers=1, count=1)
+    assert [r.measured_s for r in report.rows] == pytest.approx([0.25] * len(plain.rows))
+    assert report.machine_speed == pytest.approx(2.0) and kernel.reads == len(report.rows) + 1
 
 
 def test_adopt_makes_the_run_a_preset_with_its_provenance(tiny_calibration: Path, tmp_path: Path) -> None:

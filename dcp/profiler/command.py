@@ -59,7 +59,9 @@ def profile(model: str | None, device: str, dtype: str | None, quick: bool, base
     Times one layer of the model's reference implementation over a geometric grid of
     micro-batch sizes and packings (forward, backward, recompute, activation memory), the
     embedding/head and the micro-batch's fixed cost on the model without layers, and, under
-    torchrun, all-to-all per group size. Each point keeps the fastest of its repeats. Fits by
+    torchrun, all-to-all per group size. Each point keeps the median over passes of its fastest
+    repeat in each; on CPU every reading is taken against a reference kernel timed beside it, so
+    a slow or fast spell of the machine moves both alike (`meta.reference`). Fits by
     non-negative least squares; a component with R^2 below 0.9 is measured again on a denser
     grid, and if still below, named (the profile is written, flagged). Reports the held-out error.
 

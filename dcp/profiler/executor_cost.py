@@ -57,6 +57,7 @@ from dcp.costmodel import (
 )
 from dcp.costmodel.ring import SPLayout
 from dcp.costmodel.schedule import GroupShape, MicroBatchShape
+from dcp.profiler.anchor import UNANCHORED, Anchor
 from dcp.profiler.compute import Repeats
 from dcp.profiler.fitting import fit_nnls, geometric_grid, r_squared
 
@@ -81,7 +82,7 @@ def sizes(min_tokens: int, max_tokens: int) -> list[int]:
 
 
 def measure_executor(spec: ModelSpec, dtype: torch.dtype, device: torch.device, tokens: Sequence[int],
-                     reps: Repeats) -> list[dict[str, float]]:
+                     reps: Repeats, anchor: Anchor = UNANCHORED) -> list[dict[str, float]]:
     """Each size's fastest micro-batch through the executor (compute clock: CPU time with one torch
     thread, else the micro-batch's wall or CUDA-event time), on every rank of the world (a
     collective when distributed), this rank's times. Each step runs three micro-batches per rank
@@ -90,7 +91,8 @@ def measure_executor(spec: ModelSpec, dtype: torch.dtype, device: torch.device, 
     (`step_s`, for the per-step cost). The rows run round-robin, one step of each in turn per
     repeat: every row's readings then span the same stretch of time, so what the SP rows take
     beyond the SP-1 ones (the all-to-all's extra, `a2a_fit`) is not a spell of the machine that
-    one row met and another did not."""
+    one row met and another did not. Each timed step is read by `anchor` (in units of the
+    reference kernel timed beside it, where it has one)."""
     from dcp.executor import Executor, ParallelState
     from dcp.executor.reference import manual_plan
     from dcp.models import build_model, lm_loss, mse_loss, sample_tensors
@@ -123,17 +125,22 @@ def measure_executor(spec: ModelSpec, dtype: torch.dtype, device: torch.device, 
     rows = [row(n, 1, 0) for n in tokens]
     for sp in sp_sizes(spec, world):  # the same tokens a rank: n x sp a micro-batch
         rows += [row(n * sp, sp, ckpt) for ckpt in (0, spec.num_layers) for n in tokens]
-    middle: list[list[float]] = [[] for _ in rows]
-    steps: list[list[float]] = [[] for _ in rows]
-    for i in range(reps.warmup + reps.repeats):
-        for (_, plan, tensors), mids, whole in zip(rows, middle, steps, strict=True):
-            stats = executor.step(plan, tensors, loss_fn)
-            if i >= reps.warmup:
-                mb = stats.microbatches[1]
-                mids.append(mb.cpu_s if cpu_clock else mb.measured_s)
-                whole.append(stats.cpu_step_s if cpu_clock else stats.measured_step_s)
-    return [{**r, "measured_s": min(mids), "step_s": min(whole)}
-            for (r, _, _), mids, whole in zip(rows, middle, steps, strict=True)]
+    def timed(plan: Any, tensors: dict[int, Any]) -> dict[str, float]:
+        stats = executor.step(plan, tensors, loss_fn)
+        mb = stats.microbatches[1]
+        return {"measured_s": mb.cpu_s if cpu_clock else mb.measured_s,
+                "step_s": stats.cpu_step_s if cpu_clock else stats.measured_step_s}
+
+    for _ in range(reps.warmup):
+        for _, plan, tensors in rows:
+            executor.step(plan, tensors, loss_fn)
+    anchor.gap()
+    readings: list[list[dict[str, float]]] = [[] for _ in rows]
+    for _ in range(reps.repeats):
+        for (_, plan, tensors), mine in zip(rows, readings, strict=True):
+            mine.append(anchor(lambda p=plan, t=tensors: timed(p, t)))
+    return [{**r, "measured_s": min(x["measured_s"] for x in mine), "step_s": min(x["step_s"] for x in mine)}
+            for (r, _, _), mine in zip(rows, readings, strict=True)]
 
 
 def sp_sizes(spec: ModelSpec, world: int) -> list[int]:
@@ -210,16 +217,16 @@ def _priced_extra_s(cm: CostModel, tokens: float, pairs: float, world: int) -> f
 
 
 def executor_rows(spec: ModelSpec, dtype: torch.dtype, device: torch.device, min_tokens: int, max_tokens: int,
-                  reps: Repeats) -> list[dict[str, float]] | None:
+                  reps: Repeats, anchor: Anchor = UNANCHORED) -> list[dict[str, float]] | None:
     """`measure_executor` on this job's ranks (or on a group of this process alone); None where no
     precision recipe runs `dtype`."""
     if dtype not in (torch.float32, torch.bfloat16):
         return None
     tokens = sizes(min_tokens, max_tokens)
     if dist.is_initialized():
-        return measure_executor(spec, dtype, device, tokens, reps)
+        return measure_executor(spec, dtype, device, tokens, reps, anchor)
     with one_rank_group(device):
-        return measure_executor(spec, dtype, device, tokens, reps)
+        return measure_executor(spec, dtype, device, tokens, reps, anchor)
 
 
 def bare_modules(profile: HardwareProfile, name: str) -> HardwareProfile:

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from dcp.costmodel import HardwareProfile, LayerFit, ModelSpec
 from dcp.models.attention import attention_backend
 from dcp.profiler import comm
+from dcp.profiler.anchor import UNANCHORED, Anchor, timed_fields
 from dcp.profiler.bench import LayerBench, heldout_batches, packing_grid, split_tokens
 from dcp.profiler.compute import LayerPoint, ModelPoint, Repeats, measure_layer, measure_model
 from dcp.profiler.device_bench import measure_device
@@ -85,6 +86,15 @@ class ProfileOptions:
         return Repeats(warmup=1, repeats=CPU_REPEATS)
 
     @property
+    def anchored(self) -> bool:
+        """Whether every reading is taken in units of the reference kernel timed beside it
+        (`Anchor`): on a CPU, whose speed wanders (a VM's by 13% in ten minutes, nothing else
+        running); not on a GPU, whose clocks hold and where the small reference layer would time
+        kernel launches rather than the machine's speed; nor in a quick profile, a smoke run whose
+        one pass is not meant to repeat."""
+        return self.device == "cpu" and not self.quick
+
+    @property
     def passes(self) -> int:
         """Passes over every point (layer grid, held-out, head, whole models, the executor's
         micro-batches), each point keeping the median over the passes of its fastest reading in
@@ -98,8 +108,9 @@ CPU_PASSES = 3
 CPU_REPEATS = 3
 """Timed repeats of every CPU point in each pass, the fastest kept for the pass (docs/tuning-log.md)."""
 REFERENCE_DRIFT = 0.05
-"""A profile whose reference kernel (`ReferenceKernel`) ran this much slower at its slowest than
-at its fastest reading says so in its warnings: the machine changed speed while it measured."""
+"""An unanchored profile (`ProfileOptions.anchored`) whose reference kernel (`ReferenceKernel`) ran
+this much slower at its slowest than at its fastest reading says so in its warnings: the machine
+changed speed while it measured. An anchored one took every point in the kernel's units."""
 DENSER = 2.0 ** 0.5
 """Grid step of a re-measurement: the first pass's factor 2 halved in log space (twice the points)."""
 
@@ -127,46 +138,51 @@ class Measured:
 
 
 def layer_grid(bench: LayerBench, layer: torch.nn.Module, o: ProfileOptions, reps: Repeats, factor: float,
-               progress: Any = None) -> list[LayerPoint]:
+               progress: Any = None, anchor: Anchor = UNANCHORED) -> list[LayerPoint]:
     assert o.min_tokens and o.max_tokens
     grid = packing_grid(bench, o.min_tokens, o.max_tokens, factor=factor)
-    return [measure_layer(layer, bench, s, reps) for s in track(progress, grid, "layer grid")]
+    anchor.gap()
+    return [anchor(lambda s=s: measure_layer(layer, bench, s, reps)) for s in track(progress, grid, "layer grid")]
 
 
 def head_grid(bench: LayerBench, o: ProfileOptions, reps: Repeats, factor: float,
-              progress: Any = None) -> list[ModelPoint]:
+              progress: Any = None, anchor: Anchor = UNANCHORED) -> list[ModelPoint]:
     """The model without layers from a sixteenth of the smallest grid point up: its fixed cost is
     the intercept, so the line needs points near zero tokens."""
     assert bench.build_model is not None and o.min_tokens and o.head_max_tokens
     model = bench.build_model(0)
     lo = max(16, o.min_tokens // 16)
     totals = geometric_grid(lo, max(lo, o.head_max_tokens), factor)
-    return [measure_model(model, bench, [bench.shape(n) for n in split_tokens(total, min(total, 512))], 0, reps)
+    anchor.gap()
+    return [anchor(lambda t=total: measure_model(model, bench, [bench.shape(n) for n in split_tokens(t, min(t, 512))],
+                                                 0, reps))
             for total in track(progress, totals, "head (no layers)")]
 
 
-def measure_bench(bench: LayerBench, opts: ProfileOptions, progress: Any = None) -> Measured:
+def measure_bench(bench: LayerBench, opts: ProfileOptions, progress: Any = None,
+                  anchor: Anchor = UNANCHORED) -> Measured:
     """Grid points, whole-model points (0, 1 and 2 layers) and held-out points of one bench (one
-    pass: `opts.repeats` of each)."""
+    pass: `opts.repeats` of each), each taken by `anchor` (in its units where it has a kernel)."""
     o, reps = opts.resolved(), opts.repeats
     assert o.min_tokens and o.max_tokens and o.heldout is not None
     layer = bench.build_layer()
     # One untimed pass over the largest point first: thread pools, allocator growth and kernel
     # selection happen once per process and would otherwise inflate the first points.
     measure_layer(layer, bench, packing_grid(bench, o.min_tokens, o.max_tokens)[-1], Repeats(warmup=1, repeats=1))
-    points = layer_grid(bench, layer, o, reps, 2.0, progress)
+    points = layer_grid(bench, layer, o, reps, 2.0, progress, anchor)
     heldout = heldout_batches(bench, o.min_tokens, o.max_tokens, o.heldout, seed=o.seed + 1)
-    held = [measure_layer(layer, bench, s, reps) for s in track(progress, heldout, "held-out")]
+    held = [anchor(lambda s=s: measure_layer(layer, bench, s, reps)) for s in track(progress, heldout, "held-out")]
     model_points: list[ModelPoint] = []
     if bench.build_model is not None:
-        model_points += head_grid(bench, o, reps, 2.0, progress)
+        model_points += head_grid(bench, o, reps, 2.0, progress, anchor)
         # Whole 1- and 2-layer models: the head's memory, and a check of the parts' sum.
         assert o.head_max_tokens is not None
         totals = geometric_grid(o.min_tokens, max(o.min_tokens, o.head_max_tokens), 4.0 if o.quick else 2.0)
         models = {n: bench.build_model(n) for n in (1, 2)}
+        anchor.gap()
         for total in track(progress, totals, "whole model (1 and 2 layers)"):
             samples = [bench.shape(n) for n in split_tokens(total, min(total, 512))]
-            model_points += [measure_model(models[n], bench, samples, n, reps) for n in (1, 2)]
+            model_points += [anchor(lambda n=n, s=samples: measure_model(models[n], bench, s, n, reps)) for n in (1, 2)]
         del models
     return Measured(points, model_points, held)
 
@@ -200,39 +216,49 @@ def merge_rows(passes: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any
 
 @dataclass
 class Passes:
-    """What `measure_passes` measured: this bench's points (rank 0's; None on other ranks), the
-    executor's rows (None when not asked for), and the reference kernel's seconds before each pass
-    and after the last."""
+    """What `measure_passes` measured, in seconds: this bench's points (rank 0's; None on other
+    ranks), the executor's rows (None when not asked for), the reference kernel's readings, and
+    the `Anchor` that took them (settled: a re-measurement takes its points at the same speed)."""
 
     measured: Measured | None
     rows: list[dict[str, Any]] | None
     reference_s: list[float]
+    anchor: Anchor = UNANCHORED
 
 
 def measure_passes(bench: LayerBench, opts: ProfileOptions, progress: Any = None,
-                   executor: Callable[[Repeats], list[dict[str, Any]] | None] | None = None) -> Passes:
-    """`opts.passes` passes of `measure_bench` and of `executor(repeats)` (where given), each point
-    keeping the median over the passes of its fastest reading in each (`merge_passes`, `merge_rows`),
-    with the reference kernel timed before each pass and after the last (`meta.reference`). Every
-    rank measures, at once, and rank 0's readings are kept:
-    the executor computes on every rank at once, and on a CPU a core computing beside another can run
-    slower than beside an idle one (shared caches and memory bandwidth), so the bench's layers are
-    timed beside the same neighbours as the executor's micro-batches."""
+                   executor: Callable[[Repeats, Anchor], list[dict[str, Any]] | None] | None = None) -> Passes:
+    """`opts.passes` passes of `measure_bench` and of `executor(repeats, anchor)` (where given), each point
+    keeping the median over the passes of its fastest reading in each (`merge_passes`, `merge_rows`).
+    Anchored (`ProfileOptions.anchored`, a CPU), every point and every executor step is
+    read in units of the reference kernel timed beside them (`Anchor`), merged in those units and
+    recorded in seconds at the median reading; unanchored (a GPU), the kernel is timed before
+    each pass and after the last (`meta.reference`). Every rank measures, at once, and rank 0's
+    readings are kept: the executor computes on every rank at once, and on a CPU a core computing
+    beside another can run slower than beside an idle one (shared caches and memory bandwidth), so
+    the bench's layers (and the kernel) are timed beside the same neighbours as the executor's
+    micro-batches."""
     o = opts.resolved()
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
     kernel = ReferenceKernel(bench.device)
+    anchor = Anchor(kernel) if o.anchored else UNANCHORED
     measured: list[Measured] = []
     rows: list[list[dict[str, Any]]] = []
     reference = []
     for _ in range(o.passes):
-        reference.append(kernel.seconds())
-        new = measure_bench(bench, o, progress if rank0 else None)
+        if not o.anchored:
+            reference.append(kernel.seconds())
+        new = measure_bench(bench, o, progress if rank0 else None, anchor)
         if rank0:
             measured.append(new)
-        if executor is not None and (new_rows := executor(o.repeats)) is not None:
+        if executor is not None and (new_rows := executor(o.repeats, anchor)) is not None:
             rows.append(new_rows)
-    reference.append(kernel.seconds())
-    return Passes(merge_passes(measured) if measured else None, merge_rows(rows) if rows else None, reference)
+    if not o.anchored:
+        reference.append(kernel.seconds())
+    anchor.settle()
+    return Passes(anchor.seconds(merge_passes(measured)) if measured else None,
+                  anchor.seconds(merge_rows(rows)) if rows else None,
+                  list(anchor.readings) if o.anchored else reference, anchor)
 
 
 def _median_of_passes(passes: Sequence[Sequence[Any]], key: Callable[[Any], tuple[int, ...]]) -> list[Any]:
@@ -244,8 +270,8 @@ def _median_of_passes(passes: Sequence[Sequence[Any]], key: Callable[[Any], tupl
     development VM the fastest spell is an outlier: a reference kernel's fastest reading ran 6.6%
     under another profile's ten minutes later (12.0 against 12.8 ms) and carried every component of
     that profile with it (docs/tuning-log.md, `CPU_PASSES`)."""
-    return [replace(ps[-1], **{f: statistics.median(getattr(q, f) for q in ps) for f in asdict(ps[-1])
-                               if f.endswith("_s") or f == "seconds"}) if len(ps) > 1 else ps[0]
+    return [replace(ps[-1], **{f: statistics.median(getattr(q, f) for q in ps) for f in timed_fields(ps[-1])})
+            if len(ps) > 1 else ps[0]
             for ps in _by_point(passes, key)]
 
 
@@ -266,27 +292,27 @@ def _fastest(old: Sequence[Any], new: Sequence[Any], key: Callable[[Any], tuple[
     for p in new:
         q = before.pop(key(p), None)
         if q is not None:
-            p = replace(p, **{f: min(getattr(p, f), getattr(q, f)) for f in asdict(p)
-                              if f.endswith("_s") or f == "seconds"})
+            p = replace(p, **{f: min(getattr(p, f), getattr(q, f)) for f in timed_fields(p)})
         out.append(p)
     return out + list(before.values())
 
 
 def remeasure(bench: LayerBench, opts: ProfileOptions, m: Measured, failing: Iterable[str],
-              progress: Any = None) -> Measured:
+              progress: Any = None, anchor: Anchor = UNANCHORED) -> Measured:
     """Measure the failing components again on a grid twice as dense (`DENSER`) with twice the
-    repeats; each point measured in both passes keeps its fastest reading."""
+    repeats (by the passes' settled `anchor`, in seconds at their speed); each point measured in
+    both keeps its fastest reading."""
     o, reps = opts.resolved(), opts.repeats
     more = Repeats(warmup=reps.warmup, repeats=2 * o.passes * reps.repeats)
     failing = set(failing)
     points, model_points, again = m.points, m.model_points, []
     if failing & set(LAYER_COMPONENTS):
-        new = layer_grid(bench, bench.build_layer(), o, more, DENSER, progress)
+        new = anchor.seconds(layer_grid(bench, bench.build_layer(), o, more, DENSER, progress, anchor))
         points = _fastest(m.points, new, _layer_key)
         again += [c for c in LAYER_COMPONENTS if c in failing]
     if "head+loss" in failing and bench.build_model is not None:
         heads = [p for p in m.model_points if p.layers == 0]
-        new = _fastest(heads, head_grid(bench, o, more, DENSER, progress), _model_key)
+        new = _fastest(heads, anchor.seconds(head_grid(bench, o, more, DENSER, progress, anchor)), _model_key)
         model_points = new + [p for p in m.model_points if p.layers != 0]
         again.append("head+loss")
     return Measured(points, model_points, m.heldout, m.remeasured + again)
@@ -344,6 +370,8 @@ def build_profile(base: HardwareProfile, bench: LayerBench, report: LayerFitRepo
                 "r2": {name: f.r2 for name, f in report.components().items() if f is not None},
                 "r2_threshold": R2_THRESHOLD, "r2_below": below, "remeasured": list(remeasured),
                 "timing": {"clock": clock_name(bench.device), "kept": "median over the passes of each pass's fastest repeat",
+                           "anchored": "each reading divided by the reference kernel timed beside it, "
+                                       "recorded at the median reading (meta.reference)" if o.anchored else None,
                            "passes": o.passes, "warmup": reps.warmup, "repeats": reps.repeats,
                            "remeasured_repeats": 2 * o.passes * reps.repeats if remeasured else None,
                            "wall": "each point's fastest wall-clock reading beside it (*_wall_s, wall_s)"}}
@@ -353,8 +381,8 @@ def build_profile(base: HardwareProfile, bench: LayerBench, report: LayerFitRepo
         warnings.append(f"{bench.name}: held-out MAPE {fit.heldout_mape:.1%} exceeds {MAPE_THRESHOLD:.0%}")
     warnings += [f"{bench.name}: {name} fit R^2 {r2:.3f} is below {R2_THRESHOLD} after re-measuring it"
                  for name, r2 in below.items()]
-    reference = reference_record(reference_s)
-    if reference and reference["drift"] > REFERENCE_DRIFT:
+    reference = reference_record(reference_s, anchored=o.anchored)
+    if reference and not o.anchored and reference["drift"] > REFERENCE_DRIFT:
         warnings.append(f"the reference kernel ran {reference['drift']:.1%} slower at its slowest than at its "
                         f"fastest during the profile: the machine changed speed while it measured")
     meta = {
@@ -375,14 +403,15 @@ def build_profile(base: HardwareProfile, bench: LayerBench, report: LayerFitRepo
                    sources=sources, fits=fits, meta=meta, heldout_mape=max(mapes) if mapes else None, **fields)
 
 
-def reference_record(seconds: Sequence[float]) -> dict[str, Any] | None:
-    """meta.reference: the reference kernel's readings (before each pass, after the last), their
-    median (the machine's speed the profile stands for, as each point keeps its median pass), their
-    fastest, and how far the slowest lay above the fastest."""
+def reference_record(seconds: Sequence[float], *, anchored: bool = False) -> dict[str, Any] | None:
+    """meta.reference: the reference kernel's readings (anchored: beside every point, `Anchor`;
+    else before each pass and after the last), their median (the machine's speed the profile
+    stands for), their fastest, and how far the slowest lay above the fastest."""
     if not seconds:
         return None
-    return {"work": REFERENCE_WORK, "seconds": list(seconds), "median_s": statistics.median(seconds),
-            "fastest_s": min(seconds), "drift": max(seconds) / min(seconds) - 1.0}
+    return {"work": REFERENCE_WORK, "anchored": anchored, "seconds": list(seconds),
+            "median_s": statistics.median(seconds), "fastest_s": min(seconds),
+            "drift": max(seconds) / min(seconds) - 1.0}
 
 
 def measure_comm(device: torch.device, dtype: torch.dtype, *, quick: bool, base: HardwareProfile,
@@ -425,9 +454,9 @@ def profile_bench(bench: LayerBench, base: HardwareProfile, opts: ProfileOptions
 
 def _profile_bench(bench: LayerBench, base: HardwareProfile, opts: ProfileOptions, *,
                    spec: ModelSpec | None = None, progress: Any = None,
-                   executor: Callable[[Repeats], list[dict[str, Any]] | None] | None = None,
+                   executor: Callable[[Repeats, Anchor], list[dict[str, Any]] | None] | None = None,
                    ) -> tuple[HardwareProfile, list[dict[str, Any]] | None]:
-    """`profile_bench`, with `executor(repeats)` run on every rank in each pass; its merged rows
+    """`profile_bench`, with `executor(repeats, anchor)` run on every rank in each pass; its merged rows
     beside the profile (on ranks other than 0, `base` and the rows)."""
     o = opts.resolved()
     assert o.dtype is not None
@@ -440,7 +469,7 @@ def _profile_bench(bench: LayerBench, base: HardwareProfile, opts: ProfileOption
         m = passes.measured
         report = fit_layer(m.points, m.model_points, m.heldout)
         if report.below_threshold():  # one more, denser and longer pass for what fits badly
-            m = remeasure(bench, o, m, report.below_threshold(), progress)
+            m = remeasure(bench, o, m, report.below_threshold(), progress, passes.anchor)
             report = fit_layer(m.points, m.model_points, m.heldout)
         device_numbers = measure_device(bench.device, DTYPES[o.dtype], quick=o.quick) if o.device_bench else None
         return build_profile(base, bench, report, m.points, m.model_points, o, spec=spec,
@@ -480,7 +509,8 @@ def profile_model(spec: ModelSpec, base: HardwareProfile, opts: ProfileOptions, 
     bench = reference_bench(spec, torch_device(o.device), o.dtype, seed=o.seed)
     dtype, lo, hi = DTYPES[o.dtype], o.min_tokens, o.max_tokens
     profile, rows = _profile_bench(bench, base, o, spec=spec, progress=progress,
-                                   executor=lambda reps: executor_rows(spec, dtype, bench.device, lo, hi, reps))
+                                   executor=lambda reps, anchor: executor_rows(spec, dtype, bench.device, lo, hi,
+                                                                               reps, anchor))
     if dist.is_initialized() and dist.get_rank() != 0:
         return profile
     if rows is None:

@@ -52,7 +52,9 @@ def mape_panel(what: str, value: float | None) -> Panel:
 
 def validation_table(report: ValidationReport) -> Table:
     """Predicted vs measured time of every validation micro-batch."""
-    table = Table(title=f"{report.model}: predicted vs measured micro-batch time (SP 1)")
+    at = (f"; measured at the profile's speed, the machine {report.machine_speed:.3f}x as slow now (reference kernel)"
+          if report.machine_speed else "")
+    table = Table(title=f"{report.model}: predicted vs measured micro-batch time (SP 1){at}")
     for col in ("tokens", "samples", "layers", "ckpt", "predicted", "measured", "error"):
         table.add_column(col, justify="right")
     for r in report.rows:

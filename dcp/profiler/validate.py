@@ -8,6 +8,7 @@ measured time with `CostModel.time_s` at SP size 1 (SP-free: no all-to-alls in t
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -15,12 +16,13 @@ from typing import Any
 import torch
 
 from dcp.costmodel import Cluster, CostModel, HardwareProfile, ModelSpec, TrainingSetup
+from dcp.profiler.anchor import UNANCHORED, Anchor
 from dcp.profiler.bench import heldout_batches
 from dcp.profiler.compute import Repeats, measure_model
 from dcp.profiler.executor_cost import bare_modules
 from dcp.profiler.fitting import mape
 from dcp.profiler.profile import cpu_threads, fit_of, torch_device, track
-from dcp.profiler.reference import DTYPES, reference_bench
+from dcp.profiler.reference import DTYPES, ReferenceKernel, reference_bench
 from dcp.profiler.timing import held_state_bytes, peak_allocated
 
 VALIDATION_LAYERS = 4
@@ -54,6 +56,10 @@ class ValidationReport:
     mape: float
     truncated: bool = False
     """The deadline came before every planned micro-batch was measured."""
+    machine_speed: float | None = None
+    """Anchored (`profile_anchor`): the reference kernel's median reading here over the profile's
+    (above 1: the machine ran slower than when it was profiled); measured times are at the
+    profile's speed. None: measured times are as read."""
 
 
 def predicted_bench_memory(cm: CostModel, model: torch.nn.Module, tokens: int, ckpt_layers: int) -> float:
@@ -85,6 +91,7 @@ def validate_profile(profile: HardwareProfile, spec: ModelSpec, *, device: str =
     rows = []
     truncated = False
     bench = reference_bench(sub, dev, dtype, seed=seed)
+    anchor = profile_anchor(profile, dev)
     # Time the way the profile was timed (see dcp.profiler.timing.compute_clock).
     with cpu_threads(dev, profile.meta.get("threads") or 1):
         model = bench.build_model(n)  # type: ignore[misc]
@@ -98,7 +105,8 @@ def validate_profile(profile: HardwareProfile, spec: ModelSpec, *, device: str =
                     truncated = True
                     break
                 with peak_allocated(dev) as peak:
-                    point = measure_model(model, bench, samples, n, reps, ckpt_layers=r)
+                    point = anchor.seconds(anchor(lambda m=model, s=samples, r=r: measure_model(
+                        m, bench, s, n, reps, ckpt_layers=r)))
                 rows.append(ValidationRow(point.tokens, point.attn_pairs, len(samples), n, r,
                                           cm.time_s(point.tokens, point.attn_pairs, 1, r), point.seconds,
                                           predicted_bench_memory(cm, model, point.tokens, r), peak[0]))
@@ -106,4 +114,17 @@ def validate_profile(profile: HardwareProfile, spec: ModelSpec, *, device: str =
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     error = mape([r.measured_s for r in rows], [r.predicted_s for r in rows]) if rows else float("nan")
-    return ValidationReport(spec.name, rows, error, truncated=truncated)
+    speed = statistics.median(anchor.readings) / anchor.speed_s if anchor.readings and anchor.speed_s else None
+    return ValidationReport(spec.name, rows, error, truncated=truncated, machine_speed=speed)
+
+
+def profile_anchor(profile: HardwareProfile, device: torch.device) -> Anchor:
+    """How to read measurements against `profile`: an anchored profile (a CPU's, `meta.reference`
+    with `anchored`) recorded its points at its reference kernel's median reading, so each new
+    reading is taken in units of the kernel timed beside it and turned into seconds at that
+    speed; the machine's speed since then is the kernel's, not the model's error. Otherwise
+    readings are seconds as measured."""
+    ref = profile.meta.get("reference") or {}
+    if device.type != "cpu" or not ref.get("anchored"):
+        return UNANCHORED
+    return Anchor(ReferenceKernel(device), speed_s=ref["median_s"])
