@@ -25,7 +25,7 @@ from dcp.planner.bounds import (
     single_layout_bound,
 )
 from dcp.planner.bounds.group import _exposure, _Own
-from dcp.planner.bounds.release import _link_bound
+from dcp.planner.bounds.release import _fewest_slots, _link_bound
 from dcp.planner.bounds.work import _front, _makespan_bound, _Work
 from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.ilp.warm import baseline_plans
@@ -117,7 +117,7 @@ def test_bound_never_exceeds_the_optimum(lengths: list[int], gpus: int, per_node
     bound = lower_bound(batch, cm)
     tokens, pairs = sample_arrays(batch)
     makespan = _makespan_bound(_Work(*distinct_samples(tokens, pairs), cm, sizes), gpus) + cm.grad_sync_s()
-    link = _link_bound(float(tokens.sum()), cm, sizes)
+    link = _link_bound(_fewest_slots(float(tokens.sum()), cm, sizes), cm)
     # The reductions no plan hides (`schedule.least_step_s`) may raise it above both parts.
     assert bound >= max(makespan, link) * (1 - 1e-12)
     assert makespan <= best * (1 + 1e-9)
@@ -128,6 +128,33 @@ def test_bound_never_exceeds_the_optimum(lengths: list[int], gpus: int, per_node
         assert bound <= plan.step_time_s * (1 + 1e-9)
     # Never below the capacity bound (the ILP search's floor), itself valid.
     assert capacity_bound(batch, cm) * (1 - 1e-9) <= bound
+
+
+@pytest.mark.parametrize("lengths,gpus,slots", [([500] * 8, 2, 2), ([1000, 800, 600, 400, 200, 100], 2, 2),
+                                                 ([300] * 6 + [900], 2, 2), ([400] * 10, 4, 1), ([100, 200, 300], 2, 1)])
+def test_zero3_bound_counts_every_slots_slowdown_and_stays_below_every_plan(
+        lengths: list[int], gpus: int, slots: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With compute slowed beside collectives (`overlap_slowdown`), every slot of a ZeRO-3 step
+    pays s / (1 + s) of its gathers and reduce-scatters at least: the bound counts it for the
+    fewest slots the batch runs in (here 300 tokens a GPU unrecomputed: `slots`), and stays below
+    every random plan's priced step."""
+    import dataclasses
+
+    from dcp.costmodel import CostModel
+
+    tiny = tiny_cm(gpus, 2, cap_tokens=300, zero_stage=3)
+    cm = CostModel(tiny.model, dataclasses.replace(tiny.hardware, overlap_slowdown=0.189), tiny.cluster, tiny.training)
+    batch = make_batch(lengths)
+    bound = lower_bound(batch, cm)
+    for plan in random_plans(batch, cm, seed=gpus + len(lengths)):
+        assert bound <= plan.step_time_s * (1 + 1e-9)
+    tokens, _ = sample_arrays(batch)
+    assert _fewest_slots(float(tokens.sum()), cm, allowed_sp_sizes(cm)) == slots
+    _MEMO.clear()
+    monkeypatch.setattr(bounds, "_fewest_slots", lambda *a: 1)  # the step part as if one slot
+    one = lower_bound(batch, cm)
+    _MEMO.clear()
+    assert bound > one if slots > 1 else bound == one  # tighter by the other slots' share
 
 
 @settings(max_examples=60)

@@ -395,18 +395,19 @@ def _in_issue_order(programs: list[list[Op]], seconds: list[float], kinds: list[
     return renumbered, [seconds[c] for c in order], [kinds[c] for c in order]
 
 
-def least_exposed_s(cm: CostModel) -> float:
+def least_exposed_s(cm: CostModel, slots: int = 1) -> float:
     """The least any plan's schedule adds beyond its slowest group: at stages 0-2 that group
     finishes its last micro-batch with layer 0's backward (the head's is priced in the forward),
     so layer 0's and the root's reductions and the loss all-reduce run after it, and at stages 1
-    and 2 the parameters' all-gathers after those; at stage 3 (one slot at least) the root's and
-    layer 0's gathers precede the first forward and the root's reduce-scatter and the loss
-    all-reduce follow the last backward. At stages 0-2 layers K-1..1's reductions run either beside
-    that group's last backward, slowing it by s / (1 + s) of their seconds (`HardwareProfile.
+    and 2 the parameters' all-gathers after those; at stage 3 (`slots` slots, one at least) the
+    root's and layer 0's gathers precede the first forward and the root's reduce-scatter and the
+    loss all-reduce follow the last backward. At stages 0-2 layers K-1..1's reductions run either
+    beside that group's last backward, slowing it by s / (1 + s) of their seconds (`HardwareProfile.
     overlap_slowdown` = s, `_Step.last_backward_contention`), or after it, exposed, which costs
-    their whole seconds: s / (1 + s) of them at least; at stage 3 likewise each of the slot's
-    other gathers and reduce-scatters, beside some layer's work or waited for. A lower bound, so a
-    makespan bound plus it stays a lower bound of the step."""
+    their whole seconds: s / (1 + s) of them at least; at stage 3 likewise each slot's other
+    gathers and reduce-scatters, beside some layer's work or waited for, in every slot (a plan of
+    at least `slots` slots: the planner's bounds pass the fewest a batch can run in). A lower
+    bound, so a makespan bound plus it stays a lower bound of the step."""
     if cm.cluster.num_gpus == 1:
         return cm.per_step_s
     gather, reduce, _ = collective_seconds(cm)
@@ -416,7 +417,7 @@ def least_exposed_s(cm: CostModel) -> float:
         # A slot's other collectives (layers 1..K-1's gathers, K-2..0's re-gathers, K-1..0's
         # reduce-scatters) each run beside a layer's work or are waited for: s / (1 + s) at least.
         beside = sum(gather[1:k]) + sum(gather[:max(k - 1, 0)]) + sum(reduce[:k])
-        return _after_layers_s(cm) + gather[k] + (gather[0] if k else 0.0) + s / (1 + s) * beside
+        return _after_layers_s(cm) + gather[k] + (gather[0] if k else 0.0) + max(slots, 1) * s / (1 + s) * beside
     return _after_layers_s(cm) + (reduce[0] if k else 0.0) + s / (1 + s) * sum(reduce[1:k])
 
 
@@ -438,12 +439,13 @@ def reduction_chain_s(cm: CostModel) -> np.ndarray | None:
     return np.cumsum(reduce[:cm.model.num_layers]) + _after_layers_s(cm)
 
 
-def least_step_s(cm: CostModel, busy_s: float, sizes: Sequence[int], released: np.ndarray | None = None) -> float:
+def least_step_s(cm: CostModel, busy_s: float, sizes: Sequence[int], released: np.ndarray | None = None,
+                 slots: int = 1) -> float:
     """The least step of any plan whose groups have these SP sizes and whose busy time (its
-    slowest group's end) is at least `busy_s`: `busy_s + least_exposed_s` and, at stages 0-2,
-    the reductions the last backward passes cannot hide. `released`, when given, is per layer
-    a time no plan issues that layer's reduction before (the planner's, from the batch's
-    longest samples).
+    slowest group's end) is at least `busy_s`: `busy_s + least_exposed_s` (at stage 3 of a plan
+    of at least `slots` slots) and, at stages 0-2, the reductions the last backward passes cannot
+    hide. `released`, when given, is per layer a time no plan issues that layer's reduction
+    before (the planner's, from the batch's longest samples).
 
     Why it holds: the link serves the reductions in issue order (layers K-1, ..., 0, the root,
     the loss scalars), each once every rank has issued it, so the step ends no sooner than
@@ -454,7 +456,7 @@ def least_step_s(cm: CostModel, busy_s: float, sizes: Sequence[int], released: n
     can be, and only grows with M. At u = 0 (below 0) it is `busy_s + least_exposed_s`. When a
     plan's last micro-batches are too short to hide layer K-1's reduction, the whole chain of
     K + 1 reductions is exposed."""
-    least = busy_s + least_exposed_s(cm)
+    least = busy_s + least_exposed_s(cm, slots)
     chain = reduction_chain_s(cm)
     if chain is None or not math.isfinite(busy_s):
         return least

@@ -14,7 +14,7 @@ holds for single layouts too. Proofs: docs/design.md, Why each bound holds.
 | `group.group_bound` with `chain` (that group and the reductions) | step | yes | yes | no chain |
 | `work._exposure_bound` (each rank hides the chain after its last) | step | yes | yes | no chain |
 | `release._released`, `release._Spread` (when reductions can start) | step | yes | yes | no chain |
-| `release._link_bound` (the fewest slots' collectives) | step | yes | yes | yes (only there) |
+| `release._link_bound` (the fewest slots' collectives), `_fewest_slots` (their contention) | step | yes | yes | yes (only there) |
 | `capacity_busy` (GPU-seconds over N, longest sample), `sample_floors` | busy | yes | yes | yes |
 | `lower_bound`: the work, group (floored), chain and link bounds | step | yes | yes | yes |
 | `multi_phase_bound` / `_busy`: `lower_bound`, `capacity_bound` | step / busy | yes | yes | yes |
@@ -45,7 +45,7 @@ import dcp.planner.knobs as knobs
 from dcp.costmodel import CostModel
 from dcp.costmodel.schedule import least_exposed_s, least_step_s, reduction_chain_s
 from dcp.planner.bounds.group import group_bound, longest_group
-from dcp.planner.bounds.release import _least_step, _link_bound, _released, _Spread
+from dcp.planner.bounds.release import _fewest_slots, _least_step, _link_bound, _released, _Spread
 from dcp.planner.bounds.work import (
     _coarse,
     _exposure_bound,
@@ -115,16 +115,17 @@ def _bounds(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | No
         makespan = group_bound(coarse, cm, sizes, pooled, coarse.fixed_floor, group)
         released = _released(cm, sizes, tokens, pairs)
         spread = _Spread(cm, sizes, coarse.tokens, coarse.pairs, coarse.weight) if released is not None else None
-        link = _link_bound(float(tokens.sum()), cm, sizes)
+        slots = _fewest_slots(float(tokens.sum()), cm, sizes)
+        link = _link_bound(slots, cm)
         single = group_bound(coarse, cm, sizes, makespan, group=group)
-        lower = max(_least_step(cm, makespan, sizes, released, spread), link)
+        lower = max(_least_step(cm, makespan, sizes, released, spread, slots), link)
         chain = reduction_chain_s(cm)
         if chain is not None:  # stages 0-2: the longest sample's group against the reduction chain
             lower = group_bound(coarse, cm, sizes, lower, coarse.fixed_floor, group, (least_exposed_s(cm), float(chain[-1])))
             lower = _exposure_bound(coarse, cm, sizes, lower, chain)
         floor_work, solo = sample_floors(d_tokens, d_pairs, cm, sizes)
         capacity = makespan_floor(float(floor_work @ weight), cm.cluster.num_gpus, float(solo.max()))
-        memo[key] = _Floors(lower, max(_least_step(cm, single, sizes, released, spread), link, lower),
+        memo[key] = _Floors(lower, max(_least_step(cm, single, sizes, released, spread, slots), link, lower),
                             None if spread is None else np.maximum(released, spread.at(math.inf)), makespan,
                             capacity)
     return memo[key]

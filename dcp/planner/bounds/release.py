@@ -83,25 +83,31 @@ class _Spread:
 
 
 def _least_step(cm: CostModel, busy_s: float, sizes: Sequence[int], released: np.ndarray | None,
-                spread: _Spread | None) -> float:
-    """The least step of any plan of busy time at least `busy_s`: `schedule.least_step_s` with
-    `released` and, on each interval [M_i, M_i+1) of busy times, the spread release of busy time
-    M_i+1 (it only falls as M grows), the least over the intervals."""
+                spread: _Spread | None, slots: int = 1) -> float:
+    """The least step of any plan of busy time at least `busy_s` (and, at ZeRO-3, of at least
+    `slots` slots): `schedule.least_step_s` with `released` and, on each interval [M_i, M_i+1) of
+    busy times, the spread release of busy time M_i+1 (it only falls as M grows), the least over
+    the intervals."""
     if spread is None or not math.isfinite(busy_s):  # spread is None exactly where released is
-        return least_step_s(cm, busy_s, sizes, released)
+        return least_step_s(cm, busy_s, sizes, released, slots)
     grid = [busy_s * (1 + knobs.BOUND_GRID_STEP * i) for i in range(knobs.BOUND_GRID)] + [math.inf]
-    return min(least_step_s(cm, lo, sizes, np.maximum(released, spread.at(hi)))
+    return min(least_step_s(cm, lo, sizes, np.maximum(released, spread.at(hi)), slots)
                for lo, hi in zip(grid[:-1], grid[1:], strict=True))
 
 
-def _link_bound(total_tokens: float, cm: CostModel, sizes: Sequence[int]) -> float:
-    """ZeRO-3 (lockstep slots): the link is busy at least the fewest slots' collectives; a slot
-    holds at most N max_p max_tokens(p, K) / p tokens (one micro-batch per group)."""
+def _fewest_slots(total_tokens: float, cm: CostModel, sizes: Sequence[int]) -> int:
+    """ZeRO-3 (lockstep slots): the fewest slots any plan of the batch runs, a slot holding at
+    most N max_p max_tokens(p, K) / p tokens (one micro-batch per group); 1 at other stages or
+    where no micro-batch fits."""
     if cm.training.zero_stage < 3:
-        return 0.0
-    k = cm.model.num_layers
-    per_gpu = max(cm.max_tokens(p, k) / p for p in sizes)
+        return 1
+    per_gpu = max(cm.max_tokens(p, cm.model.num_layers) / p for p in sizes)
     if per_gpu <= 0:
-        return 0.0
-    slots = math.ceil(total_tokens / (cm.cluster.num_gpus * per_gpu) - 1e-9)
-    return least_link_s(cm, max(slots, 1))
+        return 1
+    return max(math.ceil(total_tokens / (cm.cluster.num_gpus * per_gpu) - 1e-9), 1)
+
+
+def _link_bound(slots: int, cm: CostModel) -> float:
+    """ZeRO-3: the link is busy at least the fewest slots' collectives (`least_link_s`); 0 at
+    other stages."""
+    return least_link_s(cm, slots) if cm.training.zero_stage >= 3 else 0.0
