@@ -104,6 +104,7 @@ def worker(rank: int, store: str, rounds: int, out: dict) -> None:
     from dcp.executor import Executor, ParallelState
     from dcp.executor.reference import manual_plan
     from dcp.models import build_model, lm_loss, sample_tensors
+    from dcp.profiler.anchor import Anchor
     from dcp.profiler.reference import ReferenceKernel
 
     torch.set_num_threads(1)  # as the profile was timed
@@ -123,29 +124,27 @@ def worker(rank: int, store: str, rounds: int, out: dict) -> None:
 
     measured: list[dict[str, Any]] = [{"step_cpu_s": [], "step_wall_s": [], "reference_s": [], "mb": {}}
                                       for _ in PLANS]
-    kernel, reference = ReferenceKernel(), []
+    anchor = Anchor(ReferenceKernel())  # every rank reads it at once, as the profile's points were read
     for rnd in range(rounds + 1):  # round 0: warm-up
         dist.barrier()
-        reference.append(kernel.seconds())
+        anchor.gap()
         for i, (plan, tensors) in enumerate(plans):
             dist.barrier()
-            before = reference[-1]
-            stats = executor.step(plan, tensors, loss_fn)
-            reference.append(kernel.seconds())  # every rank, at once, as the profile's points were read
+            stats, kernel_s = anchor.bracket(lambda p=plan, t=tensors: executor.step(p, t, loss_fn))
             steps: list[Any] = [None] * WORLD
             dist.all_gather_object(steps, (stats.cpu_step_s, stats.measured_step_s))
             if rnd == 0:
                 continue
             measured[i]["step_cpu_s"].append(max(c for c, _ in steps))
             measured[i]["step_wall_s"].append(max(w for _, w in steps))
-            measured[i]["reference_s"].append((before + reference[-1]) / 2)
+            measured[i]["reference_s"].append(kernel_s)
             for m in stats.microbatches:
                 row = measured[i]["mb"].setdefault(f"{m.group}.{m.index}", {"cpu_s": [], "wall_s": []})
                 row["cpu_s"].append(m.cpu_s)
                 row["wall_s"].append(m.measured_s)
     if rank == 0:
         out["measured"] = measured
-        out["reference_s"] = reference[len(PLANS) + 1:]  # after the warm-up round
+        out["reference_s"] = anchor.readings[len(PLANS) + 1:]  # after the warm-up round
         out["load_after"] = os.getloadavg()
     dist.barrier()
     dist.destroy_process_group()

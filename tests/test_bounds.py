@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dcp.planner.knobs as knobs
-from dcp.costmodel.schedule import least_step_s
+from dcp.costmodel.schedule import least_link_s, least_step_s
 from dcp.data.batches import make_batches
 from dcp.planner import IlpOptions, bounds, lower_bound, solve
 from dcp.planner.bounds import (
@@ -25,7 +25,7 @@ from dcp.planner.bounds import (
     single_layout_bound,
 )
 from dcp.planner.bounds.group import _exposure, _Own
-from dcp.planner.bounds.release import _fewest_slots, _link_bound
+from dcp.planner.bounds.release import _fewest_slots
 from dcp.planner.bounds.work import _front, _makespan_bound, _Work
 from dcp.planner.feasibility import allowed_sp_sizes
 from dcp.planner.ilp.warm import baseline_plans
@@ -117,7 +117,7 @@ def test_bound_never_exceeds_the_optimum(lengths: list[int], gpus: int, per_node
     bound = lower_bound(batch, cm)
     tokens, pairs = sample_arrays(batch)
     makespan = _makespan_bound(_Work(*distinct_samples(tokens, pairs), cm, sizes), gpus) + cm.grad_sync_s()
-    link = _link_bound(_fewest_slots(float(tokens.sum()), cm, sizes), cm)
+    link = least_link_s(cm, _fewest_slots(float(tokens.sum()), cm, sizes))
     # The reductions no plan hides (`schedule.least_step_s`) may raise it above both parts.
     assert bound >= max(makespan, link) * (1 - 1e-12)
     assert makespan <= best * (1 + 1e-9)

@@ -48,7 +48,7 @@ class Anchor:
 
     `anchor(measure)` times the kernel after `measure()` (and before it, unless a reading just
     came before: `gap()` says untimed work ran since) and divides every timed field of what
-    `measure()` returned by the mean of the two readings. `settle()` fixes the speed the readings
+    `measure()` returned by the mean of the two readings (`bracket` returns both instead). `settle()` fixes the speed the readings
     stand for, the median reading so far, and `seconds(units)` turns readings back into seconds at
     that speed. Without a kernel (`UNANCHORED`: a GPU, whose clocks hold) readings pass through
     as seconds."""
@@ -71,12 +71,18 @@ class Anchor:
         measurement times the kernel before it too."""
         self._last = None
 
-    def __call__(self, measure: Callable[[], T]) -> T:
+    def bracket(self, measure: Callable[[], T]) -> tuple[T, float]:
+        """What `measure()` returned, as read, and the mean of the kernel's readings before and
+        after it (1.0 without a kernel): for a caller that keeps both."""
         if self.kernel is None:
-            return measure()
+            return measure(), 1.0
         before = self._last if self._last is not None else self._read()
         out = measure()
-        return scaled(out, 2.0 / (before + self._read()))
+        return out, (before + self._read()) / 2
+
+    def __call__(self, measure: Callable[[], T]) -> T:
+        out, kernel_s = self.bracket(measure)
+        return out if self.kernel is None else scaled(out, 1.0 / kernel_s)
 
     def settle(self) -> None:
         """The profile's speed: the median reading so far (later readings do not move it)."""

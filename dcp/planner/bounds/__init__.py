@@ -14,7 +14,7 @@ holds for single layouts too. Proofs: docs/design.md, Why each bound holds.
 | `group.group_bound` with `chain` (that group and the reductions) | step | yes | yes | no chain |
 | `work._exposure_bound` (each rank hides the chain after its last) | step | yes | yes | no chain |
 | `release._released`, `release._Spread` (when reductions can start) | step | yes | yes | no chain |
-| `release._link_bound` (the fewest slots' collectives), `_fewest_slots` (their contention) | step | yes | yes | yes (only there) |
+| `schedule.least_link_s` of `release._fewest_slots` (the fewest slots' collectives; their contention) | step | yes | yes | yes (only there) |
 | `capacity_busy` (GPU-seconds over N, longest sample), `sample_floors` | busy | yes | yes | yes |
 | `lower_bound`: the work, group (floored), chain and link bounds | step | yes | yes | yes |
 | `multi_phase_bound` / `_busy`: `lower_bound`, `capacity_bound` | step / busy | yes | yes | yes |
@@ -43,9 +43,9 @@ import numpy as np
 
 import dcp.planner.knobs as knobs
 from dcp.costmodel import CostModel
-from dcp.costmodel.schedule import least_exposed_s, least_step_s, reduction_chain_s
+from dcp.costmodel.schedule import least_exposed_s, least_link_s, least_step_s, reduction_chain_s
 from dcp.planner.bounds.group import group_bound, longest_group
-from dcp.planner.bounds.release import _fewest_slots, _least_step, _link_bound, _released, _Spread
+from dcp.planner.bounds.release import _fewest_slots, _least_step, _released, _Spread
 from dcp.planner.bounds.work import (
     _coarse,
     _exposure_bound,
@@ -116,7 +116,7 @@ def _bounds(batch: Sequence[Sample], cm: CostModel, sp_sizes: Sequence[int] | No
         released = _released(cm, sizes, tokens, pairs)
         spread = _Spread(cm, sizes, coarse.tokens, coarse.pairs, coarse.weight) if released is not None else None
         slots = _fewest_slots(float(tokens.sum()), cm, sizes)
-        link = _link_bound(slots, cm)
+        link = least_link_s(cm, slots)
         single = group_bound(coarse, cm, sizes, makespan, group=group)
         lower = max(_least_step(cm, makespan, sizes, released, spread, slots), link)
         chain = reduction_chain_s(cm)

@@ -1,6 +1,7 @@
 """What the step adds to a busy time (stages 0-2: the gradient reductions the last backward
 passes cannot hide, from times before which no plan issues them, `_released` and `_Spread`;
-ZeRO-3: the slots' collectives, `_link_bound`), for `bounds.lower_bound`."""
+ZeRO-3: the fewest slots, `_fewest_slots`, whose collectives `schedule.least_link_s` prices),
+for `bounds.lower_bound`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 
 import dcp.planner.knobs as knobs
 from dcp.costmodel import CostModel
-from dcp.costmodel.schedule import least_link_s, least_step_s
+from dcp.costmodel.schedule import least_step_s
 from dcp.planner.bounds.work import _MEMORY_RTOL
 
 
@@ -106,8 +107,3 @@ def _fewest_slots(total_tokens: float, cm: CostModel, sizes: Sequence[int]) -> i
         return 1
     return max(math.ceil(total_tokens / (cm.cluster.num_gpus * per_gpu) - 1e-9), 1)
 
-
-def _link_bound(slots: int, cm: CostModel) -> float:
-    """ZeRO-3: the link is busy at least the fewest slots' collectives (`least_link_s`); 0 at
-    other stages."""
-    return least_link_s(cm, slots) if cm.training.zero_stage >= 3 else 0.0
